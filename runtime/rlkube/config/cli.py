@@ -1,0 +1,275 @@
+"""Turn `@ a.toml @ b.toml --section.field value` into a validated config.
+
+TOML files merge left to right (tables deep-merge, lists replace), then dotted flags win.
+Keys may be kebab- or snake-case. Every error names the field path and the reason.
+"""
+
+import json
+import sys
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+import tomli_w
+from pydantic import BaseModel, ValidationError
+
+from rlkube.config.base import Config
+
+
+class ConfigError(ValueError):
+    """Invalid configuration input; the message names the field and the reason."""
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (`Foo`, `Foo | None`), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in get_args(annotation):
+            if (model := _model_in(arg)) is not None:
+                return model
+    return None
+
+
+def _list_item_model(annotation: Any) -> type[BaseModel] | None:
+    if get_origin(annotation) is list and get_args(annotation):
+        return _model_in(get_args(annotation)[0])
+    return None
+
+
+def _is_optional(annotation: Any) -> bool:
+    return get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in get_args(
+        annotation
+    )
+
+
+def normalize_keys(data: dict, model: type[BaseModel]) -> dict:
+    """Snake-case the keys that name fields, guided by the model (free-form dicts are kept)."""
+    out = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        field = model.model_fields.get(name)
+        if field is None:
+            out[key] = value  # left for pydantic to reject with its path
+            continue
+        if isinstance(value, dict) and (sub := _model_in(field.annotation)) is not None:
+            value = normalize_keys(value, sub)
+        elif isinstance(value, list) and (item := _list_item_model(field.annotation)) is not None:
+            value = [normalize_keys(v, item) if isinstance(v, dict) else v for v in value]
+        out[name] = value
+    return out
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Tables merge recursively; anything else (lists included) is replaced."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_toml(path: str | Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+
+
+def _parse_value(text: str) -> Any:
+    """A flag value as TOML would read it (`3`, `1e-3`, `true`, `[1, 2]`), else the string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+
+def _field_at(model: type[BaseModel], path: list[str], flag: str):
+    """The field a dotted flag names, or a ConfigError naming where the path breaks."""
+    field = None
+    for i, part in enumerate(path):
+        if model is None:
+            raise ConfigError(f"{flag}: '{'.'.join(path[:i])}' has no sub-fields")
+        field = model.model_fields.get(part)
+        if field is None:
+            known = ", ".join(sorted(model.model_fields))
+            raise ConfigError(
+                f"{flag}: unknown field '{'.'.join(path[: i + 1])}' (known here: {known})"
+            )
+        model = _model_in(field.annotation)
+    return field
+
+
+def _set_path(data: dict, path: list[str], value: Any) -> None:
+    for part in path[:-1]:
+        node = data.get(part)
+        if not isinstance(node, dict):
+            node = data[part] = {}
+        data = node
+    data[path[-1]] = value
+
+
+def parse_flags(args: list[str], model: type[BaseModel]) -> dict:
+    """Dotted flags into a nested dict. `--x` sets a boolean or enables an optional section;
+    `--no-x` clears it."""
+    data: dict = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument '{arg}' (config files go after '@ ')")
+        flag, _, inline = arg[2:].partition("=")
+        negate = flag.startswith("no-") and "=" not in arg
+        path = [p.replace("-", "_") for p in (flag[3:] if negate else flag).split(".")]
+        try:
+            field = _field_at(model, path, f"--{flag}")
+        except ConfigError:
+            if not negate:
+                raise
+            negate, path = False, [p.replace("-", "_") for p in flag.split(".")]
+            field = _field_at(model, path, f"--{flag}")
+        takes_no_value = field.annotation is bool or (
+            _model_in(field.annotation) is not None and _is_optional(field.annotation)
+        )
+        if negate:
+            if not takes_no_value:
+                raise ConfigError(f"--{flag}: only booleans and optional sections can be negated")
+            value = False if field.annotation is bool else None
+        elif inline or "=" in arg:
+            value = _parse_value(inline)
+        elif takes_no_value and (i + 1 == len(args) or args[i + 1].startswith("--")):
+            value = True if field.annotation is bool else {}
+        else:
+            if i + 1 == len(args):
+                raise ConfigError(f"--{flag}: missing value")
+            i += 1
+            value = _parse_value(args[i])
+        if isinstance(value, dict):
+            existing = data
+            for part in path:
+                existing = existing.get(part, {}) if isinstance(existing, dict) else {}
+            value = deep_merge(existing if isinstance(existing, dict) else {}, value)
+        _set_path(data, path, value)
+        i += 1
+    return data
+
+
+def format_validation_error(error: ValidationError) -> str:
+    lines = []
+    for e in error.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        reason = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            reason = "unknown field"
+        elif "input" in e and not isinstance(e["input"], (dict, list)):
+            reason += f" (got {e['input']!r})"
+        lines.append(f"  {where}: {reason}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def validate(model: type[Config], data: dict) -> Config:
+    try:
+        return model.model_validate(normalize_keys(data, model))
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e)) from None
+
+
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate `@ file.toml` (or `@file.toml`) references from flags, keeping order."""
+    files, flags = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "@":
+            if i + 1 == len(argv):
+                raise ConfigError("'@' must be followed by a config file")
+            files.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("@"):
+            files.append(arg[1:])
+        else:
+            flags.append(arg)
+        i += 1
+    return files, flags
+
+
+def load_config(model: type[Config], argv: list[str]) -> Config:
+    """Files merged left to right, then flags; validated against `model`."""
+    files, flags = split_args(argv)
+    data: dict = {}
+    for path in files:
+        data = deep_merge(data, normalize_keys(load_toml(path), model))
+    data = deep_merge(data, parse_flags(flags, model))
+    return validate(model, data)
+
+
+def to_toml(config: BaseModel) -> str:
+    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
+
+
+def write_toml(config: BaseModel, path: Path) -> None:
+    """Atomically, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(to_toml(config))
+    tmp.replace(path)
+
+
+def _type_name(annotation: Any) -> str:
+    if annotation is bool:
+        return ""
+    name = getattr(annotation, "__name__", None)
+    if name and get_origin(annotation) is None:
+        return name.upper()
+    return str(annotation).replace("typing.", "").replace("pathlib.", "")
+
+
+def help_lines(model: type[BaseModel], prefix: str = "") -> list[str]:
+    lines = []
+    for name, field in model.model_fields.items():
+        flag = "--" + prefix + name.replace("_", "-")
+        sub = _model_in(field.annotation)
+        doc = " ".join((field.description or "").split())
+        if sub is not None:
+            suffix = f"  [{flag} enables, --no-{flag[2:]} disables]" if _is_optional(field.annotation) else ""
+            lines.append(f"{flag}  {doc}{suffix}")
+            lines.extend(help_lines(sub, prefix + name.replace("_", "-") + "."))
+            continue
+        default = field.get_default(call_default_factory=True)
+        shown = json.dumps(default, default=str) if default is not None else "unset"
+        lines.append(f"{flag} {_type_name(field.annotation)}".rstrip() + f"  {doc} (default: {shown})")
+    return lines
+
+
+def print_help(model: type[BaseModel], command: str) -> None:
+    doc = " ".join((model.__doc__ or "").split())
+    print(f"usage: rlkube {command} [@ FILE.toml ...] [--field.path VALUE ...] [--dry-run]\n")
+    print(doc + "\n")
+    print("Config files merge left to right; flags win. Kebab- and snake-case keys both work.\n")
+    print("\n".join(help_lines(model)))
+
+
+def parse_cli(model: type[Config], command: str, argv: list[str] | None = None) -> tuple[Config, bool]:
+    """(config, dry_run). Prints help or a field-level error and exits on bad input."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--help" in argv or "-h" in argv:
+        print_help(model, command)
+        sys.exit(0)
+    dry_run = "--dry-run" in argv
+    argv = [a for a in argv if a != "--dry-run"]
+    try:
+        return load_config(model, argv), dry_run
+    except ConfigError as e:
+        print(f"rlkube {command}: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,62 @@
+"""`rlkube inference`: the vLLM server."""
+
+from typing import Any
+
+from pydantic import Field
+
+from rlkube.config.base import Config
+from rlkube.config.shared import LogConfig, ModelConfig
+
+
+class InferenceServerConfig(Config):
+    """How one vLLM OpenAI-compatible server is run."""
+
+    host: str = "127.0.0.1"
+    """Address to bind."""
+
+    port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the first replica; replica i listens on `port + i` when run locally."""
+
+    max_model_len: int | None = Field(default=None, ge=16)
+    """Context length; the model's own when unset."""
+
+    max_num_seqs: int = Field(default=256, ge=1)
+    """Concurrent sequences per replica."""
+
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """GPU only: fraction of GPU memory vLLM may use."""
+
+    kv_cache_space_gb: float | None = Field(default=None, gt=0)
+    """CPU only: KV-cache size in GiB (`VLLM_CPU_KVCACHE_SPACE`)."""
+
+    enforce_eager: bool = False
+    """Disable CUDA graphs / torch.compile (faster start, slower decode)."""
+
+    enable_prefix_caching: bool = True
+    """Reuse KV cache across requests sharing a prefix."""
+
+    extra_args: dict[str, Any] = {}
+    """Further vLLM engine arguments, passed as `--key value`."""
+
+    startup_timeout_s: float = Field(default=600, gt=0)
+    """How long to wait for the server to report healthy."""
+
+
+class InferenceSection(InferenceServerConfig):
+    """The `[inference]` section of an RL config."""
+
+    replicas: int = Field(default=1, ge=1)
+    """Data-parallel inference servers."""
+
+
+class InferenceConfig(InferenceServerConfig):
+    """`rlkube inference @ inference.toml`: one vLLM server with rlkube's weight-update extension."""
+
+    model: ModelConfig = ModelConfig()
+    """The model to serve."""
+
+    seed: int = 0
+    """Sampling seed."""
+
+    log: LogConfig = LogConfig()
+    """Logging."""

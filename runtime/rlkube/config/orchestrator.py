@@ -1,0 +1,136 @@
+"""`rlkube orchestrator`: environments, rollouts, advantages, batches for the trainer."""
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from rlkube.config.base import Config
+
+
+class EnvConfig(Config):
+    id: str = "reverse_text"
+    """A `verifiers` environment: a built-in rlkube env (`reverse_text`) or an installed
+    environment module (what `verifiers.load_environment` takes)."""
+
+    args: dict[str, Any] = {}
+    """Keyword arguments for the environment's `load_environment`."""
+
+    name: str | None = None
+    """Name in metrics; the id when unset."""
+
+    ratio: float = Field(default=1.0, gt=0)
+    """Relative share of this environment's tasks in each training batch."""
+
+
+class SamplingConfig(Config):
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature (0 is greedy)."""
+
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling."""
+
+    max_tokens: int = Field(default=256, ge=1)
+    """Maximum completion tokens per turn."""
+
+
+class AdvantageConfig(Config):
+    std_normalize: bool = False
+    """Divide by the group's reward std (GRPO); off by default (Dr. GRPO)."""
+
+    length_penalty: float = Field(default=0.0, ge=0)
+    """Subtract `length_penalty * completion_tokens / max_tokens` from the reward before the baseline."""
+
+    custom: str | None = None
+    """Import path `package.module:function` of a custom advantage function."""
+
+
+class EvalConfig(Config):
+    envs: list[EnvConfig] = [EnvConfig(args={"split": "test"})]
+    """Environments to evaluate on (their held-out split)."""
+
+    interval: int = Field(default=100, ge=1)
+    """Evaluate every N steps (and at step 0 and the last step)."""
+
+    num_examples: int | None = Field(default=None, ge=1)
+    """Examples per environment; all when unset."""
+
+    rollouts_per_example: int = Field(default=1, ge=1)
+    """k for avg@k and pass@k."""
+
+    sampling: SamplingConfig = SamplingConfig(temperature=0.0)
+    """Eval sampling (greedy by default)."""
+
+
+class ClientConfig(Config):
+    """How the orchestrator talks to inference."""
+
+    base_urls: list[str] = ["http://127.0.0.1:8000"]
+    """One base URL per inference replica."""
+
+    timeout_s: float = Field(default=600, gt=0)
+    """Per-request timeout."""
+
+    max_concurrent: int = Field(default=256, ge=1)
+    """Requests in flight across all replicas (backpressure)."""
+
+
+class RolloutServerConfig(Config):
+    """The gRPC endpoint that serves batches to the trainer."""
+
+    host: str = "127.0.0.1"
+    """Address: the orchestrator binds it, the trainer connects to it."""
+
+    port: int = Field(default=50051, ge=1, le=65535)
+    """gRPC port."""
+
+    timeout_s: float = Field(default=3600, gt=0)
+    """How long the trainer waits for one batch before giving up."""
+
+
+class OrchestratorSection(Config):
+    """The `[orchestrator]` section of an RL config."""
+
+    batch_size: int = Field(default=128, ge=1)
+    """Rollouts per training step; a multiple of `group_size`."""
+
+    group_size: int = Field(default=8, ge=1)
+    """Rollouts per task; advantages are computed within each group."""
+
+    seq_len: int = Field(default=2048, ge=8)
+    """Tokens per packed training row."""
+
+    max_off_policy_steps: int = Field(default=8, ge=0)
+    """Drop a rollout whose oldest contributing policy is more than this many steps old."""
+
+    async_level: int = Field(default=1, ge=0)
+    """How many steps inference may run ahead of the trainer: 1 is one-step overlap,
+    0 is synchronous (generate, then train, then generate)."""
+
+    envs: list[EnvConfig] = [EnvConfig()]
+    """Training environments, mixed by `ratio`."""
+
+    sampling: SamplingConfig = SamplingConfig()
+    """Training sampling."""
+
+    advantage: AdvantageConfig = AdvantageConfig()
+    """Advantage computation."""
+
+    filter_zero_advantage: bool = True
+    """Drop samples whose advantage is zero (all-pass or all-fail groups teach nothing)."""
+
+    eval: EvalConfig | None = None
+    """Periodic evaluation; off unless given."""
+
+    client: ClientConfig = ClientConfig()
+    """Inference client."""
+
+    http_port: int = Field(default=8080, ge=1, le=65535)
+    """Port of `/metrics` (Prometheus) and `/status` (JSON for the operator)."""
+
+    @model_validator(mode="after")
+    def _batch_is_whole_groups(self):
+        if self.batch_size % self.group_size:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})"
+            )
+        return self

@@ -1,0 +1,99 @@
+"""`rlkube rl`: one config for the whole loop, split into per-process configs.
+
+Shared fields (model, output_dir, max_steps, checkpoints, W&B, weight transfer) are defined
+once here; `RLConfig.process_configs` derives each process's view with a pure function, so
+nothing is configured in two places and kept in sync by validators.
+"""
+
+from pydantic import Field, model_validator
+
+from rlkube.config.base import Config
+from rlkube.config.inference import InferenceConfig, InferenceSection
+from rlkube.config.orchestrator import ClientConfig, OrchestratorSection, RolloutServerConfig
+from rlkube.config.shared import RunConfig
+from rlkube.config.trainer import LossConfig, TrainerCommonConfig
+from rlkube.config.weights import WeightTransferConfig
+
+
+class RLTrainerSection(TrainerCommonConfig):
+    """The `[trainer]` section of an RL config."""
+
+    loss: LossConfig = LossConfig()
+    """The policy-gradient loss."""
+
+    nproc_per_node: int = Field(default=1, ge=1)
+    """Trainer processes `rlkube rl` starts with `torchrun` on this machine."""
+
+
+class TrainerConfig(RunConfig, RLTrainerSection):
+    """`rlkube trainer @ trainer.toml` (under `torchrun`): the RL trainer."""
+
+    rollouts: RolloutServerConfig = RolloutServerConfig()
+    """Where to fetch batches (the orchestrator's gRPC server)."""
+
+    weights: WeightTransferConfig = WeightTransferConfig()
+    """How to publish new weights."""
+
+
+class OrchestratorConfig(RunConfig, OrchestratorSection):
+    """`rlkube orchestrator @ orchestrator.toml`: environments, rollouts and batches."""
+
+    rollouts: RolloutServerConfig = RolloutServerConfig()
+    """The gRPC server the trainer fetches batches from."""
+
+    weights: WeightTransferConfig = WeightTransferConfig()
+    """Where inference loads new weights from."""
+
+
+class RLConfig(RunConfig):
+    """`rlkube rl @ rl.toml`: inference, orchestrator and trainer from one file."""
+
+    trainer: RLTrainerSection = RLTrainerSection()
+    """The trainer."""
+
+    orchestrator: OrchestratorSection = OrchestratorSection()
+    """The orchestrator."""
+
+    inference: InferenceSection = InferenceSection()
+    """The inference servers."""
+
+    rollouts: RolloutServerConfig = RolloutServerConfig()
+    """The orchestrator-to-trainer gRPC endpoint."""
+
+    weights: WeightTransferConfig = WeightTransferConfig()
+    """Trainer-to-inference weight transfer."""
+
+    @model_validator(mode="after")
+    def _local_urls_match_replicas(self):
+        urls = self.orchestrator.client.base_urls
+        if "base_urls" in self.orchestrator.client.model_fields_set and len(urls) != self.inference.replicas:
+            raise ValueError(
+                f"orchestrator.client.base_urls has {len(urls)} entries but inference.replicas is "
+                f"{self.inference.replicas}"
+            )
+        return self
+
+    def inference_urls(self) -> list[str]:
+        """The replicas' URLs: as given, or `host:port+i` for the local launcher."""
+        if "base_urls" in self.orchestrator.client.model_fields_set:
+            return list(self.orchestrator.client.base_urls)
+        host, port = self.inference.host, self.inference.port
+        return [f"http://{host}:{port + i}" for i in range(self.inference.replicas)]
+
+    def process_configs(self) -> dict[str, Config]:
+        """Each process's resolved config: `trainer`, `orchestrator` and one `inference` for
+        all replicas (the local launcher and the operator set each replica's port)."""
+        shared = self.model_dump(include=set(RunConfig.model_fields))
+        sections = {"rollouts": self.rollouts.model_dump(), "weights": self.weights.model_dump()}
+        trainer = TrainerConfig.model_validate(shared | self.trainer.model_dump() | sections)
+        client = ClientConfig.model_validate(
+            self.orchestrator.client.model_dump() | {"base_urls": self.inference_urls()}
+        )
+        orchestrator = OrchestratorConfig.model_validate(
+            shared | self.orchestrator.model_dump() | sections | {"client": client.model_dump()}
+        )
+        inference = InferenceConfig.model_validate(
+            self.inference.model_dump(exclude={"replicas"})
+            | {"model": shared["model"], "seed": self.seed, "log": shared["log"]}
+        )
+        return {"inference": inference, "orchestrator": orchestrator, "trainer": trainer}

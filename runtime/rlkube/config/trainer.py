@@ -1,0 +1,94 @@
+"""Trainer configs: what the SFT and RL trainers share, and the RL loss."""
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlkube.config.base import Config
+
+
+class OptimizerConfig(Config):
+    lr: float = Field(default=1e-6, gt=0)
+    """Peak learning rate of AdamW."""
+
+    weight_decay: float = Field(default=0.01, ge=0)
+    """AdamW weight decay."""
+
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this; None disables clipping."""
+
+
+class SchedulerConfig(Config):
+    type: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up."""
+
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear warm-up from 0 to `optim.lr` over this many steps."""
+
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    """For `linear` and `cosine`: the final learning rate as a fraction of the peak."""
+
+
+class ParallelConfig(Config):
+    """FSDP2 data parallelism over all ranks of the `torchrun` job (the world size)."""
+
+    reshard_after_forward: bool = True
+    """Free gathered parameters after forward (ZeRO-3); False keeps them until backward (ZeRO-2)."""
+
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward to save memory."""
+
+
+class TrainerCommonConfig(Config):
+    """What the SFT trainer and the RL trainer share."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train. `auto` picks CUDA when available."""
+
+    optim: OptimizerConfig = OptimizerConfig()
+    """Optimizer."""
+
+    scheduler: SchedulerConfig = SchedulerConfig()
+    """Learning-rate schedule."""
+
+    parallel: ParallelConfig = ParallelConfig()
+    """Data parallelism (FSDP2)."""
+
+    micro_batch_size: int = Field(default=1, ge=1)
+    """Packed rows of `seq_len` tokens per forward/backward pass on each rank."""
+
+
+class LossConfig(Config):
+    """The RL policy-gradient loss, per token, normalized by the global loss-token count."""
+
+    type: Literal["default", "grpo", "gspo", "cispo", "custom"] = "default"
+    """`default`: importance ratio with probability-difference masking and a KL term;
+    `grpo`: PPO-style ratio clipping; `gspo`: sequence-level ratio clipping;
+    `cispo`: clipped, stop-gradient importance weight; `custom`: `custom_loss` import path."""
+
+    mask_high: float = Field(default=0.2, ge=0)
+    """`default`: mask a token with positive advantage whose probability rose by more than this."""
+
+    mask_low: float = Field(default=0.2, ge=0)
+    """`default`: mask a token with negative advantage whose probability fell by more than this."""
+
+    kl_tau: float = Field(default=1e-3, ge=0)
+    """Weight of the `(log ratio)^2` penalty against the inference policy."""
+
+    clip_low: float = Field(default=0.2, ge=0)
+    """`grpo`/`gspo`/`cispo`: lower clip of the ratio at `1 - clip_low`."""
+
+    clip_high: float = Field(default=0.2, ge=0)
+    """`grpo`/`gspo`/`cispo`: upper clip of the ratio at `1 + clip_high`."""
+
+    custom_loss: str | None = None
+    """`custom`: import path `package.module:function` of a loss function."""
+
+    @model_validator(mode="after")
+    def _custom_needs_path(self):
+        if self.type == "custom" and not self.custom_loss:
+            raise ValueError("type 'custom' needs custom_loss ('package.module:function')")
+        return self

@@ -1,0 +1,29 @@
+"""How new policy weights travel from the trainer to inference."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from rlkube.config.base import Config
+
+
+class WeightTransferConfig(Config):
+    type: Literal["storage", "grpc", "nccl"] = "storage"
+    """`storage`: the trainer writes an HF safetensors snapshot to `url` and each replica loads it;
+    `grpc`: each replica pulls the snapshot from the trainer's gRPC server (no shared storage);
+    `nccl`: GPU broadcast through vLLM's weight-transfer engine."""
+
+    url: str | None = None
+    """`storage`: a path or fsspec URL (`s3://bucket/run/weights`); `<output_dir>/weights` when unset."""
+
+    grpc_host: str = "127.0.0.1"
+    """`grpc`: address of the trainer's weight server (rank 0)."""
+
+    grpc_port: int = Field(default=50052, ge=1, le=65535)
+    """`grpc`: port of the trainer's weight server."""
+
+    keep_last: int | None = Field(default=2, ge=1)
+    """Snapshots to keep (older ones are deleted once inference moved past them); None keeps all."""
+
+    timeout_s: float = Field(default=600, gt=0)
+    """How long a weight update may take before it is an error."""

@@ -1,0 +1,105 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Tensor(_message.Message):
+    __slots__ = ("dtype", "shape", "data")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class MicroBatch(_message.Message):
+    __slots__ = ("step", "rank", "index", "count", "input_ids", "position_ids", "sample_ids", "loss_mask", "advantages", "inference_logprobs", "temperatures", "global_loss_tokens")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
+    POSITION_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    ADVANTAGES_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURES_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_LOSS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    rank: int
+    index: int
+    count: int
+    input_ids: Tensor
+    position_ids: Tensor
+    sample_ids: Tensor
+    loss_mask: Tensor
+    advantages: Tensor
+    inference_logprobs: Tensor
+    temperatures: Tensor
+    global_loss_tokens: int
+    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., input_ids: _Optional[_Union[Tensor, _Mapping]] = ..., position_ids: _Optional[_Union[Tensor, _Mapping]] = ..., sample_ids: _Optional[_Union[Tensor, _Mapping]] = ..., loss_mask: _Optional[_Union[Tensor, _Mapping]] = ..., advantages: _Optional[_Union[Tensor, _Mapping]] = ..., inference_logprobs: _Optional[_Union[Tensor, _Mapping]] = ..., temperatures: _Optional[_Union[Tensor, _Mapping]] = ..., global_loss_tokens: _Optional[int] = ...) -> None: ...
+
+class GetBatchRequest(_message.Message):
+    __slots__ = ("step", "rank", "world_size")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    rank: int
+    world_size: int
+    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
+
+class PolicyReport(_message.Message):
+    __slots__ = ("step", "location")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    location: str
+    def __init__(self, step: _Optional[int] = ..., location: _Optional[str] = ...) -> None: ...
+
+class PolicyAck(_message.Message):
+    __slots__ = ("accepted_step",)
+    ACCEPTED_STEP_FIELD_NUMBER: _ClassVar[int]
+    accepted_step: int
+    def __init__(self, accepted_step: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Status(_message.Message):
+    __slots__ = ("step", "policy_step", "phase", "reward", "max_steps")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    POLICY_STEP_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    policy_step: int
+    phase: str
+    reward: float
+    max_steps: int
+    def __init__(self, step: _Optional[int] = ..., policy_step: _Optional[int] = ..., phase: _Optional[str] = ..., reward: _Optional[float] = ..., max_steps: _Optional[int] = ...) -> None: ...
+
+class WeightsRequest(_message.Message):
+    __slots__ = ("step",)
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    def __init__(self, step: _Optional[int] = ...) -> None: ...
+
+class WeightsChunk(_message.Message):
+    __slots__ = ("step", "file", "data", "last_of_file")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_OF_FILE_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    file: str
+    data: bytes
+    last_of_file: bool
+    def __init__(self, step: _Optional[int] = ..., file: _Optional[str] = ..., data: _Optional[bytes] = ..., last_of_file: _Optional[bool] = ...) -> None: ...

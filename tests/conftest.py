@@ -1,0 +1,1 @@
+"""Shared fixtures. Each fixture module under tests/fixtures/ is imported here."""

@@ -45,14 +45,16 @@ class MicroBatch(_message.Message):
     def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., input_ids: _Optional[_Union[Tensor, _Mapping]] = ..., position_ids: _Optional[_Union[Tensor, _Mapping]] = ..., sample_ids: _Optional[_Union[Tensor, _Mapping]] = ..., loss_mask: _Optional[_Union[Tensor, _Mapping]] = ..., advantages: _Optional[_Union[Tensor, _Mapping]] = ..., inference_logprobs: _Optional[_Union[Tensor, _Mapping]] = ..., temperatures: _Optional[_Union[Tensor, _Mapping]] = ..., global_loss_tokens: _Optional[int] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
-    __slots__ = ("step", "rank", "world_size")
+    __slots__ = ("step", "rank", "world_size", "micro_batch_rows")
     STEP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     step: int
     rank: int
     world_size: int
-    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
+    micro_batch_rows: int
+    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., micro_batch_rows: _Optional[int] = ...) -> None: ...
 
 class PolicyReport(_message.Message):
     __slots__ = ("step", "location")
@@ -73,18 +75,20 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("step", "policy_step", "phase", "reward", "max_steps")
+    __slots__ = ("step", "policy_step", "phase", "reward", "max_steps", "has_reward")
     STEP_FIELD_NUMBER: _ClassVar[int]
     POLICY_STEP_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
+    HAS_REWARD_FIELD_NUMBER: _ClassVar[int]
     step: int
     policy_step: int
     phase: str
     reward: float
     max_steps: int
-    def __init__(self, step: _Optional[int] = ..., policy_step: _Optional[int] = ..., phase: _Optional[str] = ..., reward: _Optional[float] = ..., max_steps: _Optional[int] = ...) -> None: ...
+    has_reward: bool
+    def __init__(self, step: _Optional[int] = ..., policy_step: _Optional[int] = ..., phase: _Optional[str] = ..., reward: _Optional[float] = ..., max_steps: _Optional[int] = ..., has_reward: _Optional[bool] = ...) -> None: ...
 
 class WeightsRequest(_message.Message):
     __slots__ = ("step",)

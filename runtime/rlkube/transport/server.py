@@ -1,0 +1,92 @@
+"""The orchestrator's gRPC server: the trainer pulls batches and reports new policies here.
+
+The server knows nothing about rollouts: it adapts a `BatchSource` (the orchestrator) to the
+`Rollouts` service of rlkube.proto. It runs on the orchestrator's asyncio loop (`grpc.aio`).
+"""
+
+import logging
+from typing import Protocol
+
+import grpc
+
+from rlkube.transport import rlkube_pb2 as pb
+from rlkube.transport import rlkube_pb2_grpc as pb_grpc
+from rlkube.transport.microbatch import to_message
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 1 << 30
+"""One micro-batch may be large (rows x seq_len x 33 bytes); gRPC's 4 MiB default is not."""
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+class BatchSource(Protocol):
+    """What the Rollouts service serves. Errors: ValueError for a bad request (answered
+    INVALID_ARGUMENT), LookupError for a step that will never exist (NOT_FOUND)."""
+
+    async def get_batch(self, step: int, rank: int, world_size: int, micro_batch_rows: int) -> list[dict]:
+        """The rank's micro-batches for `step`, waiting until the step's batch is ready."""
+
+    async def report_policy(self, step: int, location: str) -> int:
+        """Policy `step` is published at `location`; returns the step accepted."""
+
+    def status(self) -> dict:
+        """{"phase", "step", "max_steps", "reward", "policy_step", ...} (see orchestrator/status.py)."""
+
+
+class RolloutsService(pb_grpc.RolloutsServicer):
+    def __init__(self, source: BatchSource):
+        self.source = source
+
+    async def GetBatch(self, request: pb.GetBatchRequest, context: grpc.aio.ServicerContext):
+        try:
+            batches = await self.source.get_batch(
+                request.step, request.rank, request.world_size, request.micro_batch_rows or 1
+            )
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except LookupError as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        for index, micro_batch in enumerate(batches):
+            yield to_message(micro_batch, request.step, request.rank, index, len(batches))
+
+    async def ReportPolicy(self, request: pb.PolicyReport, context: grpc.aio.ServicerContext) -> pb.PolicyAck:
+        try:
+            accepted = await self.source.report_policy(request.step, request.location)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return pb.PolicyAck(accepted_step=accepted)
+
+    async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.Status:
+        status = self.source.status()
+        reward = status.get("reward")
+        return pb.Status(
+            step=status["step"],
+            policy_step=status["policy_step"],
+            phase=status["phase"],
+            reward=reward if reward is not None else 0.0,
+            has_reward=reward is not None,
+            max_steps=status["max_steps"],
+        )
+
+
+async def start_server(source: BatchSource, host: str, port: int) -> grpc.aio.Server:
+    """Serve `source` on host:port (port 0 picks a free one: read it from `server.port`)."""
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    pb_grpc.add_RolloutsServicer_to_server(RolloutsService(source), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"rollouts gRPC server: cannot bind {host}:{port}")
+    await server.start()
+    server.port = bound
+    logger.info("rollouts gRPC server listening on %s:%d", host, bound)
+    return server
+
+
+async def stop_server(server: grpc.aio.Server, grace_s: float = 5.0) -> None:
+    """Finish in-flight streams for up to `grace_s`, then cancel them."""
+    await server.stop(grace_s)

@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlkube.config.base import Config
 
@@ -85,3 +85,40 @@ class RunConfig(Config):
 
     log: LogConfig = LogConfig()
     """Logging."""
+
+
+class ModelInitConfig(Config):
+    """`rlkube model init --out DIR`: write an untrained tiny Qwen3 model with a byte-level
+    tokenizer, Qwen3's special tokens and chat template (for tests and examples)."""
+
+    out: Path = Path("outputs/tiny-model")
+    """Directory to write the Hugging Face model into."""
+
+    layers: int = Field(default=4, ge=1)
+    """Decoder layers."""
+
+    hidden: int = Field(default=256, ge=8)
+    """Hidden size; a multiple of `heads`."""
+
+    heads: int = Field(default=4, ge=1)
+    """Attention heads (head dim = hidden / heads)."""
+
+    kv_heads: int = Field(default=2, ge=1)
+    """Key/value heads (grouped-query attention); divides `heads`."""
+
+    intermediate: int | None = Field(default=None, ge=1)
+    """MLP width; 2 * hidden when unset."""
+
+    max_position_embeddings: int = Field(default=4096, ge=16)
+    """Longest context the model accepts."""
+
+    seed: int = 0
+    """Seed of the random initialization."""
+
+    @model_validator(mode="after")
+    def _shapes_divide(self):
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        return self

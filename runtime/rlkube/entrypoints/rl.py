@@ -1,0 +1,49 @@
+"""`rlkube rl @ rl.toml`: inference, orchestrator and trainer as local child processes.
+
+Writes each process's resolved config to `<output_dir>/configs/` (`--dry-run` stops there),
+starts the children with logs in `<output_dir>/logs/`, stops them all when one fails or on
+Ctrl-C, and exits 0 once the trainer has finished `max_steps`.
+"""
+
+import logging
+import shutil
+import sys
+
+from rlkube.config import RLConfig, parse_cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, dry_run = parse_cli(RLConfig, "rl", argv)
+    from rlkube.launch.local import child_stages, resolve_resume_step, write_process_configs
+    from rlkube.launch.supervisor import Supervisor, install_sigterm_as_interrupt
+    from rlkube.logs import setup_logging
+
+    resuming = config.ckpt is not None and config.ckpt.resume_step is not None
+    if config.clean_output_dir and not dry_run:
+        if resuming:
+            print("rlkube rl: error: clean_output_dir: refused when resuming (ckpt.resume_step is set)", file=sys.stderr)
+            return 2
+        shutil.rmtree(config.output_dir, ignore_errors=True)
+    try:
+        config = resolve_resume_step(config)
+    except ValueError as e:
+        print(f"rlkube rl: error: {e}", file=sys.stderr)
+        return 2
+    paths = write_process_configs(config)
+    setup_logging(config.log.level, file=config.output_dir / "logs" / "rl.log")
+    log = logging.getLogger("rlkube.rl")
+    for name, path in paths.items():
+        log.info("%s config: %s", name, path)
+    if dry_run:
+        return 0
+    undo = install_sigterm_as_interrupt()
+    try:
+        code = Supervisor().run(child_stages(config, paths), config.inference.startup_timeout_s)
+    finally:
+        undo()
+    log.info("finished" if code == 0 else f"failed (exit code {code}); see {config.output_dir / 'logs'}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

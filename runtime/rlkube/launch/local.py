@@ -1,0 +1,82 @@
+"""`rlkube rl` on one machine: per-process configs on disk, then the three processes as children.
+
+The resolved configs are written to `<output_dir>/configs/{inference,orchestrator,trainer}.toml`
+(what `--dry-run` stops after); the commands below are exactly what one would type by hand, so
+any process can be restarted alone from its file.
+"""
+
+import socket
+import sys
+from pathlib import Path
+
+from rlkube.config import RLConfig, write_toml
+from rlkube.launch.checkpoints import latest_run_checkpoint
+from rlkube.launch.supervisor import ChildSpec
+
+PROCESSES = ("inference", "orchestrator", "trainer")
+
+
+def resolve_resume_step(config: RLConfig) -> RLConfig:
+    """`--ckpt.resume-step latest` → the newest step whose trainer AND orchestrator checkpoints
+    are both complete, so the two processes resume from the same step."""
+    if config.ckpt is None or config.ckpt.resume_step != "latest":
+        return config
+    step = latest_run_checkpoint(config.output_dir / "checkpoints")
+    if step is None:
+        raise ValueError(f"ckpt.resume_step: no complete checkpoint under {config.output_dir / 'checkpoints'}")
+    return config.model_copy(update={"ckpt": config.ckpt.model_copy(update={"resume_step": step})})
+
+
+def write_process_configs(config: RLConfig) -> dict[str, Path]:
+    """Resolve and write each process's config; returns their paths."""
+    config_dir = config.output_dir / "configs"
+    paths = {}
+    for name, process_config in config.process_configs().items():
+        paths[name] = config_dir / f"{name}.toml"
+        write_toml(process_config, paths[name])
+    return paths
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _module(name: str) -> list[str]:
+    return [sys.executable, "-m", f"rlkube.entrypoints.{name}"]
+
+
+def trainer_argv(nproc: int, config_path: Path) -> tuple[list[str], dict[str, str]]:
+    """torchrun for several ranks; one plain process (with torchrun's env) for one rank."""
+    if nproc == 1:
+        env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        return [*_module("trainer"), "@", str(config_path)], env
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return [*torchrun, "-m", "rlkube.entrypoints.trainer", "@", str(config_path)], {}
+
+
+def child_stages(config: RLConfig, paths: dict[str, Path]) -> list[list[ChildSpec]]:
+    """Inference replicas and the trainer start at once (model loading overlaps vLLM's start);
+    the orchestrator starts once every replica is healthy."""
+    logs = config.output_dir / "logs"
+    inference = [
+        ChildSpec(
+            name=f"inference-{i}",
+            argv=[*_module("inference"), "@", str(paths["inference"]), "--port", str(config.inference.port + i)],
+            log_path=logs / f"inference-{i}.log",
+            health_url=f"{url}/health",
+        )
+        for i, url in enumerate(config.inference_urls()[: config.inference.replicas])
+    ]
+    trainer_cmd, trainer_env = trainer_argv(config.trainer.nproc_per_node, paths["trainer"])
+    trainer = ChildSpec("trainer", trainer_cmd, logs / "trainer.log", env=trainer_env, done_when_exits_ok=True)
+    orchestrator = ChildSpec(
+        "orchestrator",
+        [*_module("orchestrator"), "@", str(paths["orchestrator"])],
+        logs / "orchestrator.log",
+        may_exit_ok=True,
+    )
+    return [[*inference, trainer], [orchestrator]]
+

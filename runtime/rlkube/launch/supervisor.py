@@ -1,0 +1,184 @@
+"""A small local process supervisor: start children, watch them, stop them all together.
+
+Each child runs in its own session (process group), so stopping it reaches everything it
+spawned (vLLM's engine core, torchrun's workers), and a Ctrl-C in the terminal reaches only the
+supervisor, which then stops the children in order. If any child dies unexpectedly (SIGKILL
+included) the others are stopped and the supervisor reports failure within seconds.
+"""
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+class ChildFailed(RuntimeError):
+    """A child exited when it should not have."""
+
+    def __init__(self, name: str, returncode: int):
+        how = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+        super().__init__(f"{name} {how}")
+        self.name, self.returncode = name, returncode
+
+
+@dataclass
+class ChildSpec:
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    """Added to the supervisor's environment."""
+    health_url: str | None = None
+    """Polled until it answers 200 before the next children start."""
+    done_when_exits_ok: bool = False
+    """The run is finished when this child exits with code 0 (the trainer)."""
+    may_exit_ok: bool = False
+    """Exiting with code 0 is not a failure (it finished its part; the run goes on)."""
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: its own session, and SIGTERM if the supervisor dies."""
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass  # not Linux: children then outlive a SIGKILLed supervisor
+
+
+class Child:
+    def __init__(self, spec: ChildSpec):
+        self.spec = spec
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log = open(spec.log_path, "ab")
+        self.process = subprocess.Popen(
+            spec.argv,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **spec.env},
+            preexec_fn=_die_with_parent,
+        )
+        logger.info("started %s (pid %d): %s", spec.name, self.process.pid, " ".join(spec.argv))
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def close(self) -> None:
+        self.log.close()
+
+
+class Supervisor:
+    """`Supervisor(grace_s).run([[specs started together], [then these], ...])` → exit code."""
+
+    def __init__(self, grace_s: float = 10.0, poll_s: float = 0.2):
+        self.grace_s = grace_s
+        self.poll_s = poll_s
+        self.children: list[Child] = []
+
+    def run(self, stages: list[list[ChildSpec]], health_timeout_s: float = 600.0) -> int:
+        try:
+            for stage in stages:
+                started = [self._start(spec) for spec in stage]
+                for child in started:
+                    if child.spec.health_url:
+                        self._wait_healthy(child, health_timeout_s)
+            return self._watch()
+        except ChildFailed as e:
+            logger.error("%s; stopping all processes (logs: %s)", e, self._log_dir())
+            return e.returncode if e.returncode > 0 else 1
+        except KeyboardInterrupt:
+            logger.warning("interrupted; stopping all processes")
+            return 130
+        finally:
+            self.stop_all()
+
+    def _start(self, spec: ChildSpec) -> Child:
+        child = Child(spec)
+        self.children.append(child)
+        return child
+
+    def _log_dir(self) -> Path | None:
+        return self.children[0].spec.log_path.parent if self.children else None
+
+    def _check_children(self) -> bool:
+        """Raise ChildFailed for an unexpected exit; True when the run is finished."""
+        for child in self.children:
+            code = child.poll()
+            if code is None:
+                continue
+            if code == 0 and child.spec.done_when_exits_ok:
+                logger.info("%s finished", child.spec.name)
+                return True
+            if code != 0 or not child.spec.may_exit_ok:
+                raise ChildFailed(child.spec.name, code)
+        return False
+
+    def _wait_healthy(self, child: Child, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not _answers_ok(child.spec.health_url):
+            self._check_children()
+            if time.monotonic() > deadline:
+                raise ChildFailed(f"{child.spec.name} (not healthy after {timeout_s:g}s)", 1)
+            time.sleep(max(self.poll_s, 0.5))
+        logger.info("%s is healthy", child.spec.name)
+
+    def _watch(self) -> int:
+        while not self._check_children():
+            time.sleep(self.poll_s)
+        return 0
+
+    def stop_all(self) -> None:
+        """SIGTERM every group (newest first), SIGKILL what is left after the grace period.
+
+        Groups whose leader already died are signalled too: a SIGKILLed vLLM server or
+        torchrun agent can leave workers behind in its group."""
+        children = list(reversed(self.children))
+        for child in children:
+            child.signal_group(signal.SIGTERM)
+        self._wait_for(children, self.grace_s)
+        for child in children:
+            child.signal_group(signal.SIGKILL)
+        self._wait_for(children, 5.0)
+        for child in self.children:
+            child.close()
+        self.children.clear()
+
+    @staticmethod
+    def _wait_for(children: list[Child], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while any(c.poll() is None for c in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _answers_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def install_sigterm_as_interrupt() -> Callable[[], None]:
+    """A SIGTERM to the supervisor stops the children like Ctrl-C does; returns an undo."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,107 @@
+"""The local supervisor with cheap fake children (plain Python processes)."""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from rlkube.launch.supervisor import ChildSpec, Supervisor
+
+
+def sleeper(tmp_path, name, seconds=120, **kw):
+    """A child that records its pid, spawns a grandchild in its group, and sleeps."""
+    code = (
+        "import os, subprocess, sys, time;"
+        f"g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep({seconds})']);"
+        f"open(r'{tmp_path}/{name}.pids', 'w').write(f'{{os.getpid()}} {{g.pid}}');"
+        f"time.sleep({seconds})"
+    )
+    return ChildSpec(name, [sys.executable, "-c", code], tmp_path / "logs" / f"{name}.log", **kw)
+
+
+def exits(tmp_path, name, code, after=0.5, **kw):
+    script = f"import time, sys; time.sleep({after}); print('bye'); sys.exit({code})"
+    return ChildSpec(name, [sys.executable, "-c", script], tmp_path / "logs" / f"{name}.log", **kw)
+
+
+def pids(tmp_path, name, timeout=20):
+    path = tmp_path / f"{name}.pids"
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline, f"{name} never started"
+        time.sleep(0.05)
+    return [int(p) for p in path.read_text().split()]
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); it is dead for our purpose
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def run_in_thread(supervisor, stages):
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", supervisor.run(stages)))
+    thread.start()
+    return thread, result
+
+
+def test_sigkilled_child_stops_everything_and_fails_fast(tmp_path):
+    supervisor = Supervisor(grace_s=2)
+    thread, result = run_in_thread(supervisor, [[sleeper(tmp_path, "a"), sleeper(tmp_path, "b")]])
+    a, b = pids(tmp_path, "a"), pids(tmp_path, "b")
+    killed_at = time.monotonic()
+    os.kill(a[0], signal.SIGKILL)
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert result["code"] != 0
+    assert time.monotonic() - killed_at < 15
+    assert not any(alive(p) for p in a + b), "children or grandchildren survived"
+
+
+def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
+    stubborn = ChildSpec(
+        "stubborn",
+        [sys.executable, "-c",
+         "import signal, time, os; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+         f"open(r'{tmp_path}/stubborn.pids', 'w').write(str(os.getpid())); time.sleep(120)"],
+        tmp_path / "logs" / "stubborn.log",
+    )
+    supervisor = Supervisor(grace_s=1)
+    thread, result = run_in_thread(supervisor, [[stubborn, exits(tmp_path, "failing", 3, after=1.0)]])
+    pid = pids(tmp_path, "stubborn")[0]
+    thread.join(timeout=30)
+    assert result["code"] == 3
+    assert not alive(pid)
+
+
+def test_trainer_finishing_ends_the_run_with_success(tmp_path):
+    supervisor = Supervisor(grace_s=2)
+    code = supervisor.run([
+        [sleeper(tmp_path, "server"), exits(tmp_path, "trainer", 0, done_when_exits_ok=True)],
+        [exits(tmp_path, "orchestrator", 0, after=0.1, may_exit_ok=True)],
+    ])
+    assert code == 0
+    assert not any(alive(p) for p in pids(tmp_path, "server"))
+    assert (tmp_path / "logs" / "trainer.log").read_text().strip() == "bye"
+
+
+def test_unexpected_clean_exit_is_a_failure(tmp_path):
+    code = Supervisor(grace_s=1).run([[sleeper(tmp_path, "trainer", done_when_exits_ok=True), exits(tmp_path, "inference-0", 0)]])
+    assert code == 1
+
+
+def test_next_stage_waits_for_health_and_a_death_while_waiting_fails(tmp_path):
+    never_healthy = sleeper(tmp_path, "inference-0", health_url="http://127.0.0.1:9/health")
+    dying = exits(tmp_path, "trainer", 7, after=1.0)
+    started_late = sleeper(tmp_path, "orchestrator")
+    code = Supervisor(grace_s=1).run([[never_healthy, dying], [started_late]])
+    assert code == 7
+    assert not (tmp_path / "orchestrator.pids").exists()

@@ -1,0 +1,119 @@
+"""Keep inference busy within the policy clock's limits; turn finished groups into batches.
+
+One loop: launch whole groups (`group_size` rollouts of one task, the env picked by `ratio`)
+while the clock allows more rollouts than are in flight or buffered, wait for any group to
+finish, score it (advantages), buffer it, and cut batches from the buffer in step order. When
+the clock allows nothing and nothing is in flight, inference is idle waiting for the trainer:
+that time is reported as `time/wait_for_ckpt`.
+"""
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+from rlkube.orchestrator.advantage import AdvantageFn
+from rlkube.orchestrator.buffer import RolloutBuffer
+from rlkube.orchestrator.clock import PolicyClock
+from rlkube.orchestrator.types import Batch, Rollout
+
+logger = logging.getLogger(__name__)
+
+RunGroup = Callable[[object, str, object], Awaitable[list[Rollout]]]
+
+
+def score_group(group: list[Rollout], advantage_fn: AdvantageFn) -> list[Rollout]:
+    """Advantages within the group, over its trainable rollouts only (errored and empty ones
+    are neither a baseline nor trained on)."""
+    valid = [r for r in group if r.trainable]
+    if valid:
+        advantages = advantage_fn([r.reward for r in valid], [r.completion_tokens for r in valid])
+        for rollout, advantage in zip(valid, advantages):
+            rollout.advantage = float(advantage)
+            for sample in rollout.samples:
+                sample.advantage = float(advantage)
+    return group
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runners: list,
+        ratios: list[float],
+        run_group: RunGroup,
+        clock: PolicyClock,
+        buffer: RolloutBuffer,
+        advantage_fn: AdvantageFn,
+        group_size: int,
+        max_steps: int,
+        max_groups_in_flight: int,
+        on_batch: Callable[[Batch], None],
+        seed: int = 0,
+        next_step: int = 1,
+    ):
+        self.runners, self.ratios = runners, ratios
+        self.run_group = run_group
+        self.clock, self.buffer = clock, buffer
+        self.advantage_fn = advantage_fn
+        self.group_size, self.max_steps = group_size, max_steps
+        self.max_groups_in_flight = max_groups_in_flight
+        self.on_batch = on_batch
+        self.rng = random.Random(seed)
+        self.next_step = next_step
+        self.in_flight: set[asyncio.Task] = set()
+        self.waited_s = 0.0
+
+    def allowed_rollouts(self) -> int:
+        """Rollouts the clock lets exist (in flight or buffered) for batches not yet cut."""
+        newest = min(self.clock.newest_batch(), self.max_steps)
+        return max(0, newest - (self.next_step - 1)) * self.buffer.batch_size
+
+    def outstanding_rollouts(self) -> int:
+        return len(self.in_flight) * self.group_size + self.buffer.fresh_rollouts(self.next_step)
+
+    def _launch(self) -> None:
+        while (
+            len(self.in_flight) < self.max_groups_in_flight
+            and self.outstanding_rollouts() < self.allowed_rollouts()
+        ):
+            runner = self.rng.choices(self.runners, weights=self.ratios)[0]
+            example_id, task = runner.next_task()
+            self.in_flight.add(asyncio.ensure_future(self.run_group(runner, example_id, task)))
+
+    def _cut_batches(self) -> None:
+        while self.next_step <= self.max_steps and (batch := self.buffer.take_batch(self.next_step)):
+            batch.metrics["time/wait_for_ckpt"] = self.waited_s
+            self.waited_s = 0.0
+            self.on_batch(batch)
+            self.next_step += 1
+
+    async def run(self) -> None:
+        """Until batch `max_steps` is cut. Cancelling it cancels the rollouts in flight."""
+        try:
+            while self.next_step <= self.max_steps:
+                self._launch()
+                clock_changed = asyncio.ensure_future(self.clock.wait_change())
+                idle_since = time.perf_counter() if not self.in_flight else None
+                done, _ = await asyncio.wait(self.in_flight | {clock_changed}, return_when=asyncio.FIRST_COMPLETED)
+                clock_changed.cancel()
+                if idle_since is not None:
+                    self.waited_s += time.perf_counter() - idle_since
+                for task in done - {clock_changed}:
+                    self.in_flight.discard(task)
+                    self.buffer.add_group(score_group(task.result(), self.advantage_fn))
+                self._cut_batches()
+        finally:
+            for task in self.in_flight:
+                task.cancel()
+            await asyncio.gather(*self.in_flight, return_exceptions=True)
+            self.in_flight.clear()
+
+    def state_dict(self) -> dict:
+        rng_state = self.rng.getstate()
+        return {"next_step": self.next_step, "rng": [rng_state[0], list(rng_state[1]), rng_state[2]]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.next_step = state["next_step"]
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))

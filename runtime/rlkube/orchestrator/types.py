@@ -1,0 +1,89 @@
+"""What the orchestrator moves around: samples, rollouts, groups and batches.
+
+Plain dataclasses of Python lists (no torch): they are built on the event loop, checkpointed
+as JSON, and only become tensors when packed for the trainer.
+"""
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Sample:
+    """One training sequence: prompt and completion tokens of one trace branch. Multi-turn
+    rollouts whose turns extend each other token-exactly are one sample; a turn that breaks
+    the prefix starts a new one (verifiers' `Trace.branches`)."""
+
+    token_ids: list[int]
+    loss_mask: list[bool]
+    """True on tokens the policy sampled (the completion), aligned to `token_ids`."""
+    logprobs: list[float]
+    """Inference logprob of each sampled token; 0.0 elsewhere."""
+    temperature: float
+    advantage: float = 0.0
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass
+class Rollout:
+    """One episode of one task, scored."""
+
+    env: str
+    example_id: str
+    reward: float
+    samples: list[Sample]
+    policy_min: int
+    """Oldest policy version that generated any of its tokens (the version at its start)."""
+    policy_max: int
+    """Newest policy version that may have contributed (the version when it finished)."""
+    num_turns: int = 1
+    is_truncated: bool = False
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    advantage: float = 0.0
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(s.num_loss_tokens for s in self.samples)
+
+    @property
+    def seq_len(self) -> int:
+        return sum(len(s.token_ids) for s in self.samples)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.completion_tokens == 0
+
+    @property
+    def trainable(self) -> bool:
+        """Errored and empty rollouts are counted in metrics but never trained on."""
+        return self.error is None and not self.is_empty
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Rollout":
+        data = dict(data)
+        data["samples"] = [Sample(**s) for s in data["samples"]]
+        return cls(**data)
+
+
+@dataclass
+class Batch:
+    """The rollouts of one training step, after advantages, filtering and off-policy drops."""
+
+    step: int
+    rollouts: list[Rollout]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def samples(self, filter_zero_advantage: bool) -> list[Sample]:
+        return [
+            s
+            for r in self.rollouts
+            if r.trainable
+            for s in r.samples
+            if not (filter_zero_advantage and s.advantage == 0.0)
+        ]

@@ -1,0 +1,41 @@
+"""Environments: rlkube's built-in `verifiers` environments and the loader for any other.
+
+`load_env(EnvConfig)` is the one way processes get an environment: a built-in id
+(`reverse_text`) maps to rlkube's module; any other id is an installed verifiers taskset
+package, loaded through verifiers' own plugin loader with `args` as the taskset's config.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from verifiers.v1 import Env
+
+    from rlkube.config import EnvConfig
+
+BUILTIN_ENVS = {"reverse_text": "rlkube.envs.reverse_text"}
+
+
+def load_env(env_config: "EnvConfig") -> "Env":
+    """The `verifiers` environment `env_config` names, built with its `args`."""
+    import importlib
+
+    if env_config.id in BUILTIN_ENVS:
+        module = importlib.import_module(BUILTIN_ENVS[env_config.id])
+        try:
+            return module.load_environment(**env_config.args)
+        except TypeError as e:  # unknown keyword argument
+            raise ValueError(f"env '{env_config.id}': bad args {env_config.args}: {e}") from None
+    return load_verifiers_env(env_config.id, env_config.args)
+
+
+def load_verifiers_env(taskset_id: str, args: dict[str, Any]) -> "Env":
+    """An installed verifiers taskset package as an environment (its own `Env` subclass,
+    else `SingleAgentEnv`), `args` validated against the taskset's config."""
+    from verifiers.v1 import EnvConfig as VfEnvConfig
+    from verifiers.v1 import Env as VfEnv
+    from verifiers.v1.utils.generic import concrete_type
+    from verifiers.v1.utils.loaders import environment_class
+
+    env_cls = environment_class(taskset_id)
+    config_cls = concrete_type(env_cls, VfEnvConfig, origin=VfEnv) or VfEnvConfig
+    return env_cls(config_cls.model_validate({"taskset": {**args, "id": taskset_id}}))

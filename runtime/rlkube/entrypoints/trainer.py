@@ -1,0 +1,28 @@
+"""`rlkube trainer @ trainer.toml`: the RL trainer (run under `torchrun` for several ranks).
+
+    torchrun --nproc-per-node 2 -m rlkube.entrypoints.trainer @ outputs/run/configs/trainer.toml
+"""
+
+import sys
+
+from rlkube.config import TrainerConfig, parse_cli, to_toml
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, dry_run = parse_cli(TrainerConfig, "trainer", argv)
+    if dry_run:
+        print(to_toml(config))
+        return 0
+    import os
+
+    from rlkube.logs import setup_logging
+    from rlkube.trainer.rl.trainer import run
+
+    rank = int(os.environ.get("RANK", 0))
+    setup_logging(config.log.level if rank == 0 else "warning")
+    run(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The RL trainer: pull this rank's micro-batches, optimize the RL loss, publish the new policy.
+
+One RL step (`n = 1 .. max_steps`) is: fetch batch `n` over gRPC (this rank's share), forward
+and backward every micro-batch (gradients accumulate; the loss is already normalized by the
+step's global loss-token count), ONE optimizer step, publish policy `n` (rank 0 writes it, the
+orchestrator is told where), a checkpoint every `ckpt.interval` steps, metrics.
+
+    torchrun --nproc-per-node 2 -m rlkube.entrypoints.trainer @ outputs/run/configs/trainer.toml
+
+(`rlkube rl` writes that file and runs this for you.)
+"""
+
+import logging
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from rlkube.config import TrainerConfig
+from rlkube.trainer.rl.loss import LossInputs, compute_loss, resolve_loss_fn, token_logprobs
+
+logger = logging.getLogger(__name__)
+
+MAX_STATS = ("mismatch_kl/max",)
+"""Statistics reduced with max across micro-batches and ranks; all others are sums of shares."""
+
+
+class RLTrainer:
+    def __init__(self, config: TrainerConfig, env: "TrainingEnv", client, publisher, checkpointer, metrics):
+        self.config = config
+        self.env = env
+        self.model, self.optimizer, self.scheduler = env.model, env.optimizer, env.scheduler
+        self.client = client
+        self.publisher = publisher
+        self.checkpointer = checkpointer
+        self.metrics = metrics
+        self.loss_fn = resolve_loss_fn(config.loss)
+        self.step = 0
+        self.timings: dict[str, float] = {}
+
+    @contextmanager
+    def timed(self, name: str):
+        start = time.perf_counter()
+        yield
+        self.timings[f"time/{name}"] = time.perf_counter() - start
+
+    def train(self) -> None:
+        self.resume()
+        while self.step < self.config.max_steps:
+            self.train_step(self.step + 1)
+        logger.info("finished at step %d", self.step)
+
+    def resume(self) -> None:
+        """Restore step `resume_step` and push its weights again: inference is stateless and
+        restarts with the base model, so it must be given the policy the run resumes from."""
+        ckpt = self.config.ckpt
+        if ckpt is None or ckpt.resume_step is None:
+            return
+        self.step = self.checkpointer.load(ckpt.resume_step, self.model, self.optimizer, self.scheduler)
+        logger.info("resumed from step %d", self.step)
+        self.publish_policy(self.step)
+
+    def train_step(self, step: int) -> None:
+        self.timings = {}
+        start = time.perf_counter()
+        with self.timed("wait_for_batch"):
+            micro_batches = self.client.get_batch(step, self.env.rank, self.env.world_size, self.config.micro_batch_size)
+        with self.timed("forward_backward"):
+            stats, tokens = self.forward_backward(micro_batches)
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm = self.optimizer_step()
+        self.step = step
+        with self.timed("publish_weights"):
+            self.publish_policy(step)
+        with self.timed("save_ckpt"):
+            self.maybe_save_checkpoint(step)
+        self.timings["time/step"] = time.perf_counter() - start
+        self.log_metrics(step, stats | {"optim/grad_norm": grad_norm, "optim/lr": lr}, tokens)
+
+    def forward_backward(self, micro_batches: list[dict]) -> tuple[dict[str, float], int]:
+        """Accumulate gradients over this rank's micro-batches; returns the step's statistics
+        (reduced over ranks) and its token count across ranks."""
+        sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.env.device))
+        tokens = 0
+        for micro_batch in micro_batches:
+            batch = {k: v.to(self.env.device) if torch.is_tensor(v) else v for k, v in micro_batch.items()}
+            loss, stats = self.micro_batch_loss(batch)
+            # FSDP averages gradients over ranks; the loss is already a share of the GLOBAL mean,
+            # so scale by the world size to make the reduction a sum.
+            (loss * self.env.world_size).backward()
+            for name, value in stats.items():
+                sums[name] = torch.maximum(sums[name], value) if name in MAX_STATS else sums[name] + value
+            tokens += int((batch["sample_ids"] >= 0).sum())
+        return self.reduce_stats(dict(sums)), self.reduce_count(tokens)
+
+    def micro_batch_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Recompute log-probs with each token's sampling temperature, then the loss."""
+        logits = self.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        logprobs, entropy = token_logprobs(logits, batch["input_ids"], batch["temperatures"])
+        inputs = LossInputs(
+            logprobs=logprobs,
+            inference_logprobs=batch["inference_logprobs"],
+            advantages=batch["advantages"],
+            loss_mask=batch["loss_mask"],
+            sample_ids=batch["sample_ids"],
+        )
+        return compute_loss(inputs, self.config.loss, batch["global_loss_tokens"], self.loss_fn, entropy)
+
+    def reduce_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, float]:
+        if self.env.world_size > 1:
+            for name, value in stats.items():
+                dist.all_reduce(value, op=dist.ReduceOp.MAX if name in MAX_STATS else dist.ReduceOp.SUM)
+        return {name: float(value) for name, value in stats.items()}
+
+    def reduce_count(self, count: int) -> int:
+        if self.env.world_size == 1:
+            return count
+        total = torch.tensor(count, device=self.env.device)
+        dist.all_reduce(total)
+        return int(total)
+
+    def optimizer_step(self) -> float:
+        max_norm = self.config.optim.max_grad_norm
+        grad_norm = self.env.clip_grad_norm(max_norm if max_norm is not None else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return float(grad_norm)
+
+    def publish_policy(self, step: int) -> None:
+        """Every rank helps gather the full weights; rank 0 publishes them and tells the
+        orchestrator where they are."""
+        state_dict = self.env.full_state_dict()
+        if self.env.rank == 0:
+            location = self.publisher.publish(state_dict, step)
+            self.client.report_policy(step, location)
+        self.env.barrier()
+
+    def maybe_save_checkpoint(self, step: int) -> None:
+        ckpt = self.config.ckpt
+        if ckpt is None:
+            return
+        if step == self.config.max_steps or (ckpt.interval is not None and step % ckpt.interval == 0):
+            self.checkpointer.save(step, self.model, self.optimizer, self.scheduler)
+
+    def log_metrics(self, step: int, stats: dict[str, float], tokens: int) -> None:
+        if self.env.rank != 0:
+            return
+        throughput = tokens / max(self.timings["time/step"], 1e-9)
+        self.metrics.log({**stats, "perf/throughput": throughput, **self.timings}, step=step)
+
+
+def run(config: TrainerConfig) -> None:
+    """Build everything from the config, train to `max_steps`, clean up."""
+    from rlkube.metrics import MetricsSink
+    from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
+    from rlkube.trainer.rl.setup import build_training_env
+    from rlkube.transport.client import RolloutClient
+    from rlkube.transport.weights import build_publisher
+
+    env = build_training_env(config)
+    checkpointer = TrainerCheckpointer(config.output_dir / "checkpoints", config.ckpt, env.rank) if config.ckpt else None
+    metrics = MetricsSink.from_config(config, "trainer") if env.rank == 0 else None
+    publisher = build_publisher(config.weights, config.output_dir) if env.rank == 0 else None
+    client = RolloutClient(f"{config.rollouts.host}:{config.rollouts.port}", timeout_s=config.rollouts.timeout_s)
+    try:
+        RLTrainer(config, env, client, publisher, checkpointer, metrics).train()
+    finally:
+        client.close()
+        if metrics is not None:
+            metrics.close()
+        env.close()

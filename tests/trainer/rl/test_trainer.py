@@ -1,0 +1,159 @@
+"""The RL trainer loop on the tiny model, fed over real gRPC by a synthetic batch source."""
+
+import asyncio
+import socket
+import threading
+
+import pytest
+import torch
+
+from rlkube.config import TrainerConfig
+from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
+from rlkube.trainer.rl.setup import build_training_env
+from rlkube.trainer.rl.trainer import RLTrainer
+from rlkube.transport.client import RolloutClient
+from rlkube.transport.server import start_server, stop_server
+
+SEQ_LEN = 24
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def synthetic_batch(generator: torch.Generator) -> dict:
+    """One row, two packed samples of 12 tokens; the last 6 of each are the completion.
+    Sample 0 is rewarded (A = +1), sample 1 punished (A = -1)."""
+    ids = torch.randint(0, 200, (1, SEQ_LEN), generator=generator)
+    positions = torch.arange(12).repeat(2).unsqueeze(0)
+    sample_ids = torch.tensor([[0] * 12 + [1] * 12], dtype=torch.int32)
+    loss_mask = (positions >= 6)
+    advantages = torch.where(sample_ids == 0, 1.0, -1.0) * loss_mask
+    return {
+        "input_ids": ids, "position_ids": positions, "sample_ids": sample_ids, "loss_mask": loss_mask,
+        "advantages": advantages.float(), "temperatures": torch.ones(1, SEQ_LEN),
+        "global_loss_tokens": int(loss_mask.sum()),
+    }
+
+
+class SyntheticSource:
+    """The same batch every step, with inference log-probs from the initial policy."""
+
+    def __init__(self, batch):
+        self.batch, self.reports = batch, []
+
+    async def get_batch(self, step, rank, world_size, micro_batch_rows):
+        return [self.batch]
+
+    async def report_policy(self, step, location):
+        self.reports.append((step, location))
+        return step
+
+    def status(self):
+        return {"phase": "running", "step": 0, "max_steps": 0, "reward": None, "policy_step": 0}
+
+
+class Server:
+    def __init__(self, source, port):
+        self.loop = asyncio.new_event_loop()
+        self.ready, self.source, self.port = threading.Event(), source, port
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),), daemon=True)
+
+    async def _main(self):
+        self.stopping = asyncio.Event()
+        server = await start_server(self.source, "127.0.0.1", self.port)
+        self.ready.set()
+        await self.stopping.wait()
+        await stop_server(server, grace_s=1)
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.ready.wait(20)
+        return self
+
+    def __exit__(self, *exc):
+        self.loop.call_soon_threadsafe(self.stopping.set)
+        self.thread.join(10)
+
+
+class RecordingPublisher:
+    def __init__(self):
+        self.published = {}
+
+    def publish(self, state_dict, step):
+        self.published[step] = {k: v.clone() for k, v in state_dict.items()}
+        return f"memory://{step}"
+
+
+class RecordingMetrics:
+    def __init__(self):
+        self.records = {}
+
+    def log(self, record, step):
+        self.records[step] = record
+
+
+def sample_logprob(model, batch, sample):
+    from rlkube.trainer.rl.loss import token_logprobs
+
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        lp, _ = token_logprobs(logits, batch["input_ids"], batch["temperatures"])
+    keep = batch["loss_mask"] & (batch["sample_ids"] == sample)
+    return lp[keep].mean().item()
+
+
+@pytest.fixture
+def trainer_config(tiny_model, tmp_path, monkeypatch):
+    for var in ("MASTER_ADDR", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    return TrainerConfig(
+        output_dir=tmp_path, model={"name": str(tiny_model)}, max_steps=4, device="cpu",
+        optim={"lr": 3e-4}, ckpt={"interval": 2}, loss={"kl_tau": 0.0},
+        rollouts={"port": free_port(), "timeout_s": 60},
+    )
+
+
+def make_trainer(config, source_batch):
+    env = build_training_env(config)
+    client = RolloutClient(f"127.0.0.1:{config.rollouts.port}", timeout_s=60)
+    checkpointer = TrainerCheckpointer(config.output_dir / "checkpoints", config.ckpt, env.rank)
+    return RLTrainer(config, env, client, RecordingPublisher(), checkpointer, RecordingMetrics())
+
+
+def test_rl_steps_move_logprobs_with_the_advantage_and_publish_each_policy(trainer_config):
+    batch = synthetic_batch(torch.Generator().manual_seed(0))
+    trainer = make_trainer(trainer_config, batch)
+    with torch.no_grad():
+        logits = trainer.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        from rlkube.trainer.rl.loss import token_logprobs
+
+        batch["inference_logprobs"] = token_logprobs(logits, batch["input_ids"], batch["temperatures"])[0].float()
+    before = [sample_logprob(trainer.model, batch, s) for s in (0, 1)]
+    source = SyntheticSource(batch)
+    with Server(source, trainer_config.rollouts.port):
+        trainer.train()
+    after = [sample_logprob(trainer.model, batch, s) for s in (0, 1)]
+    assert after[0] > before[0] + 0.05, "rewarded tokens should become likelier"
+    assert after[1] < before[1] - 0.05, "punished tokens should become less likely"
+
+    assert [s for s, _ in source.reports] == [1, 2, 3, 4]
+    first = trainer.metrics.records[1]
+    assert first["mismatch_kl/mean"] == pytest.approx(0.0, abs=1e-6), "step 1 trains the sampling policy"
+    assert trainer.metrics.records[4]["mismatch_kl/mean"] > 0
+    for key in ("loss/mean", "entropy/mean", "mismatch_kl/max", "masked_high/fraction", "optim/grad_norm",
+                "optim/lr", "perf/throughput", "time/step", "time/wait_for_batch", "time/forward_backward"):
+        assert key in first, key
+    published = trainer.publisher.published[4]
+    assert torch.equal(published["lm_head.weight"], trainer.model.state_dict()["lm_head.weight"])
+
+    # resume from step 2: same weights as published at step 2, and the step counter restored
+    resumed = make_trainer(trainer_config.model_copy(update={"ckpt": trainer_config.ckpt.model_copy(update={"resume_step": 2})}), batch)
+    with Server(SyntheticSource(batch), trainer_config.rollouts.port) as server:
+        resumed.resume()
+        assert resumed.step == 2
+        assert [s for s, _ in server.source.reports] == [2], "the resumed policy is pushed to inference again"
+    for name, tensor in resumed.model.state_dict().items():
+        assert torch.equal(tensor, trainer.publisher.published[2][name]), name

@@ -1,0 +1,64 @@
+"""Build the orchestrator from its config and run it with its servers (what
+`rlkube orchestrator` runs): environments, inference pool, metrics, gRPC and HTTP servers,
+resume, and an orderly shutdown.
+"""
+
+import contextlib
+import logging
+from pathlib import Path
+
+from rlkube.config import OrchestratorConfig
+from rlkube.orchestrator import checkpoint
+from rlkube.orchestrator.inference import InferencePool
+from rlkube.orchestrator.orchestrator import Orchestrator
+from rlkube.orchestrator.rollouts import EnvRunner
+from rlkube.orchestrator.status import PrometheusMetrics, make_app, start_http
+from rlkube.transport.server import start_server, stop_server
+
+logger = logging.getLogger(__name__)
+
+
+def build_runners(config: OrchestratorConfig) -> list[EnvRunner]:
+    from rlkube.envs import load_env
+
+    runners = [EnvRunner(env, load_env(env), config.seed) for env in config.envs]
+    names = [r.name for r in runners]
+    if len(set(names)) != len(names):
+        raise ValueError(f"orchestrator.envs: names must be unique (got {names}); set `name` on repeated ids")
+    return runners
+
+
+def resume_step_of(config: OrchestratorConfig) -> int | None:
+    if config.ckpt is None or config.ckpt.resume_step is None:
+        return None
+    return checkpoint.resolve_step(Path(config.output_dir) / "checkpoints", config.ckpt.resume_step)
+
+
+async def serve(config: OrchestratorConfig, evaluate=None) -> None:
+    from rlkube.metrics import MetricsSink
+
+    resume_step = resume_step_of(config)
+    runners = build_runners(config)
+    pool = InferencePool(config.client, config.model.name, config.model.name, config.sampling)
+    prometheus = PrometheusMetrics()
+    sink = MetricsSink(config.output_dir, "orchestrator", wandb=config.wandb, run_config=config.model_dump(mode="json"))
+
+    def log_metrics(metrics: dict[str, float], step: int) -> None:
+        sink.log(step, metrics)
+        prometheus.update(metrics)
+
+    orchestrator = Orchestrator(config, runners, pool, log_metrics, evaluate)
+    host = config.rollouts.host
+    grpc_server = await start_server(orchestrator, host, config.rollouts.port)
+    http, _ = await start_http(make_app(orchestrator.status, prometheus), host, config.http_port)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            for runner in runners:
+                await stack.enter_async_context(runner.env.serving())
+            await pool.wait_until_healthy(config.client.timeout_s)
+            await orchestrator.run(resume_step)
+        logger.info("finished: policy %d loaded, %d steps done", orchestrator.clock.policy_step, config.max_steps)
+    finally:
+        await stop_server(grpc_server)
+        await http.cleanup()
+        sink.close()

@@ -1,0 +1,226 @@
+"""The orchestrator: rollouts in, batches out, one policy clock in between.
+
+It owns the pieces and the protocol with the trainer (the `BatchSource` the gRPC server
+serves):
+
+- the scheduler generates groups within the clock's limits and cuts batch after batch;
+- `get_batch(step, rank, world_size)` packs a cut batch for the trainer's world size (once
+  per step) and answers each rank with its rows;
+- `report_policy(step, location)` queues policy `step`; the policy loop pauses every replica,
+  loads it, resumes, advances the clock, then checkpoints and evaluates when due.
+
+Batches are kept until the trainer reports the policy they produced (it consumed them).
+"""
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from rlkube.config import OrchestratorConfig
+from rlkube.orchestrator import checkpoint
+from rlkube.orchestrator.advantage import make_advantage_fn
+from rlkube.orchestrator.buffer import RolloutBuffer
+from rlkube.orchestrator.clock import PolicyClock
+from rlkube.orchestrator.metrics import batch_metrics
+from rlkube.orchestrator.packing import pack_batch
+from rlkube.orchestrator.scheduler import Scheduler
+from rlkube.orchestrator.types import Batch, Rollout
+
+logger = logging.getLogger(__name__)
+
+MetricsFn = Callable[[dict[str, float], int], None]
+EvalFn = Callable[[int], Awaitable[dict[str, float]]]
+
+
+class Orchestrator:
+    def __init__(self, config: OrchestratorConfig, runners: list, pool, log_metrics: MetricsFn, evaluate: EvalFn | None = None):
+        self.config = config
+        self.runners = {r.name: r for r in runners}
+        self.pool = pool
+        self.log_metrics = log_metrics
+        self.evaluate = evaluate
+        self.clock = PolicyClock(config.async_level)
+        self.buffer = RolloutBuffer(config.batch_size, config.max_off_policy_steps)
+        self.scheduler = Scheduler(
+            runners=runners,
+            ratios=[r.config.ratio for r in runners],
+            run_group=self.run_group,
+            clock=self.clock,
+            buffer=self.buffer,
+            advantage_fn=make_advantage_fn(config.advantage, config.sampling.max_tokens),
+            group_size=config.group_size,
+            max_steps=config.max_steps,
+            max_groups_in_flight=max(1, -(-config.client.max_concurrent // config.group_size)),
+            on_batch=self.on_batch,
+            seed=config.seed,
+        )
+        self.batches: dict[int, Batch] = {}
+        self.batch_ready: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
+        self.packed: dict[int, tuple[int, int, list[list[dict]]]] = {}
+        self.reports: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+        self.finished = asyncio.Event()
+        self.phase = "starting"
+        self.policy_location: str | None = None
+        self.newest_batch_step = 0
+        self.last_reward: float | None = None
+        self.last_lag = 0
+        self.last_checkpoint_step: int | None = None
+        self.checkpoints_dir = Path(config.output_dir) / "checkpoints"
+        self.batch_started = time.perf_counter()
+
+    # --- rollouts -------------------------------------------------------------------
+
+    async def run_group(self, runner, example_id: str, task) -> list[Rollout]:
+        ctx = self.pool.context_for(runner.name, example_id)
+        temperature = self.config.sampling.temperature
+
+        async def one() -> Rollout:
+            async with self.pool.slot():
+                return await runner.rollout(task, example_id, ctx, temperature, lambda: self.clock.policy_step)
+
+        return list(await asyncio.gather(*(one() for _ in range(self.config.group_size))))
+
+    def on_batch(self, batch: Batch) -> None:
+        metrics = self.store_batch(batch)
+        metrics["time/batch"] = time.perf_counter() - self.batch_started
+        self.batch_started = time.perf_counter()
+        self.log_metrics(metrics, batch.step)
+
+    def store_batch(self, batch: Batch) -> dict[str, float]:
+        metrics = batch_metrics(batch, self.config.filter_zero_advantage)
+        self.batches[batch.step] = batch
+        self.newest_batch_step = max(self.newest_batch_step, batch.step)
+        self.last_reward = metrics.get("reward/all/mean")
+        self.last_lag = int(metrics.get("off_policy/lag/max", 0))
+        self.batch_ready[batch.step].set()
+        return metrics
+
+    # --- the trainer's side (BatchSource) -------------------------------------------
+
+    async def get_batch(self, step: int, rank: int, world_size: int, micro_batch_rows: int) -> list[dict]:
+        if not 1 <= step <= self.config.max_steps:
+            raise LookupError(f"step {step} is outside 1..max_steps ({self.config.max_steps})")
+        if world_size < 1 or not 0 <= rank < world_size or micro_batch_rows < 1:
+            raise ValueError(f"bad request: rank {rank}, world_size {world_size}, micro_batch_rows {micro_batch_rows}")
+        if step <= self.clock.policy_step:
+            raise LookupError(f"batch {step} was already consumed (policy {self.clock.policy_step} is loaded)")
+        await self.batch_ready[step].wait()
+        if step not in self.packed:
+            batch = self.batches[step]
+            samples = batch.samples(self.config.filter_zero_advantage)
+            ranks = await asyncio.to_thread(pack_batch, samples, self.config.seq_len, world_size, micro_batch_rows)
+            self.packed.setdefault(step, (world_size, micro_batch_rows, ranks))
+        packed_world, packed_rows, ranks = self.packed[step]
+        if (packed_world, packed_rows) != (world_size, micro_batch_rows):
+            raise ValueError(
+                f"step {step} was packed for world_size {packed_world} and micro_batch_rows {packed_rows}; "
+                f"got {world_size} and {micro_batch_rows}"
+            )
+        return ranks[rank]
+
+    async def report_policy(self, step: int, location: str) -> int:
+        if not self.clock.policy_step <= step <= self.config.max_steps:
+            raise ValueError(f"policy {step} is not in {self.clock.policy_step}..max_steps ({self.config.max_steps})")
+        if step > self.newest_batch_step:
+            raise ValueError(f"policy {step} reported before batch {step} was served")
+        await self.reports.put((step, location))
+        return step
+
+    def status(self) -> dict:
+        return {
+            "phase": self.phase,
+            "step": self.newest_batch_step,
+            "max_steps": self.config.max_steps,
+            "reward": self.last_reward,
+            "policy_step": self.clock.policy_step,
+            "off_policy_lag": self.last_lag,
+            "last_checkpoint_step": self.last_checkpoint_step,
+        }
+
+    # --- policy updates, checkpoints, eval -------------------------------------------
+
+    async def policy_loop(self) -> None:
+        while not self.finished.is_set():
+            # One by one, in order, none skipped: each may be due a checkpoint or an eval.
+            step, location = await self.reports.get()
+            started = time.perf_counter()
+            await self.pool.load_policy(step, location)
+            self.policy_location = location
+            self.clock.advance(step)
+            for old in [s for s in self.batches if s <= step]:
+                self.batches.pop(old)
+                self.packed.pop(old, None)
+                self.batch_ready.pop(old, None)
+            self.log_metrics({"time/update_weights": time.perf_counter() - started, "policy_step": float(step)}, step)
+            await self.after_policy(step)
+
+    async def after_policy(self, step: int) -> None:
+        last = step == self.config.max_steps
+        ckpt = self.config.ckpt
+        if ckpt is not None and (last or (ckpt.interval and step % ckpt.interval == 0)):
+            path = await asyncio.to_thread(checkpoint.save, self.checkpoints_dir, step, self.state_dict())
+            self.last_checkpoint_step = step
+            logger.info("orchestrator checkpoint %s", path)
+        eval_cfg = self.config.eval
+        if self.evaluate is not None and eval_cfg is not None and (last or step % eval_cfg.interval == 0):
+            self.log_metrics(await self.evaluate(step), step)
+        if last:
+            self.phase = "finished"
+            self.finished.set()
+
+    def state_dict(self) -> dict:
+        return {
+            "policy_step": self.clock.policy_step,
+            "policy_location": self.policy_location,
+            "batches": {
+                str(s): {"rollouts": [r.to_dict() for r in b.rollouts], "metrics": b.metrics}
+                for s, b in self.batches.items()
+                if s > self.clock.policy_step
+            },
+            "buffer": self.buffer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "samplers": {name: r.sampler.state_dict() for name, r in self.runners.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.clock.advance(state["policy_step"])
+        self.newest_batch_step = state["policy_step"]
+        self.policy_location = state["policy_location"]
+        for step, saved in state["batches"].items():
+            self.store_batch(Batch(int(step), [Rollout.from_dict(r) for r in saved["rollouts"]], saved["metrics"]))
+        self.buffer.load_state_dict(state["buffer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        for name, sampler_state in state["samplers"].items():
+            if name in self.runners:
+                self.runners[name].sampler.load_state_dict(sampler_state)
+
+    # --- the whole run ----------------------------------------------------------------
+
+    async def run(self, resume_step: int | None = None) -> None:
+        """Until the trainer reports policy `max_steps` (and its checkpoint is written)."""
+        if resume_step is not None:
+            self.load_state_dict(checkpoint.load(self.checkpoints_dir, resume_step))
+            self.last_checkpoint_step = resume_step
+            if self.policy_location is not None:
+                await self.pool.load_policy(resume_step, self.policy_location)
+        if self.evaluate is not None and self.config.eval is not None and self.clock.policy_step == 0:
+            self.log_metrics(await self.evaluate(0), 0)
+        self.phase = "running"
+        tasks = [asyncio.ensure_future(self.scheduler.run()), asyncio.ensure_future(self.policy_loop())]
+        finished = asyncio.ensure_future(self.finished.wait())
+        try:
+            while not self.finished.is_set():
+                done, _ = await asyncio.wait([*tasks, finished], return_when=asyncio.FIRST_COMPLETED)
+                for task in done - {finished}:
+                    task.result()  # re-raise a crash; a scheduler that cut its last batch just ends
+                    tasks.remove(task)
+        except BaseException:
+            self.phase = "failed"
+            raise
+        finally:
+            for task in [*tasks, finished]:
+                task.cancel()
+            await asyncio.gather(*tasks, finished, return_exceptions=True)

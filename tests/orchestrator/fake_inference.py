@@ -1,0 +1,90 @@
+"""An instant fake of vLLM's token-in/token-out routes, for orchestrator tests and benchmarks.
+
+Serves `/inference/v1/generate` (the route verifiers' training client calls), `/v1/models`,
+`/health`, and answers every other POST (the RL admin routes: `/pause`, `/resume`,
+`/collective_rpc`, ...) with `{}`, recording each as (route, JSON body) in order. A completion is `respond(prompt_ids)` (by default the prompt's last
+`completion_len` tokens reversed) plus the stop token, each with logprob -0.25.
+"""
+
+import asyncio
+import socket
+import threading
+
+from aiohttp import web
+
+
+class FakeInference:
+    def __init__(self, model: str, stop_token_id: int, completion_len: int = 8, respond=None, max_model_len: int = 4096):
+        self.model, self.stop_token_id = model, stop_token_id
+        self.respond = respond or (lambda ids: list(reversed(ids[-completion_len:])))
+        self.max_model_len = max_model_len
+        self.calls: list[tuple[str, dict]] = []
+        self.generate_requests = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/inference/v1/generate", self.generate)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", lambda r: web.json_response({}))
+        app.router.add_post("/{route:.*}", self.admin)
+        return app
+
+    async def generate(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.generate_requests += 1
+        ids = self.respond(body["token_ids"])[: body["sampling_params"].get("max_tokens", 1 << 30) - 1]
+        ids = ids + [self.stop_token_id]
+        return web.json_response(
+            {
+                "request_id": f"fake-{self.generate_requests}",
+                "choices": [
+                    {
+                        "token_ids": ids,
+                        "finish_reason": "stop",
+                        "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": -0.25} for t in ids]},
+                    }
+                ],
+            }
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": self.model, "max_model_len": self.max_model_len}]})
+
+    async def admin(self, request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else {}
+        self.calls.append((request.match_info["route"], body))
+        return web.json_response({})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeInferenceThread:
+    """The fake on its own loop in a thread, at `self.url`, as a separate server process would be."""
+
+    def __init__(self, fake: FakeInference):
+        self.fake, self.port = fake, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.loop = asyncio.new_event_loop()
+        self.started = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        runner = web.AppRunner(self.fake.app(), access_log=None)
+        self.loop.run_until_complete(runner.setup())
+        self.loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+        self.started.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(runner.cleanup())
+
+    def __enter__(self):
+        self.thread.start()
+        self.started.wait(10)
+        return self
+
+    def __exit__(self, *exc):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

@@ -2,8 +2,6 @@
 
 import tomllib
 
-import pytest
-
 from rlkube.config import RLConfig
 from rlkube.entrypoints.rl import main
 from rlkube.launch.checkpoints import MARKER, latest_run_checkpoint, part_dir

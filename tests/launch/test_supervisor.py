@@ -6,8 +6,6 @@ import sys
 import threading
 import time
 
-import pytest
-
 from rlkube.launch.supervisor import ChildSpec, Supervisor
 
 
@@ -69,9 +67,10 @@ def test_sigkilled_child_stops_everything_and_fails_fast(tmp_path):
 def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
     stubborn = ChildSpec(
         "stubborn",
-        [sys.executable, "-c",
-         "import signal, time, os; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
-         f"open(r'{tmp_path}/stubborn.pids', 'w').write(str(os.getpid())); time.sleep(120)"],
+        [sys.executable, "-c", (
+            "import signal, time, os; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+            f"open(r'{tmp_path}/stubborn.pids', 'w').write(str(os.getpid())); time.sleep(120)"
+        )],
         tmp_path / "logs" / "stubborn.log",
     )
     supervisor = Supervisor(grace_s=1)

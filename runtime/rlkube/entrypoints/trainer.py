@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlkube.logs import setup_logging
     from rlkube.trainer.rl.trainer import run
 
-    rank = int(os.environ.get("RANK", 0))
+    rank = int(os.environ.get("RANK", "0"))
     setup_logging(config.log.level if rank == 0 else "warning")
     run(config)
     return 0

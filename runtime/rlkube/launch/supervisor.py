@@ -6,7 +6,6 @@ supervisor, which then stops the children in order. If any child dies unexpected
 included) the others are stopped and the supervisor reports failure within seconds.
 """
 
-import ctypes
 import logging
 import os
 import signal
@@ -18,9 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
-
-PR_SET_PDEATHSIG = 1
-
 
 class ChildFailed(RuntimeError):
     """A child exited when it should not have."""
@@ -46,27 +42,18 @@ class ChildSpec:
     """Exiting with code 0 is not a failure (it finished its part; the run goes on)."""
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: its own session, and SIGTERM if the supervisor dies."""
-    os.setsid()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass  # not Linux: children then outlive a SIGKILLed supervisor
-
-
 class Child:
     def __init__(self, spec: ChildSpec):
         self.spec = spec
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log = open(spec.log_path, "ab")
+        self.log = open(spec.log_path, "ab")  # noqa: SIM115 (open while the child runs)
         self.process = subprocess.Popen(
             spec.argv,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **spec.env},
-            preexec_fn=_die_with_parent,
+            start_new_session=True,
         )
         logger.info("started %s (pid %d): %s", spec.name, self.process.pid, " ".join(spec.argv))
 

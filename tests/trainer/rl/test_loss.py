@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-
 from rlkube.config import LossConfig
 from rlkube.trainer.rl.loss import LossInputs, compute_loss, sequence_mean, token_logprobs
 

@@ -1,14 +1,19 @@
 """The RL trainer loop on the tiny model, fed over real gRPC by a synthetic batch source."""
 
 import asyncio
+import json
+import os
 import socket
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
-
 from rlkube.config import TrainerConfig
 from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
+from rlkube.trainer.rl.loss import token_logprobs
 from rlkube.trainer.rl.setup import build_training_env
 from rlkube.trainer.rl.trainer import RLTrainer
 from rlkube.transport.client import RolloutClient
@@ -96,8 +101,6 @@ class RecordingMetrics:
 
 
 def sample_logprob(model, batch, sample):
-    from rlkube.trainer.rl.loss import token_logprobs
-
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
         lp, _ = token_logprobs(logits, batch["input_ids"], batch["temperatures"])
@@ -128,8 +131,6 @@ def test_rl_steps_move_logprobs_with_the_advantage_and_publish_each_policy(train
     trainer = make_trainer(trainer_config, batch)
     with torch.no_grad():
         logits = trainer.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
-        from rlkube.trainer.rl.loss import token_logprobs
-
         batch["inference_logprobs"] = token_logprobs(logits, batch["input_ids"], batch["temperatures"])[0].float()
     before = [sample_logprob(trainer.model, batch, s) for s in (0, 1)]
     source = SyntheticSource(batch)
@@ -157,3 +158,45 @@ def test_rl_steps_move_logprobs_with_the_advantage_and_publish_each_policy(train
         assert [s for s, _ in server.source.reports] == [2], "the resumed policy is pushed to inference again"
     for name, tensor in resumed.model.state_dict().items():
         assert torch.equal(tensor, trainer.publisher.published[2][name]), name
+
+
+def two_rank_batches() -> list[dict]:
+    """Two ranks' shares of one step with unequal loss-token counts (12 and 4)."""
+    a = synthetic_batch(torch.Generator().manual_seed(1))
+    b = synthetic_batch(torch.Generator().manual_seed(2))
+    b["loss_mask"][:, :20] = False
+    total = int(a["loss_mask"].sum() + b["loss_mask"].sum())
+    for batch in (a, b):
+        batch["advantages"] = batch["advantages"] * batch["loss_mask"]
+        batch["inference_logprobs"] = torch.full((1, SEQ_LEN), -5.0)
+        batch["global_loss_tokens"] = total
+    return [a, b]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_match_one_rank_on_the_whole_batch(tiny_model, tmp_path, monkeypatch):
+    """FSDP2 over two gloo ranks, each normalizing by the global token count, gives the same
+    loss and gradient norm as one rank training on both shares."""
+    repo = Path(__file__).resolve().parents[3]
+    out = tmp_path / "two_ranks.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(repo / "tests/trainer/rl/rank_worker.py"), str(tiny_model), str(free_port()), str(out)]
+    subprocess.run(cmd, check=True, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=300)
+    two = json.loads(out.read_text())
+
+    for var in ("MASTER_ADDR", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    port = free_port()
+    config = TrainerConfig(model={"name": str(tiny_model)}, max_steps=1, device="cpu", rollouts={"port": port})
+    trainer = RLTrainer(config, build_training_env(config), RolloutClient(f"127.0.0.1:{port}", timeout_s=60),
+                        RecordingPublisher(), None, RecordingMetrics())
+
+    class BothShares(SyntheticSource):
+        async def get_batch(self, step, rank, world_size, micro_batch_rows):
+            return two_rank_batches()
+
+    with Server(BothShares(None), port):
+        trainer.train()
+    one = trainer.metrics.records[1]
+    for key in ("loss/mean", "optim/grad_norm", "mismatch_kl/mean", "mismatch_kl/max", "entropy/mean"):
+        assert two[key] == pytest.approx(one[key], rel=1e-4), key

@@ -72,8 +72,8 @@ def build_training_env(config: TrainerConfig) -> TrainingEnv:
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM
 
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    device = _device(config, int(os.environ.get("LOCAL_RANK", 0)))
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    device = _device(config, int(os.environ.get("LOCAL_RANK", "0")))
     if "MASTER_ADDR" in os.environ:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     torch.manual_seed(config.seed)

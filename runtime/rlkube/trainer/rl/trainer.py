@@ -14,12 +14,16 @@ import logging
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from rlkube.config import TrainerConfig
 from rlkube.trainer.rl.loss import LossInputs, compute_loss, resolve_loss_fn, token_logprobs
+
+if TYPE_CHECKING:
+    from rlkube.trainer.rl.setup import TrainingEnv
 
 logger = logging.getLogger(__name__)
 

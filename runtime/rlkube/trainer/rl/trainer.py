@@ -57,14 +57,16 @@ class RLTrainer:
         logger.info("finished at step %d", self.step)
 
     def resume(self) -> None:
-        """Restore step `resume_step` and push its weights again: inference is stateless and
-        restarts with the base model, so it must be given the policy the run resumes from."""
+        """Restore step `resume_step` and publish its weights again (not reported: the
+        orchestrator restores its own policy step and loads the same location), so they are
+        there even if a later step's publish had pruned them, or served by this process for
+        gRPC transfer."""
         ckpt = self.config.ckpt
         if ckpt is None or ckpt.resume_step is None:
             return
         self.step = self.checkpointer.load(ckpt.resume_step, self.model, self.optimizer, self.scheduler)
         logger.info("resumed from step %d", self.step)
-        self.publish_policy(self.step)
+        self.publish_policy(self.step, report=False)
 
     def train_step(self, step: int) -> None:
         self.timings = {}
@@ -133,13 +135,14 @@ class RLTrainer:
         self.scheduler.step()
         return float(grad_norm)
 
-    def publish_policy(self, step: int) -> None:
+    def publish_policy(self, step: int, report: bool = True) -> None:
         """Every rank helps gather the full weights; rank 0 publishes them and tells the
         orchestrator where they are."""
         state_dict = self.env.full_state_dict()
         if self.env.rank == 0:
             location = self.publisher.publish(state_dict, step)
-            self.client.report_policy(step, location)
+            if report:
+                self.client.report_policy(step, location)
         self.env.barrier()
 
     def maybe_save_checkpoint(self, step: int) -> None:
@@ -153,7 +156,7 @@ class RLTrainer:
         if self.env.rank != 0:
             return
         throughput = tokens / max(self.timings["time/step"], 1e-9)
-        self.metrics.log({**stats, "perf/throughput": throughput, **self.timings}, step=step)
+        self.metrics.log(step, {**stats, "perf/throughput": throughput, **self.timings})
 
 
 def run(config: TrainerConfig) -> None:
@@ -166,13 +169,14 @@ def run(config: TrainerConfig) -> None:
 
     env = build_training_env(config)
     checkpointer = TrainerCheckpointer(config.output_dir / "checkpoints", config.ckpt, env.rank) if config.ckpt else None
-    metrics = MetricsSink.from_config(config, "trainer") if env.rank == 0 else None
+    metrics = MetricsSink(
+        config.output_dir, "trainer", wandb=config.wandb, run_config=config.model_dump(mode="json"), enabled=env.rank == 0
+    )
     publisher = build_publisher(config.weights, config.output_dir) if env.rank == 0 else None
     client = RolloutClient(f"{config.rollouts.host}:{config.rollouts.port}", timeout_s=config.rollouts.timeout_s)
     try:
         RLTrainer(config, env, client, publisher, checkpointer, metrics).train()
     finally:
         client.close()
-        if metrics is not None:
-            metrics.close()
+        metrics.close()
         env.close()

@@ -1,0 +1,28 @@
+"""`rlkube sft @ sft.toml [--field value ...]`: supervised fine-tuning.
+
+One process, or FSDP2 over several: `torchrun --nproc-per-node 2 -m rlkube.entrypoints.sft @ sft.toml`.
+`--bench` trains on random tokens and prints tokens/s.
+"""
+
+import sys
+
+from rlkube.config import SFTConfig, parse_cli, to_toml
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, dry_run = parse_cli(SFTConfig, "sft", argv)
+    if dry_run:
+        print(to_toml(config))
+        return 0
+    from rlkube.trainer.sft.train import SFTTrainer
+
+    trainer = SFTTrainer(config)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Supervised fine-tuning: data (`data.py`) and the training loop (`train.py`)."""

@@ -1,0 +1,64 @@
+"""Export the full model as a Hugging Face directory (safetensors + config + tokenizer).
+
+The result loads with `transformers` and vLLM (`LLM(model=dir)` or
+`collective_rpc("reload_weights", kwargs={"weights_path": dir})`). Written to a `.tmp`
+sibling and renamed, so readers never see a partial export.
+"""
+
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: the unsharded state dict, on CPU, on rank 0 (empty on other ranks)."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)
+
+
+def save_hf_dir(state_dict: dict[str, torch.Tensor], model: nn.Module, tokenizer, out_dir: Path, dtype: torch.dtype | None = None) -> Path:
+    """Write `state_dict` with `model`'s config and `tokenizer` as an HF directory (atomically)."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = {}
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    for name, tensor in state_dict.items():
+        if tied and name == "lm_head.weight":
+            continue  # shared with embed_tokens; safetensors refuses aliased tensors
+        tensor = tensor.detach().to("cpu")
+        tensors[name] = (tensor.to(dtype) if dtype is not None else tensor).contiguous()
+    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+    model.config.save_pretrained(tmp)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    _copy_model_extras(model, tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def _copy_model_extras(model: nn.Module, tmp: Path) -> None:
+    """Keep rlkube's renderer hint with the weights, so exported models render like their base."""
+    source = Path(getattr(model.config, "_name_or_path", "") or "")
+    hint = source / "rlkube_model.json"
+    if hint.is_file():
+        shutil.copy(hint, tmp / hint.name)
+
+
+def export_hf_weights(model: nn.Module, tokenizer, out_dir: Path, *, is_main: bool) -> Path:
+    """Collective: gather the full weights and write them on rank 0 to `out_dir`."""
+    state_dict = full_state_dict(model)
+    if is_main:
+        save_hf_dir(state_dict, model, tokenizer, out_dir)
+    dist.barrier()
+    return Path(out_dir)

@@ -81,19 +81,20 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
     assert not alive(pid)
 
 
-def test_trainer_finishing_ends_the_run_with_success(tmp_path):
+def test_run_succeeds_once_trainer_and_orchestrator_finished(tmp_path):
     supervisor = Supervisor(grace_s=2)
     code = supervisor.run([
-        [sleeper(tmp_path, "server"), exits(tmp_path, "trainer", 0, done_when_exits_ok=True)],
-        [exits(tmp_path, "orchestrator", 0, after=0.1, may_exit_ok=True)],
+        [sleeper(tmp_path, "server"), exits(tmp_path, "trainer", 0, after=0.2, must_finish=True)],
+        [exits(tmp_path, "orchestrator", 0, after=1.5, must_finish=True)],
     ])
     assert code == 0
     assert not any(alive(p) for p in pids(tmp_path, "server"))
     assert (tmp_path / "logs" / "trainer.log").read_text().strip() == "bye"
+    assert (tmp_path / "logs" / "orchestrator.log").read_text().strip() == "bye", "waited for the orchestrator"
 
 
 def test_unexpected_clean_exit_is_a_failure(tmp_path):
-    code = Supervisor(grace_s=1).run([[sleeper(tmp_path, "trainer", done_when_exits_ok=True), exits(tmp_path, "inference-0", 0)]])
+    code = Supervisor(grace_s=1).run([[sleeper(tmp_path, "trainer", must_finish=True), exits(tmp_path, "inference-0", 0)]])
     assert code == 1
 
 

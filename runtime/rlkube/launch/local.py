@@ -71,12 +71,12 @@ def child_stages(config: RLConfig, paths: dict[str, Path]) -> list[list[ChildSpe
         for i, url in enumerate(config.inference_urls()[: config.inference.replicas])
     ]
     trainer_cmd, trainer_env = trainer_argv(config.trainer.nproc_per_node, paths["trainer"])
-    trainer = ChildSpec("trainer", trainer_cmd, logs / "trainer.log", env=trainer_env, done_when_exits_ok=True)
+    trainer = ChildSpec("trainer", trainer_cmd, logs / "trainer.log", env=trainer_env, must_finish=True)
     orchestrator = ChildSpec(
         "orchestrator",
         [*_module("orchestrator"), "@", str(paths["orchestrator"])],
         logs / "orchestrator.log",
-        may_exit_ok=True,
+        must_finish=True,
     )
     return [[*inference, trainer], [orchestrator]]
 

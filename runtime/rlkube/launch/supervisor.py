@@ -36,10 +36,9 @@ class ChildSpec:
     """Added to the supervisor's environment."""
     health_url: str | None = None
     """Polled until it answers 200 before the next children start."""
-    done_when_exits_ok: bool = False
-    """The run is finished when this child exits with code 0 (the trainer)."""
-    may_exit_ok: bool = False
-    """Exiting with code 0 is not a failure (it finished its part; the run goes on)."""
+    must_finish: bool = False
+    """The run succeeds once every such child exited with code 0 (trainer, orchestrator);
+    any other exit of any child is a failure."""
 
 
 class Child:
@@ -105,16 +104,13 @@ class Supervisor:
 
     def _check_children(self) -> bool:
         """Raise ChildFailed for an unexpected exit; True when the run is finished."""
+        finished = True
         for child in self.children:
             code = child.poll()
-            if code is None:
-                continue
-            if code == 0 and child.spec.done_when_exits_ok:
-                logger.info("%s finished", child.spec.name)
-                return True
-            if code != 0 or not child.spec.may_exit_ok:
+            if code is not None and (code != 0 or not child.spec.must_finish):
                 raise ChildFailed(child.spec.name, code)
-        return False
+            finished &= code == 0 or not child.spec.must_finish
+        return finished and any(c.spec.must_finish for c in self.children)
 
     def _wait_healthy(self, child: Child, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

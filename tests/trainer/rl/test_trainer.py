@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from rlkube.config import TrainerConfig
+from rlkube.trainer.dist import close_distributed
 from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
 from rlkube.trainer.rl.loss import token_logprobs
 from rlkube.trainer.rl.setup import build_training_env
@@ -109,9 +110,18 @@ def sample_logprob(model, batch, sample):
 
 
 @pytest.fixture
-def trainer_config(tiny_model, tmp_path, monkeypatch):
-    for var in ("MASTER_ADDR", "RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(var, raising=False)
+def world_of_one(monkeypatch):
+    """This test process as rank 0 of 1; the process group is gone afterwards."""
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    yield
+    close_distributed()
+
+
+@pytest.fixture
+def trainer_config(tiny_model, tmp_path, world_of_one):
     return TrainerConfig(
         output_dir=tmp_path, model={"name": str(tiny_model)}, max_steps=4, device="cpu",
         optim={"lr": 3e-4}, ckpt={"interval": 2}, loss={"kl_tau": 0.0},
@@ -148,14 +158,14 @@ def test_rl_steps_move_logprobs_with_the_advantage_and_publish_each_policy(train
                 "optim/lr", "perf/throughput", "time/step", "time/wait_for_batch", "time/forward_backward"):
         assert key in first, key
     published = trainer.publisher.published[4]
-    assert torch.equal(published["lm_head.weight"], trainer.model.state_dict()["lm_head.weight"])
+    assert torch.equal(published["lm_head.weight"], trainer.env.full_state_dict()["lm_head.weight"])
 
     # resume from step 2: same weights as published at step 2, and the step counter restored
     resumed = make_trainer(trainer_config.model_copy(update={"ckpt": trainer_config.ckpt.model_copy(update={"resume_step": 2})}), batch)
     resumed.resume()
     assert resumed.step == 2
     assert 2 in resumed.publisher.published, "the resumed policy is published again"
-    for name, tensor in resumed.model.state_dict().items():
+    for name, tensor in resumed.env.full_state_dict().items():
         assert torch.equal(tensor, trainer.publisher.published[2][name]), name
 
 
@@ -173,7 +183,7 @@ def two_rank_batches() -> list[dict]:
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_match_one_rank_on_the_whole_batch(tiny_model, tmp_path, monkeypatch):
+def test_two_gloo_ranks_match_one_rank_on_the_whole_batch(tiny_model, tmp_path, world_of_one):
     """FSDP2 over two gloo ranks, each normalizing by the global token count, gives the same
     loss and gradient norm as one rank training on both shares."""
     repo = Path(__file__).resolve().parents[3]
@@ -183,8 +193,6 @@ def test_two_gloo_ranks_match_one_rank_on_the_whole_batch(tiny_model, tmp_path, 
     subprocess.run(cmd, check=True, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=300)
     two = json.loads(out.read_text())
 
-    for var in ("MASTER_ADDR", "RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(var, raising=False)
     port = free_port()
     config = TrainerConfig(model={"name": str(tiny_model)}, max_steps=1, device="cpu", rollouts={"port": port})
     trainer = RLTrainer(config, build_training_env(config), RolloutClient(f"127.0.0.1:{port}", timeout_s=60),

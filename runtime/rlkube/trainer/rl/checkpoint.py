@@ -1,9 +1,14 @@
 """The RL trainer's part of a run checkpoint: `<output_dir>/checkpoints/step_N/trainer/`.
 
 Sharded model and optimizer state via `torch.distributed.checkpoint` (each rank writes its
-shards; loads reshard to any world size), plus the scheduler and the step. The `COMPLETE`
-marker (see rlkube.launch.checkpoints) is written last, after every rank finished, so a run
-killed mid-save resumes from the previous checkpoint, never from a torn one.
+shards; loads reshard to any world size), plus the scheduler and the step. Every rank writes
+into `step_N/.trainer.tmp/`; rank 0 renames it to `step_N/trainer/` and then writes the
+`COMPLETE` marker (see rlkube.launch.checkpoints), so a run killed mid-save resumes from the
+previous checkpoint, never from a torn one.
+
+Not rlkube.trainer.ckpt.CheckpointManager (SFT's): that one owns the whole `step_N/`
+directory (renames and prunes it whole), while an RL step directory is shared with the
+orchestrator's part, which is written concurrently by another process.
 """
 
 import json
@@ -31,15 +36,19 @@ class TrainerCheckpointer:
 
     def save(self, step: int, model, optimizer, scheduler) -> Path:
         path = part_dir(self.root, step, PROCESS)
-        if self.rank == 0 and path.exists():
-            shutil.rmtree(path)  # a torn save of the same step from a killed run
+        tmp = path.with_name(f".{PROCESS}.tmp")
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # a torn save from a killed run
+            tmp.mkdir(parents=True)
         _barrier()
         model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(path / "dcp"))
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp / "dcp"))
         _barrier()
         if self.rank == 0:
             progress = {"step": step, "scheduler": scheduler.state_dict()}
-            (path / "progress.json").write_text(json.dumps(progress))
+            (tmp / "progress.json").write_text(json.dumps(progress))
+            shutil.rmtree(path, ignore_errors=True)  # re-saving a step after a resume
+            tmp.rename(path)
             (path / MARKER).touch()
             self.prune(step)
         _barrier()

@@ -128,8 +128,7 @@ class RLTrainer:
         return int(total)
 
     def optimizer_step(self) -> float:
-        max_norm = self.config.optim.max_grad_norm
-        grad_norm = self.env.clip_grad_norm(max_norm if max_norm is not None else float("inf"))
+        grad_norm = self.env.clip_grad_norm(self.config.optim.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -165,18 +164,41 @@ def run(config: TrainerConfig) -> None:
     from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
     from rlkube.trainer.rl.setup import build_training_env
     from rlkube.transport.client import RolloutClient
-    from rlkube.transport.weights import build_publisher
+    from rlkube.transport.weights import make_publisher
 
     env = build_training_env(config)
+    main = env.rank == 0
     checkpointer = TrainerCheckpointer(config.output_dir / "checkpoints", config.ckpt, env.rank) if config.ckpt else None
     metrics = MetricsSink(
-        config.output_dir, "trainer", wandb=config.wandb, run_config=config.model_dump(mode="json"), enabled=env.rank == 0
+        config.output_dir, "trainer", wandb=config.wandb, run_config=config.model_dump(mode="json"), enabled=main
     )
-    publisher = build_publisher(config.weights, config.output_dir) if env.rank == 0 else None
+    publisher = make_publisher(config.weights, config.output_dir, config.model.name) if main else None
     client = RolloutClient(f"{config.rollouts.host}:{config.rollouts.port}", timeout_s=config.rollouts.timeout_s)
     try:
         RLTrainer(config, env, client, publisher, checkpointer, metrics).train()
+        if main:
+            wait_until_loaded(client, config.max_steps, config.weights.timeout_s)
     finally:
         client.close()
         metrics.close()
+        if publisher is not None:
+            publisher.close()
         env.close()
+
+
+def wait_until_loaded(client, step: int, timeout_s: float) -> None:
+    """Stay up until inference has loaded the final policy: with gRPC weight transfer this
+    process serves the weights, and the run is only finished once they are in use."""
+    from rlkube.transport.client import RolloutError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if client.status().policy_step >= step:
+                return
+        except RolloutError:
+            logger.warning("orchestrator gone before confirming policy %d was loaded", step)
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"inference did not load policy {step} within {timeout_s:g}s (weights.timeout_s)")
+        time.sleep(0.5)

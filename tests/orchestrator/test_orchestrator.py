@@ -50,7 +50,7 @@ class FakePool:
     def slot(self):
         return contextlib.nullcontext()
 
-    async def load_policy(self, step, location):
+    async def load_policy(self, step, location, timeout_s):
         self.loads.append((step, location))
 
 

@@ -24,6 +24,8 @@ from typing import Literal
 import verifiers.v1 as vf
 from pydantic import Field, model_validator
 
+from rlkube.envs.chat_harness import HARNESS_ID as CHAT_HARNESS_ID
+
 SYSTEM_PROMPT = "Reverse this text."
 
 # verifiers resolves a taskset id by importing a top-level module of that name (its plugin
@@ -147,7 +149,8 @@ def load_environment(
     min_len: int = 5,
     max_len: int = 20,
 ) -> vf.SingleAgentEnv:
-    """The reverse-text env: one chat turn per task, played in-process (no sandbox, no tools).
+    """The reverse-text env: one chat turn per task, played in-process (no sandbox, no tools,
+    no subprocess: rlkube's in-process chat harness).
 
     `num_examples` defaults to 10,000 for `train` and 500 for `test`.
     """
@@ -158,7 +161,7 @@ def load_environment(
     )
     config = vf.SingleAgentEnvConfig(
         taskset=taskset,
-        agent={"harness": {"id": "null"}, "runtime": {"type": "subprocess"}},
+        agent={"harness": {"id": CHAT_HARNESS_ID}, "runtime": {"type": "subprocess"}},
     )
     return vf.SingleAgentEnv(config)
 

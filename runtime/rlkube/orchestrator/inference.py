@@ -64,16 +64,18 @@ class InferencePool:
     async def wait_until_healthy(self, timeout_s: float) -> None:
         from rlkube.inference.client import wait_until_healthy
 
-        await asyncio.gather(*(wait_until_healthy(url, timeout_s=timeout_s) for url in self.base_urls))
+        await asyncio.gather(*(wait_until_healthy(url, timeout_s) for url in self.base_urls))
 
-    async def load_policy(self, step: int, location: str) -> None:
-        """Pause, load policy `step` from `location`, resume: on every replica at once."""
+    async def load_policy(self, step: int, location: str, timeout_s: float = 600) -> None:
+        """Pause, load policy `step` from `location`, resume: on every replica at once.
+        Pausing keeps in-flight requests; they finish on the new weights after `resume` (such
+        a rollout then spans two versions, which its `policy_min`/`policy_max` record)."""
         from rlkube.inference.client import pause, resume, update_weights
 
         async def one(url: str) -> None:
-            await pause(url)
+            await pause(url, mode="keep")
             try:
-                await update_weights(url, step, location)
+                await update_weights(url, step, location, timeout=timeout_s)
             finally:
                 await resume(url)
 

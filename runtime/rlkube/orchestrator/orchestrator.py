@@ -147,7 +147,7 @@ class Orchestrator:
             # One by one, in order, none skipped: each may be due a checkpoint or an eval.
             step, location = await self.reports.get()
             started = time.perf_counter()
-            await self.pool.load_policy(step, location)
+            await self.pool.load_policy(step, location, self.config.weights.timeout_s)
             self.policy_location = location
             self.clock.advance(step)
             for old in [s for s in self.batches if s <= step]:
@@ -205,7 +205,7 @@ class Orchestrator:
             self.load_state_dict(checkpoint.load(self.checkpoints_dir, resume_step))
             self.last_checkpoint_step = resume_step
             if self.policy_location is not None:
-                await self.pool.load_policy(resume_step, self.policy_location)
+                await self.pool.load_policy(resume_step, self.policy_location, self.config.weights.timeout_s)
         if self.evaluate is not None and self.config.eval is not None and self.clock.policy_step == 0:
             self.log_metrics(await self.evaluate(0), 0)
         self.phase = "running"

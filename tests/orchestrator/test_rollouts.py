@@ -1,0 +1,88 @@
+"""Rollouts of a real verifiers environment through verifiers' token-in/token-out training
+client: against an instant fake `/inference/v1/generate` (fast), and against the shared real
+vLLM server (slow)."""
+
+import asyncio
+import re
+
+import pytest
+
+from rlkube.config import ClientConfig, EnvConfig, SamplingConfig
+from rlkube.envs import load_env
+from rlkube.orchestrator.inference import InferencePool, pick_replica
+from rlkube.orchestrator.rollouts import EnvRunner, TaskSampler
+from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
+
+
+def reverse_user_text(tokenizer):
+    """A perfect policy for reverse_text: answer with the user's text reversed."""
+
+    def respond(prompt_ids):
+        prompt = tokenizer.decode(prompt_ids)
+        text = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", prompt, re.DOTALL)[-1]
+        return tokenizer.encode(text[::-1], add_special_tokens=False)
+
+    return respond
+
+
+async def run_rollouts(model, base_urls, n, sampling=SamplingConfig(max_tokens=32)):
+    env_config = EnvConfig(args={"num_examples": 20})
+    runner = EnvRunner(env_config, load_env(env_config), seed=0)
+    pool = InferencePool(ClientConfig(base_urls=base_urls), str(model), str(model), sampling)
+    async with runner.env.serving():
+        tasks = [runner.next_task() for _ in range(n)]
+        return await asyncio.gather(
+            *(runner.rollout(task, ex, pool.context_for(runner.name, ex), sampling.temperature, lambda: 3) for ex, task in tasks)
+        )
+
+
+def test_token_exact_rollouts_against_a_fake_engine(tiny_model):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    fake = FakeInference(str(tiny_model), stop, respond=reverse_user_text(tokenizer))
+    with FakeInferenceThread(fake) as server:
+        rollouts = asyncio.run(run_rollouts(tiny_model, [server.url], 4))
+    for rollout in rollouts:
+        assert rollout.error is None and (rollout.policy_min, rollout.policy_max) == (3, 3)
+        assert rollout.reward == 1.0, "the completion ids decode to the reversed text"
+        (sample,) = rollout.samples
+        completion = [t for t, m in zip(sample.token_ids, sample.loss_mask) if m]
+        assert tokenizer.decode(completion[:-1])[::-1] in tokenizer.decode(sample.token_ids[: sample.loss_mask.index(True)])
+        assert completion[-1] == stop
+        assert [lp for lp, m in zip(sample.logprobs, sample.loss_mask) if m] == [-0.25] * len(completion)
+        assert sample.loss_mask[: sample.loss_mask.index(True)] == [False] * sample.loss_mask.index(True)
+    assert fake.generate_requests == 4
+
+
+def test_sticky_routing_is_stable_and_spreads():
+    replicas = [pick_replica("reverse_text", str(i), 3) for i in range(300)]
+    assert replicas == [pick_replica("reverse_text", str(i), 3) for i in range(300)]
+    assert all(replicas.count(r) > 60 for r in range(3))
+
+
+def test_task_sampler_covers_every_task_each_epoch_and_resumes():
+    sampler = TaskSampler(5, seed=1)
+    first = [sampler.next() for _ in range(5)]
+    assert sorted(first) == list(range(5))
+    sampler.next()
+    resumed = TaskSampler(5, seed=1)
+    resumed.load_state_dict(sampler.state_dict())
+    assert [resumed.next() for _ in range(4)] == [sampler.next() for _ in range(4)]
+
+
+@pytest.mark.slow
+def test_real_rollouts_from_vllm(inference_server):
+    """Token ids and logprobs come from vLLM through verifiers' training client."""
+    sampling = SamplingConfig(temperature=1.0, max_tokens=16)
+    rollouts = asyncio.run(run_rollouts(inference_server.model, [inference_server.base_url], 4, sampling))
+    for rollout in rollouts:
+        assert rollout.error is None, rollout.error
+        (sample,) = rollout.samples
+        n = sum(sample.loss_mask)
+        assert 1 <= n <= 16
+        assert len(sample.token_ids) == len(sample.logprobs) == len(sample.loss_mask)
+        sampled = [lp for lp, m in zip(sample.logprobs, sample.loss_mask) if m]
+        assert all(lp <= 0.0 for lp in sampled) and any(lp < 0.0 for lp in sampled)
+        assert 0.0 <= rollout.reward <= 1.0

@@ -1,0 +1,206 @@
+"""Pure builders: a run's spec in, one Kubernetes manifest (a dict) out.
+
+No API calls here; `reconcile.py` decides which to apply and `kube.py` applies them. Every
+manifest carries the run's ownerReference, so deleting the run deletes its children.
+"""
+
+import json
+
+from rlkube_operator.names import CONFIG_MOUNT, TORCHRUN_PORT, RunRef
+from rlkube_operator.pods import container, http_probes, pod_spec
+from rlkube_operator.spec import RLRunSpec, RunSpecBase
+
+APPLIED_SPEC_KEY = "applied-spec.json"
+ATTEMPT_ANNOTATION = "rlkube.dev/attempt"
+RESTARTS_ANNOTATION = "rlkube.dev/restarts"
+
+
+def build_configmap(run: RunRef, tomls: dict[str, str], applied_spec: dict) -> dict:
+    """The resolved per-process TOMLs, plus the spec they were made from (to detect changes)."""
+    data = dict(tomls) | {APPLIED_SPEC_KEY: json.dumps(applied_spec, sort_keys=True)}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": run.metadata("config"), "data": data}
+
+
+def build_pvc(run: RunRef, spec: RunSpecBase) -> dict | None:
+    """The run's own claim; None when there is none or the user brings an existing one."""
+    pvc = spec.storage.pvc
+    if pvc is None or pvc.claim_name:
+        return None
+    claim = {"accessModes": list(pvc.access_modes), "resources": {"requests": {"storage": pvc.size}}}
+    if pvc.storage_class_name:
+        claim["storageClassName"] = pvc.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": run.metadata("data"),
+        "spec": claim,
+    }
+
+
+def _service(run: RunRef, component: str, ports: list[dict], *, headless: bool, not_ready: bool = False) -> dict:
+    spec = {"selector": run.selector(component), "ports": ports}
+    if headless:
+        spec |= {"clusterIP": "None", "publishNotReadyAddresses": not_ready}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": run.metadata(component), "spec": spec}
+
+
+def _tcp(name: str, port: int) -> dict:
+    return {"name": name, "port": port, "targetPort": port, "protocol": "TCP"}
+
+
+def build_inference_service(run: RunRef, spec: RLRunSpec) -> dict:
+    """Headless: each replica gets `<run>-inference-<i>.<run>-inference`, the orchestrator's URLs."""
+    return _service(run, "inference", [_tcp("http", spec.config.inference.port)], headless=True)
+
+
+def build_inference_statefulset(run: RunRef, spec: RLRunSpec, replicas: int) -> dict:
+    cfg = spec.config.inference
+    main = container(
+        spec,
+        "inference",
+        ["rlkube", "inference", "@", f"{CONFIG_MOUNT}/inference.toml"],
+        ports=[{"name": "http", "containerPort": cfg.port}],
+        res=spec.inference.resources,
+        gpus=spec.inference.gpus_per_replica,
+        probes=http_probes("/health", "http", cfg.startup_timeout_s),
+    )
+    template = {
+        "metadata": {"labels": run.labels("inference")},
+        "spec": pod_spec(run, spec, [main], ["inference.toml"]),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": run.metadata("inference"),
+        "spec": {
+            "serviceName": run.child("inference"),
+            "replicas": replicas,
+            # Replicas are independent servers: start them together, not one by one.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": run.selector("inference")},
+            "template": template,
+        },
+    }
+
+
+def build_orchestrator_service(run: RunRef, spec: RLRunSpec) -> dict:
+    ports = [
+        _tcp("grpc", spec.config.rollouts.port),
+        _tcp("http", spec.config.orchestrator.http_port),
+    ]
+    return _service(run, "orchestrator", ports, headless=False)
+
+
+def build_orchestrator_deployment(run: RunRef, spec: RLRunSpec, replicas: int, attempt: int) -> dict:
+    """One replica, `Recreate`: two orchestrators would serve two different batch streams.
+    The attempt annotation restarts it with the trainer (a gang restart resets batch state)."""
+    http_port = spec.config.orchestrator.http_port
+    main = container(
+        spec,
+        "orchestrator",
+        ["rlkube", "orchestrator", "@", f"{CONFIG_MOUNT}/orchestrator.toml"],
+        ports=[
+            {"name": "grpc", "containerPort": spec.config.rollouts.port},
+            {"name": "http", "containerPort": http_port},
+        ],
+        res=spec.orchestrator.resources,
+        probes=http_probes("/healthz", "http", spec.config.inference.startup_timeout_s),
+    )
+    template = {
+        "metadata": {
+            "labels": run.labels("orchestrator"),
+            "annotations": {
+                ATTEMPT_ANNOTATION: str(attempt),
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(http_port),
+            },
+        },
+        "spec": pod_spec(run, spec, [main], ["orchestrator.toml"]),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": run.metadata("orchestrator"),
+        "spec": {
+            "replicas": replicas,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": run.selector("orchestrator")},
+            "template": template,
+        },
+    }
+
+
+def build_trainer_service(run: RunRef, spec: RunSpecBase) -> dict:
+    """Headless, publishing pods before they are ready: torchrun's rendezvous needs pod 0's
+    name while every pod is still starting."""
+    ports = [_tcp("torchrun", TORCHRUN_PORT)]
+    weights = getattr(spec.config, "weights", None)
+    if weights is not None and weights.type == "grpc":
+        ports.append(_tcp("weights", weights.grpc_port))
+    return _service(run, "trainer", ports, headless=True, not_ready=True)
+
+
+def trainer_command(run: RunRef, spec: RunSpecBase, module: str, config_file: str, attempt: int) -> list[str]:
+    return [
+        "torchrun",
+        f"--nnodes={spec.trainer.nodes}",
+        f"--nproc-per-node={spec.trainer.nproc_per_node()}",
+        "--node-rank=$(NODE_RANK)",
+        f"--master-addr={run.trainer_master(attempt)}",
+        f"--master-port={TORCHRUN_PORT}",
+        "-m",
+        module,
+        "@",
+        f"{CONFIG_MOUNT}/{config_file}",
+    ]
+
+
+def build_trainer_job(
+    run: RunRef, spec: RunSpecBase, *, module: str, config_file: str, attempt: int, restarts: int, suspend: bool
+) -> dict:
+    """A PyTorchJob-style indexed Job: pod i is torchrun node i, pod 0 is the master.
+    The Job carries its attempt and the restart count so far: the reconciler reads them back.
+    `backoffLimit: 0`: one failed pod fails the Job, and the operator restarts the whole gang
+    from the latest checkpoint (a lone replacement pod could not rejoin the rendezvous)."""
+    index_env = {
+        "name": "NODE_RANK",
+        "valueFrom": {
+            "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+        },
+    }
+    main = container(
+        spec,
+        "trainer",
+        trainer_command(run, spec, module, config_file, attempt),
+        ports=[{"name": "torchrun", "containerPort": TORCHRUN_PORT}],
+        res=spec.trainer.resources,
+        gpus=spec.trainer.gpus_per_node,
+        env=[index_env, {"name": "MASTER_ADDR", "value": run.trainer_master(attempt)}],
+    )
+    template = {
+        "metadata": {"labels": run.labels("trainer"), "annotations": {ATTEMPT_ANNOTATION: str(attempt)}},
+        "spec": pod_spec(
+            run,
+            spec,
+            [main],
+            [config_file],
+            restartPolicy="Never",
+            subdomain=run.child("trainer"),
+        ),
+    }
+    nodes = spec.trainer.nodes
+    metadata = run.metadata("trainer", name=run.trainer_job(attempt))
+    metadata["annotations"] = {ATTEMPT_ANNOTATION: str(attempt), RESTARTS_ANNOTATION: str(restarts)}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": nodes,
+            "parallelism": nodes,
+            "backoffLimit": 0,
+            "suspend": suspend,
+            "template": template,
+        },
+    }

@@ -1,0 +1,30 @@
+"""Standard conditions (metav1.Condition) kept by type, never by list position."""
+
+
+def set_condition(
+    conditions: list[dict],
+    type_: str,
+    ok: bool | None,
+    reason: str,
+    message: str,
+    *,
+    generation: int | None,
+    now: str,
+) -> list[dict]:
+    """Conditions with `type_` replaced; `lastTransitionTime` moves only when the status does."""
+    status = "Unknown" if ok is None else ("True" if ok else "False")
+    old = next((c for c in conditions if c.get("type") == type_), None)
+    since = old["lastTransitionTime"] if old and old.get("status") == status else now
+    new = {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since,
+        "observedGeneration": generation,
+    }
+    return [c for c in conditions if c.get("type") != type_] + [new]
+
+
+def get_condition(conditions: list[dict], type_: str) -> dict | None:
+    return next((c for c in conditions if c.get("type") == type_), None)

@@ -1,0 +1,204 @@
+"""Generate the RLRun and SFTRun CustomResourceDefinitions from the pydantic models.
+
+    python -m rlkube_operator.crd            # write crds/*.yaml and the chart's copies
+    python -m rlkube_operator.crd --check    # exit 1 if the committed files are stale
+
+Pydantic writes JSON Schema 2020-12; Kubernetes wants a *structural* OpenAPI v3.0 schema. The
+translation: `$ref`s inlined, `X | None` becomes `nullable`, `int | str` becomes
+`x-kubernetes-int-or-string`, free-form dicts keep unknown fields, numeric exclusive bounds
+become booleans, tuples become bounded arrays. Defaults are kept for the Kubernetes-facing
+fields only: inside `spec.config` the runtime applies its own defaults (shown in the
+descriptions), so the stored object says only what the user wrote, exactly as in a TOML file.
+"""
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlkube_operator import GROUP, VERSION
+from rlkube_operator.spec import KINDS, RunStatus
+
+REPO = Path(__file__).resolve().parents[2]
+OUTPUT_DIRS = [REPO / "crds", REPO / "helm" / "rlkube" / "files" / "crds"]
+
+SHORT_NAMES = {"RLRun": ["rlr"], "SFTRun": ["sftr"]}
+NAME_RULE = {
+    "rule": "size(self.metadata.name) <= 40",
+    "message": "metadata.name must be at most 40 characters (child names add up to 23 more)",
+}
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
+    {"name": "Max", "type": "integer", "jsonPath": ".status.maxSteps", "priority": 1},
+    {"name": "Reward", "type": "number", "jsonPath": ".status.reward"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+_DROPPED_KEYS = {"title", "$defs"}
+
+
+class SchemaError(ValueError):
+    """A pydantic schema construct with no structural OpenAPI equivalent."""
+
+
+def _resolve(node: dict, defs: dict) -> dict:
+    if "$ref" not in node:
+        return node
+    target = defs[node["$ref"].rsplit("/", 1)[-1]]
+    return {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+
+
+def _collapse_any_of(node: dict, defs: dict, where: str) -> dict:
+    options = [_resolve(o, defs) for o in node.pop("anyOf")]
+    nullable = any(o.get("type") == "null" for o in options)
+    options = [o for o in options if o.get("type") != "null"]
+    if nullable:
+        node["nullable"] = True
+    if len(options) == 1:
+        return {**options[0], **node}
+    if {o.get("type") for o in options} == {"integer", "string"}:
+        node["x-kubernetes-int-or-string"] = True
+        return node
+    raise SchemaError(f"{where}: union of {[o.get('type') for o in options]} is not structural")
+
+
+def structural(node: dict, defs: dict, *, keep_defaults: bool, where: str = "spec") -> dict:
+    """One pydantic JSON-schema node as a structural OpenAPI v3.0 node (pure)."""
+    node = copy.deepcopy(_resolve(node, defs))
+    if "anyOf" in node:
+        node = _collapse_any_of(node, defs, where)
+    for key in _DROPPED_KEYS:
+        node.pop(key, None)
+    if node.get("format") == "path":
+        del node["format"]
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    for bound, inclusive in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(node.get(bound), (int, float)) and not isinstance(node[bound], bool):
+            node[inclusive], node[bound] = node[bound], True
+    if "prefixItems" in node:
+        items = node.pop("prefixItems")
+        node.update(items=items[0], minItems=len(items), maxItems=len(items))
+    if "default" in node:
+        default = node.pop("default")
+        if not keep_defaults:
+            if default is not None and default != {} and "description" in node:
+                node["description"] += f" (default: {yaml.safe_dump(default, default_flow_style=True).strip()})"
+        elif default is not None:
+            node["default"] = {} if isinstance(default, dict) and "properties" in node else default
+    extra = node.get("additionalProperties")
+    if extra is False:
+        del node["additionalProperties"]
+    elif extra is True or (node.get("type") == "object" and "properties" not in node and extra is None):
+        node.pop("additionalProperties", None)
+        node["x-kubernetes-preserve-unknown-fields"] = True
+    elif isinstance(extra, dict):
+        node["additionalProperties"] = structural(extra, defs, keep_defaults=keep_defaults, where=f"{where}.*")
+    if "items" in node:
+        node["items"] = structural(node["items"], defs, keep_defaults=keep_defaults, where=f"{where}[]")
+    for name, prop in node.get("properties", {}).items():
+        in_config = not keep_defaults or (where == "spec" and name == "config")
+        node["properties"][name] = structural(
+            prop, defs, keep_defaults=not in_config, where=f"{where}.{name}"
+        )
+    if "type" not in node and not node.get("x-kubernetes-int-or-string"):
+        node["x-kubernetes-preserve-unknown-fields"] = True
+    return node
+
+
+def _model_schema(model, *, keep_defaults: bool, where: str) -> dict:
+    schema = model.model_json_schema(by_alias=True)
+    return structural(schema, schema.get("$defs", {}), keep_defaults=keep_defaults, where=where)
+
+
+def build_crd(kind: str) -> dict:
+    """The CustomResourceDefinition of `kind` (`RLRun` or `SFTRun`)."""
+    plural = kind.lower() + "s"
+    spec_schema = _model_schema(KINDS[kind], keep_defaults=True, where="spec")
+    status_schema = _model_schema(RunStatus, keep_defaults=False, where="status")
+    conditions = status_schema["properties"]["conditions"]
+    conditions.update({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{plural}.{GROUP}",
+            # Helm leaves the CRD (and so every user's runs) in place on `helm uninstall`.
+            "annotations": {"helm.sh/resource-policy": "keep"},
+            "labels": {"app.kubernetes.io/name": "rlkube", "app.kubernetes.io/component": "crd"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": SHORT_NAMES[kind],
+                "categories": ["rlkube"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": spec_schema.get("description", kind),
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                            "x-kubernetes-validations": [NAME_RULE],
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render_all() -> dict[str, str]:
+    """File name → YAML text of every CRD."""
+    header = "# Generated by `python -m rlkube_operator.crd` from operator/rlkube_operator/spec.py. Do not edit.\n"
+    return {
+        f"{GROUP}_{kind.lower()}s.yaml": header + yaml.safe_dump(build_crd(kind), sort_keys=False, width=100)
+        for kind in KINDS
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if the committed CRDs are stale")
+    args = parser.parse_args(argv)
+    stale = []
+    for directory in OUTPUT_DIRS:
+        for name, text in render_all().items():
+            path = directory / name
+            if args.check:
+                if not path.exists() or path.read_text() != text:
+                    stale.append(str(path.relative_to(REPO)))
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+    if stale:
+        print(f"stale CRDs (run `python -m rlkube_operator.crd`): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

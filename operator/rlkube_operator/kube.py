@@ -1,0 +1,98 @@
+"""The few Kubernetes API calls the operator makes, through the official client, as plain dicts.
+
+`ensure` is idempotent: create, and when the object already exists, merge-patch it to the
+desired state (or leave it, for objects whose spec is immutable once made, like Jobs and PVCs).
+Every verb used here is listed in the Helm chart's RBAC rules; nothing else is granted.
+"""
+
+import json
+import logging
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+# kind -> (API class, method suffix): the operator touches exactly these kinds.
+KINDS = {
+    "ConfigMap": (client.CoreV1Api, "config_map"),
+    "Service": (client.CoreV1Api, "service"),
+    "PersistentVolumeClaim": (client.CoreV1Api, "persistent_volume_claim"),
+    "Pod": (client.CoreV1Api, "pod"),
+    "StatefulSet": (client.AppsV1Api, "stateful_set"),
+    "Deployment": (client.AppsV1Api, "deployment"),
+    "Job": (client.BatchV1Api, "job"),
+}
+IMMUTABLE = {"Job", "PersistentVolumeClaim"}
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def api_client(host: str | None = None) -> client.ApiClient:
+    """In-cluster credentials, else the kubeconfig; or a bare `host` (tests, kmock)."""
+    if host is not None:
+        return client.ApiClient(client.Configuration(host=host))
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient):
+        self._api = api
+
+    def _method(self, verb: str, kind: str):
+        cls, suffix = KINDS[kind]
+        return getattr(cls(self._api), f"{verb}_namespaced_{suffix}")
+
+    @staticmethod
+    def _json(response) -> dict:
+        return json.loads(response.data or b"{}")
+
+    def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        try:
+            return self._json(self._method("read", kind)(name, namespace, _preload_content=False))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict]:
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        response = self._method("list", kind)(namespace, label_selector=selector, _preload_content=False)
+        items = self._json(response).get("items", [])
+        # Some servers (and emulators) ignore the selector; filter again so callers can trust it.
+        return [i for i in items if labels.items() <= i.get("metadata", {}).get("labels", {}).items()]
+
+    def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict:
+        method = self._method("patch", kind)
+        return self._json(method(name, namespace, patch, _content_type=MERGE_PATCH, _preload_content=False))
+
+    def delete(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete with background propagation (the Job's pods go too); False if already gone."""
+        body = {"propagationPolicy": "Background"}
+        try:
+            self._method("delete", kind)(name, namespace, body=body, _preload_content=False)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    def ensure(self, obj: dict) -> dict:
+        """Create `obj`, or bring the existing object to it. "Already exists" is success."""
+        kind, meta = obj["kind"], obj["metadata"]
+        try:
+            created = self._method("create", kind)(meta["namespace"], obj, _preload_content=False)
+            log.info("created %s %s/%s", kind, meta["namespace"], meta["name"])
+            return self._json(created)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        if kind in IMMUTABLE:
+            return self.get(kind, meta["namespace"], meta["name"]) or obj
+        patch = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata", "status")}
+        patch["metadata"] = {"labels": meta.get("labels"), "ownerReferences": meta.get("ownerReferences")}
+        return self.patch(kind, meta["namespace"], meta["name"], patch)

@@ -1,0 +1,279 @@
+"""One level-triggered reconcile of an RLRun or SFTRun.
+
+fetch the spec → decide what is applied (refusing changes that cannot apply live) → read the
+actual children → decide the trainer's fate (keep, gang-restart, resume, give up) → create or
+correct children (or tear them down when done) → observe pods and progress → status.
+
+Nothing is remembered between calls: the trainer Job carries its attempt and restart count in
+annotations, the ConfigMap carries the applied spec. A stale or lost status therefore cannot
+make the operator restart twice or resume from the wrong place.
+"""
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pydantic import BaseModel, ValidationError
+
+from rlkube.config.cli import format_validation_error
+from rlkube_operator import builders, observe, progress
+from rlkube_operator.conditions import set_condition
+from rlkube_operator.kube import Kube
+from rlkube_operator.names import RunRef
+from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
+from rlkube_operator.wiring import rl_tomls, sft_tomls
+
+log = logging.getLogger(__name__)
+
+LIVE_FIELDS = {"suspend", "restartPolicy"}  # applied to a running run; anything else is refused
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What differs between RLRun and SFTRun."""
+
+    spec_model: type[RunSpecBase]
+    components: tuple[str, ...]
+    module: str
+    config_file: str
+    tomls: Callable[[RunRef, RunSpecBase, int], dict[str, str]]
+
+
+WORKLOADS = {
+    "RLRun": Workload(
+        RLRunSpec, ("inference", "orchestrator", "trainer"), "rlkube.entrypoints.trainer", "trainer.toml", rl_tomls
+    ),
+    "SFTRun": Workload(SFTRunSpec, ("trainer",), "rlkube.entrypoints.sft", "sft.toml", sft_tomls),
+}
+
+
+@dataclass
+class Settings:
+    orchestrator_url_template: str = progress.DEFAULT_URL_TEMPLATE
+
+
+@dataclass
+class Result:
+    """The status to write and the events to post."""
+
+    status: dict
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+
+def _dump(spec: BaseModel) -> dict:
+    return spec.model_dump(mode="json", by_alias=True)
+
+
+def _frozen(spec: dict) -> dict:
+    return {k: v for k, v in spec.items() if k not in LIVE_FIELDS}
+
+
+def _changed_fields(old: dict, new: dict, prefix: str = "spec") -> list[str]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _changed_fields(a, b, f"{prefix}.{key}")
+        elif a != b:
+            out.append(f"{prefix}.{key}")
+    return out
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, settings: Settings | None = None):
+        self.kube = kube
+        self.settings = settings or Settings()
+
+    # --- spec -------------------------------------------------------------------------
+    def applied_spec(self, run: RunRef, workload: Workload, desired: RunSpecBase) -> tuple[RunSpecBase, str | None]:
+        """The spec to realize, and why a requested change was refused (None if accepted)."""
+        cm = self.kube.get("ConfigMap", run.namespace, run.child("config"))
+        if cm is None or builders.APPLIED_SPEC_KEY not in cm.get("data", {}):
+            return desired, None
+        old = json.loads(cm["data"][builders.APPLIED_SPEC_KEY])
+        new = _dump(desired)
+        changed = _changed_fields(_frozen(old), _frozen(new))
+        if not changed:
+            return desired, None
+        live = {k: v for k, v in new.items() if k in LIVE_FIELDS}
+        applied = workload.spec_model.model_validate(_frozen(old) | live)
+        shown = ", ".join(changed[:5]) + (" …" if len(changed) > 5 else "")
+        return applied, (
+            f"changes to {shown} cannot apply to a started run; only suspend and restartPolicy "
+            "do. Delete and recreate the run to change them (a PVC claimName keeps checkpoints)."
+        )
+
+    # --- children ---------------------------------------------------------------------
+    def trainer_jobs(self, run: RunRef) -> tuple[dict | None, list[dict]]:
+        jobs = self.kube.list("Job", run.namespace, run.selector("trainer"))
+        jobs.sort(key=observe.job_attempt)
+        return (jobs[-1] if jobs else None), jobs[:-1]
+
+    def apply(self, run: RunRef, workload: Workload, spec: RunSpecBase, attempt: int, restarts: int) -> None:
+        """Create or correct every child for `attempt` (idempotent)."""
+        k = self.kube
+        if (pvc := builders.build_pvc(run, spec)) is not None:
+            k.ensure(pvc)
+        tomls = workload.tomls(run, spec, attempt)
+        k.ensure(builders.build_configmap(run, tomls, _dump(spec)))
+        replicas = 0 if spec.suspend else 1
+        if "inference" in workload.components:
+            k.ensure(builders.build_inference_service(run, spec))
+            k.ensure(builders.build_inference_statefulset(run, spec, replicas * spec.inference.replicas))
+            k.ensure(builders.build_orchestrator_service(run, spec))
+            k.ensure(builders.build_orchestrator_deployment(run, spec, replicas, attempt))
+        k.ensure(builders.build_trainer_service(run, spec))
+        job = builders.build_trainer_job(
+            run, spec, module=workload.module, config_file=workload.config_file,
+            attempt=attempt, restarts=restarts, suspend=spec.suspend,
+        )
+        existing = k.ensure(job)
+        if existing.get("spec", {}).get("suspend") != spec.suspend:
+            k.patch("Job", run.namespace, job["metadata"]["name"], {"spec": {"suspend": spec.suspend}})
+
+    def teardown(self, run: RunRef, workload: Workload) -> None:
+        """Free the GPUs: inference and orchestrator go; ConfigMap, PVC and the Job stay."""
+        if "inference" in workload.components:
+            self.kube.delete("StatefulSet", run.namespace, run.child("inference"))
+            self.kube.delete("Deployment", run.namespace, run.child("orchestrator"))
+
+    # --- the loop ---------------------------------------------------------------------
+    def reconcile(self, kind: str, body: dict, now: str) -> Result:
+        meta, status = body["metadata"], dict(body.get("status") or {})
+        run = RunRef(kind, meta["name"], meta["namespace"], meta["uid"])
+        workload = WORKLOADS[kind]
+        generation = meta.get("generation")
+        events: list[tuple[str, str, str]] = []
+        conditions = list(status.get("conditions") or [])
+
+        def condition(type_: str, ok: bool | None, reason: str, message: str) -> None:
+            nonlocal conditions
+            conditions = set_condition(conditions, type_, ok, reason, message, generation=generation, now=now)
+
+        try:
+            desired = workload.spec_model.model_validate(body.get("spec") or {})
+        except ValidationError as e:
+            message = format_validation_error(e).replace("invalid config:\n", "invalid spec: ").replace("\n", ";")
+            condition("SpecAccepted", False, "InvalidSpec", message)
+            return self._finish(status, "Failed", message, conditions, generation, events, now, stalled=True)
+
+        spec, refusal = self.applied_spec(run, workload, desired)
+        if refusal:
+            condition("SpecAccepted", False, "ChangeRequiresRecreate", refusal)
+        else:
+            condition("SpecAccepted", True, "Accepted", "spec applied")
+        status["maxSteps"] = spec.config.max_steps
+
+        job, older = self.trainer_jobs(run)
+        attempt = observe.job_attempt(job) if job else int(status.get("attempt", 0))
+        restarts = int(job["metadata"].get("annotations", {}).get(builders.RESTARTS_ANNOTATION, 0)) if job else 0
+        pods = self.kube.list("Pod", run.namespace, {"rlkube.dev/run": run.name})
+        trainer_pods = [p for p in pods if _component(p) == "trainer" and observe.pod_attempt(p) == attempt]
+        outcome, why = observe.trainer_outcome(job, trainer_pods)
+
+        terminal: str | None = None
+        limit = spec.restart_policy.backoff_limit
+        if outcome == "failed":
+            if restarts >= limit:
+                terminal, why = "Failed", f"BackoffLimitExceeded: {why} after {restarts} restarts"
+            elif not spec.suspend:
+                attempt, restarts = attempt + 1, restarts + 1
+                events.append(("Warning", "TrainerRestarted",
+                               f"{why}; gang restart {restarts}/{limit} from the latest checkpoint"))
+                older.append(job)
+        elif outcome == "succeeded":
+            terminal = "Succeeded"
+        elif outcome == "suspended" and not spec.suspend:
+            attempt += 1  # resume: a fresh trainer Job that loads the latest checkpoint
+            events.append(("Normal", "Resumed", "resuming from the latest checkpoint"))
+            older.append(job)
+
+        status.update(restarts=restarts, attempt=attempt)
+        if terminal:
+            self.teardown(run, workload)
+        else:
+            if not status.get("startTime"):
+                status["startTime"] = now
+            self.apply(run, workload, spec, attempt, restarts)
+            for stale in older:
+                self.kube.delete("Job", run.namespace, stale["metadata"]["name"])
+        return self._observe(run, workload, spec, status, conditions, terminal, why, pods, events, now, generation)
+
+    def _observe(self, run, workload, spec, status, conditions, terminal, why, pods, events, now, generation) -> Result:
+        def condition(type_: str, ok: bool | None, reason: str, message: str) -> None:
+            nonlocal conditions
+            conditions = set_condition(conditions, type_, ok, reason, message, generation=generation, now=now)
+
+        expected = {"inference": getattr(getattr(spec, "inference", None), "replicas", 0),
+                    "orchestrator": 1, "trainer": spec.trainer.nodes}
+        attempt = status["attempt"]
+        health = {}
+        for comp in workload.components:
+            comp_pods = [p for p in pods if _component(p) == comp
+                         and (comp != "trainer" or observe.pod_attempt(p) == attempt)]
+            if terminal or spec.suspend:
+                reason = terminal or "Suspended"
+                health[comp] = observe.Health(False, reason, f"{comp} stopped ({reason})")
+            else:
+                health[comp] = observe.component_health(comp_pods, expected[comp])
+            condition(f"{comp.capitalize()}Ready", health[comp].ready, health[comp].reason, health[comp].message)
+
+        if "orchestrator" in workload.components and health["orchestrator"].ready:
+            self._read_progress(run, spec, status)
+        worst = next((h for h in health.values() if h.bad), None)
+        if terminal:
+            phase, message = terminal, why
+            status.setdefault("completionTime", now)
+            if terminal == "Succeeded":
+                status["step"] = spec.config.max_steps
+        elif spec.suspend:
+            phase, message = "Suspended", "suspended: compute scaled to zero, storage kept"
+        elif worst is not None:
+            phase = "Pending" if worst.reason in observe.PENDING_REASONS else "Initializing"
+            message = f"{worst.reason}: {worst.message}"
+        elif all(h.ready for h in health.values()):
+            phase, message = "Running", "training"
+        else:
+            phase = "Initializing"
+            message = "; ".join(f"{c}: {h.message}" for c, h in health.items() if not h.ready)
+        if not terminal:
+            status.pop("completionTime", None)
+        return self._finish(status, phase, message, conditions, generation, events, now,
+                            stalled=terminal == "Failed", worst=worst)
+
+    def _read_progress(self, run: RunRef, spec: RLRunSpec, status: dict) -> None:
+        url = progress.status_url(
+            self.settings.orchestrator_url_template,
+            service=run.child("orchestrator"),
+            namespace=run.namespace,
+            port=spec.config.orchestrator.http_port,
+        )
+        data = progress.read_progress(url)
+        if data is None:
+            return
+        for ours, theirs in (("step", "step"), ("reward", "reward"), ("lastCheckpointStep", "last_checkpoint_step")):
+            if data.get(theirs) is not None:
+                status[ours] = data[theirs]
+
+    def _finish(self, status, phase, message, conditions, generation, events, now, *, stalled, worst=None) -> Result:
+        old_phase = status.get("phase")
+        ready = phase in ("Running", "Succeeded")
+        progressing = phase in ("Pending", "Initializing", "Running")
+
+        def condition(type_, ok, reason, msg):
+            nonlocal conditions
+            conditions = set_condition(conditions, type_, ok, reason, msg, generation=generation, now=now)
+
+        reason = worst.reason if worst is not None and not ready else phase
+        condition("Ready", ready, reason, message)
+        condition("Progressing", progressing, phase, message)
+        condition("Stalled", stalled, "Failed" if stalled else phase, message if stalled else "")
+        if phase != old_phase:
+            events.append(("Warning" if phase == "Failed" else "Normal", phase, message))
+        status.update(phase=phase, message=message, conditions=conditions, observedGeneration=generation)
+        return Result(status=status, events=events)
+
+
+def _component(pod: dict) -> str | None:
+    return pod.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/component")

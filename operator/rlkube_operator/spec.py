@@ -1,0 +1,321 @@
+"""The RLRun and SFTRun resources as pydantic models: the CRD schemas are generated from these.
+
+`spec.config` embeds the runtime's own config model (`RLConfig` / `SFTConfig`, the same structure
+as the TOML); everything else here is what only Kubernetes needs: image, replicas, GPUs,
+resources, storage, suspend, restart policy and scheduling. Kubernetes-facing fields are
+camelCase, the embedded config keeps the TOML's snake_case.
+
+Where pydantic cannot say it in JSON schema, `x-kubernetes-validations` (CEL) rules in
+`json_schema_extra` make the API server refuse the object with a field-level message.
+"""
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from rlkube.config import Config, RLConfig, SFTConfig
+
+
+class K8sModel(Config):
+    """camelCase field names, as Kubernetes users expect; snake_case still accepted in Python."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+def _cel(*rules: tuple[str, str]) -> dict:
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+class Resources(K8sModel):
+    """Container resources as Kubernetes quantities (`cpu: "4"`, `memory: 16Gi`).
+    GPUs come from the `gpus*` fields, not from here."""
+
+    requests: dict[str, int | str] = {}
+    """Requested resources (what the scheduler reserves)."""
+
+    limits: dict[str, int | str] = {}
+    """Resource limits."""
+
+
+class InferenceSpec(K8sModel):
+    """The vLLM inference servers: a StatefulSet with a headless Service."""
+
+    replicas: int = Field(default=1, ge=1, le=64)
+    """Data-parallel inference servers (one pod each). Sets `config.inference.replicas`."""
+
+    gpus_per_replica: int = Field(default=0, ge=0, le=16)
+    """`nvidia.com/gpu` per inference pod; 0 runs vLLM on CPUs (the `vllm-cpu` image)."""
+
+    resources: Resources = Resources()
+    """CPU and memory of each inference pod."""
+
+
+class OrchestratorSpec(K8sModel):
+    """The orchestrator: a one-replica Deployment (Recreate) with a Service for gRPC and metrics."""
+
+    resources: Resources = Resources()
+    """CPU and memory of the orchestrator pod."""
+
+
+class TrainerSpec(K8sModel):
+    """The trainer: an indexed Job of `nodes` pods running `torchrun`, with a headless Service."""
+
+    nodes: int = Field(default=1, ge=1, le=256)
+    """Trainer pods (torchrun nodes); node rank = the Job completion index."""
+
+    gpus_per_node: int = Field(default=0, ge=0, le=16)
+    """`nvidia.com/gpu` per trainer pod; torchrun starts one process per GPU."""
+
+    procs_per_node: int = Field(default=1, ge=1, le=64)
+    """torchrun processes per pod when `gpusPerNode` is 0 (CPU training with gloo)."""
+
+    resources: Resources = Resources()
+    """CPU and memory of each trainer pod."""
+
+    def nproc_per_node(self) -> int:
+        return self.gpus_per_node or self.procs_per_node
+
+
+class PVCStorage(K8sModel):
+    """A PersistentVolumeClaim holding the output directory (checkpoints, weights, logs)."""
+
+    claim_name: str | None = Field(default=None, max_length=253)
+    """Use this existing claim (it outlives the run). Unset: the operator creates `<run>-data`,
+    owned by the run."""
+
+    size: str = Field(default="20Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+    """Size of the claim the operator creates."""
+
+    storage_class_name: str | None = None
+    """Storage class of the claim the operator creates; the cluster default when unset."""
+
+    access_modes: list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]] = Field(
+        default=["ReadWriteOnce"], min_length=1
+    )
+    """Access modes of the claim the operator creates. Pods of several nodes share it only
+    with ReadWriteMany; use `objectStore` or `grpc` weight transfer otherwise."""
+
+    mount_path: str = Field(default="/data", pattern=r"^/")
+    """Where pods mount the claim; the run's output directory is `<mountPath>/<run name>`."""
+
+
+class ObjectStoreStorage(K8sModel):
+    """An object store (an fsspec URL such as `s3://bucket/prefix`) for weight snapshots."""
+
+    url: str = Field(pattern=r"^[a-z][a-z0-9+.-]*://.+")
+    """Base URL; weights go to `<url>/<namespace>/<run>/weights`."""
+
+    secret_name: str | None = None
+    """A Secret whose keys become environment variables of every pod (for example
+    `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`). The operator never reads it."""
+
+    endpoint_url: str | None = None
+    """S3-compatible endpoint (MinIO, Ceph), passed as `AWS_ENDPOINT_URL`."""
+
+
+class StorageSpec(K8sModel):
+    """Where the run's files live. Without a PVC, output goes to an emptyDir and is lost with
+    the pod: restarts then start from scratch."""
+
+    pvc: PVCStorage | None = None
+    """Output directory (checkpoints, weights, logs) on a PersistentVolumeClaim."""
+
+    object_store: ObjectStoreStorage | None = None
+    """Weight snapshots in an object store, so inference needs no shared filesystem."""
+
+
+class RestartPolicy(K8sModel):
+    backoff_limit: int = Field(default=3, ge=0, le=100)
+    """Gang restarts of the trainer (from the latest checkpoint) before the run is Failed."""
+
+
+class Toleration(K8sModel):
+    """A Kubernetes toleration."""
+
+    key: str | None = None
+    """Taint key; empty with `Exists` tolerates everything."""
+
+    operator: Literal["Exists", "Equal"] | None = None
+    """`Equal` (default) or `Exists`."""
+
+    value: str | None = None
+    """Taint value for `Equal`."""
+
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect; all when unset."""
+
+    toleration_seconds: int | None = None
+    """For `NoExecute`: how long the pod stays bound after the taint appears."""
+
+
+class SchedulingSpec(K8sModel):
+    """Passed through to every pod of the run."""
+
+    node_selector: dict[str, str] = {}
+    """Node labels the pods require."""
+
+    tolerations: list[Toleration] = []
+    """Taints the pods tolerate."""
+
+    priority_class_name: str | None = None
+    """Pod priority class."""
+
+    scheduler_name: str | None = None
+    """A gang scheduler (Volcano, Kueue's, …) instead of the default scheduler."""
+
+
+class RunSpecBase(K8sModel):
+    """What RLRun and SFTRun share."""
+
+    image: str = Field(min_length=1)
+    """The rlkube runtime image (`rlkube-runtime-cpu` or `rlkube-runtime-gpu`)."""
+
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Image pull policy of every container."""
+
+    image_pull_secrets: list[str] = []
+    """Names of Secrets for pulling the image."""
+
+    service_account_name: str | None = None
+    """ServiceAccount of the run's pods (for example one with object-store access)."""
+
+    trainer: TrainerSpec = TrainerSpec()
+    """The trainer pods."""
+
+    storage: StorageSpec = StorageSpec()
+    """Checkpoints and weights."""
+
+    suspend: bool = False
+    """True scales every compute child to zero and keeps storage; false again resumes from the
+    latest checkpoint."""
+
+    restart_policy: RestartPolicy = RestartPolicy()
+    """What happens when a trainer pod fails."""
+
+    scheduling: SchedulingSpec = SchedulingSpec()
+    """Scheduling knobs for every pod."""
+
+
+class RLRunSpec(RunSpecBase):
+    """An asynchronous RL run: inference servers, an orchestrator and a trainer."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "!has(self.config) || !has(self.config.inference)"
+                " || !has(self.config.inference.replicas)"
+                " || self.config.inference.replicas == self.inference.replicas",
+                "config.inference.replicas must equal inference.replicas (or be left out)",
+            ),
+            (
+                "(has(self.config) && has(self.config.weights) && has(self.config.weights.type)"
+                " && self.config.weights.type != 'storage')"
+                " || has(self.storage.pvc) || has(self.storage.objectStore)",
+                "config.weights.type 'storage' (the default) needs storage.pvc or"
+                " storage.objectStore; or set config.weights.type to 'grpc'",
+            ),
+        )
+    )
+
+    config: RLConfig = RLConfig()
+    """The runtime config, as in `rl.toml`. The operator sets what the cluster decides:
+    inference URLs, service addresses, output directory, replicas."""
+
+    inference: InferenceSpec = InferenceSpec()
+    """The inference servers."""
+
+    orchestrator: OrchestratorSpec = OrchestratorSpec()
+    """The orchestrator."""
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        cfg = self.config.inference
+        if "replicas" in cfg.model_fields_set and cfg.replicas != self.inference.replicas:
+            raise ValueError(
+                f"config.inference.replicas ({cfg.replicas}) must equal inference.replicas "
+                f"({self.inference.replicas}) or be left out"
+            )
+        if self.config.weights.type == "storage" and not (self.storage.pvc or self.storage.object_store):
+            raise ValueError(
+                "config.weights.type 'storage' needs storage.pvc or storage.objectStore "
+                "(or use weights.type 'grpc')"
+            )
+        return self
+
+
+class SFTRunSpec(RunSpecBase):
+    """Supervised fine-tuning: the trainer alone."""
+
+    config: SFTConfig = SFTConfig()
+    """The runtime config, as in `sft.toml`. The operator sets the output directory."""
+
+
+Phase = Literal["Pending", "Initializing", "Running", "Succeeded", "Failed", "Suspended"]
+
+
+class Condition(K8sModel):
+    """A standard Kubernetes condition (metav1.Condition)."""
+
+    type: str
+    """Ready, Progressing, SpecAccepted, InferenceReady, OrchestratorReady, TrainerReady."""
+
+    status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
+
+    reason: str
+    """CamelCase reason (for example CrashLoopBackOff, Unschedulable, BackoffLimitExceeded)."""
+
+    message: str = ""
+    """Human-readable details."""
+
+    last_transition_time: datetime
+    """When the status last changed."""
+
+    observed_generation: int | None = None
+    """The `metadata.generation` this condition was computed for."""
+
+
+class RunStatus(K8sModel):
+    """What the operator observed; written only by the operator (status subresource)."""
+
+    phase: Phase | None = None
+    """Pending, Initializing, Running, Succeeded, Failed or Suspended."""
+
+    message: str | None = None
+    """Why the run is in this phase."""
+
+    observed_generation: int | None = None
+    """The `metadata.generation` the operator last reconciled."""
+
+    conditions: list[Condition] = []
+    """Ready, Progressing, SpecAccepted and one per component."""
+
+    step: int | None = None
+    """The latest training step (from the orchestrator or trainer)."""
+
+    max_steps: int | None = None
+    """`config.max_steps`."""
+
+    reward: float | None = None
+    """The latest mean training reward (RLRun)."""
+
+    last_checkpoint_step: int | None = None
+    """The step of the newest complete checkpoint."""
+
+    restarts: int = 0
+    """Gang restarts of the trainer after failures."""
+
+    attempt: int = 0
+    """Trainer starts so far minus one (restarts and resumes); above 0 the trainer resumes from
+    the latest checkpoint."""
+
+    start_time: datetime | None = None
+    """When the operator first created the run's children."""
+
+    completion_time: datetime | None = None
+    """When the run Succeeded or Failed."""
+
+
+KINDS = {"RLRun": RLRunSpec, "SFTRun": SFTRunSpec}

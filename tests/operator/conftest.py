@@ -1,0 +1,74 @@
+"""Fixtures: the kmock API server, a fake orchestrator /status endpoint, the operator running
+embedded (kopf.operator in this event loop) against them."""
+
+import asyncio
+import contextlib
+
+import kopf
+import pytest
+from aiohttp import web
+
+from rlkube_operator.kube import Kube, api_client
+from rlkube_operator.main import build_registry
+from rlkube_operator.reconcile import Reconciler, Settings
+from tests.operator.cluster import NS, ApiServer, Cluster, declare_resources
+
+
+@pytest.fixture
+def kmock_options():
+    return {"cls": ApiServer}
+
+
+class OrchestratorStatus:
+    """What the orchestrator's GET /status answers; tests set `.body` (or `.code`)."""
+
+    def __init__(self):
+        self.body = {"phase": "starting", "step": 0, "max_steps": 0, "reward": None,
+                     "policy_step": 0, "off_policy_lag": 0, "last_checkpoint_step": None}
+        self.code = 200
+        self.url = ""
+
+    async def handle(self, request):
+        return web.json_response(self.body, status=self.code)
+
+
+@pytest.fixture
+async def orchestrator_status():
+    status = OrchestratorStatus()
+    app = web.Application()
+    app.router.add_get("/status", status.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    # The operator formats {service}/{namespace}/{port}; a fixed local URL ignores them.
+    status.url = f"http://127.0.0.1:{port}/status"
+    yield status
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def cluster(kmock, orchestrator_status):
+    """The operator running against kmock; yields the test's handle on the cluster."""
+    declare_resources(kmock)
+    url = str(kmock.url).rstrip("/")
+
+    def login(**_):
+        return kopf.ConnectionInfo(server=url, insecure=True, default_namespace=NS)
+
+    reconciler = Reconciler(Kube(api_client(url)), Settings(orchestrator_url_template=orchestrator_status.url))
+    registry = build_registry(reconciler, interval=0.3, login=login)
+    settings = kopf.OperatorSettings()
+    settings.watching.reconnect_backoff = 0.2
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        kopf.operator(registry=registry, settings=settings, standalone=True, namespaces=[NS],
+                      stop_flag=stop, ready_flag=ready)
+    )
+    await asyncio.wait_for(ready.wait(), 20)
+    yield Cluster(kmock)
+    stop.set()
+    # kopf ends the operator task by cancelling it once the stop flag is seen.
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(task, 20)

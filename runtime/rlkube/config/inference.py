@@ -1,6 +1,6 @@
 """`rlkube inference`: the vLLM server."""
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -34,6 +34,10 @@ class InferenceServerConfig(Config):
 
     enable_prefix_caching: bool = True
     """Reuse KV cache across requests sharing a prefix."""
+
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
+    """Which logprobs vLLM returns: `processed_logprobs` are taken after temperature scaling
+    (what the trainer recomputes with per-token temperatures); `raw_logprobs` before it."""
 
     extra_args: dict[str, Any] = {}
     """Further vLLM engine arguments, passed as `--key value`."""

@@ -1,0 +1,111 @@
+"""Small async functions the orchestrator (and eval, tests, benchmarks) use to drive one
+`rlkube inference` server. Every call has a timeout and raises `InferenceError` naming the
+server, the route and what went wrong.
+
+The policy update of one replica is `pause` -> `update_weights` -> `resume`.
+"""
+
+import asyncio
+import time
+from typing import Literal
+
+import httpx
+
+PauseMode = Literal["keep", "wait", "abort"]
+
+
+class InferenceError(RuntimeError):
+    """A call to an inference server failed or timed out."""
+
+
+def _reason(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", body))
+    return str(body.get("error", body) if isinstance(body, dict) else body)[:500]
+
+
+async def _post(base_url: str, route: str, timeout: float, **kwargs) -> httpx.Response:
+    url = base_url.rstrip("/") + route
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            response = await client.post(url, **kwargs)
+    except httpx.TimeoutException:
+        raise InferenceError(f"POST {url} timed out after {timeout:g}s") from None
+    except httpx.HTTPError as e:
+        raise InferenceError(f"POST {url} failed: {e!r}") from None
+    if response.status_code != 200:
+        raise InferenceError(f"POST {url} returned {response.status_code}: {_reason(response)}")
+    return response
+
+
+async def _get(base_url: str, route: str, timeout: float) -> dict:
+    url = base_url.rstrip("/") + route
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            response = await client.get(url)
+    except httpx.HTTPError as e:
+        raise InferenceError(f"GET {url} failed: {e!r}") from None
+    if response.status_code != 200:
+        raise InferenceError(f"GET {url} returned {response.status_code}: {_reason(response)}")
+    return response.json()
+
+
+async def is_healthy(base_url: str, timeout: float = 5) -> bool:
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            return (await client.get(base_url.rstrip("/") + "/health")).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def wait_until_healthy(base_url: str, timeout: float, interval: float = 1.0) -> None:
+    """Return once `/health` answers 200; `InferenceError` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not await is_healthy(base_url):
+        if time.monotonic() > deadline:
+            raise InferenceError(f"{base_url} did not become healthy within {timeout:g}s")
+        await asyncio.sleep(interval)
+
+
+async def pause(base_url: str, mode: PauseMode = "keep", timeout: float = 60) -> None:
+    """Stop scheduling. `keep` freezes in-flight requests (they continue after `resume`, on the
+    new weights); `wait` lets them finish first; `abort` cancels them."""
+    await _post(base_url, "/pause", timeout, params={"mode": mode})
+
+
+async def resume(base_url: str, timeout: float = 60) -> None:
+    await _post(base_url, "/resume", timeout)
+
+
+async def is_paused(base_url: str, timeout: float = 10) -> bool:
+    return bool((await _get(base_url, "/is_paused", timeout))["is_paused"])
+
+
+async def update_weights(base_url: str, step: int, location: str, timeout: float = 600) -> str:
+    """Load policy `step` from `location` (a storage path/URL of a snapshot, or
+    "grpc://host:port") on every worker of the server, then drop the KV prefix cache (it was
+    computed with the old weights) and tag new tokens with weight version `step`.
+    Returns the worker's summary line."""
+    rpc = {
+        "method": "rlkube_load_weights",
+        "kwargs": {"location": location, "step": str(step), "timeout": str(timeout)},
+        "timeout": timeout,
+    }
+    try:
+        response = await _post(base_url, "/collective_rpc", timeout + 10, json=rpc)
+    except InferenceError as e:
+        raise InferenceError(f"loading weights of step {step} from {location}: {e}") from None
+    await _post(
+        base_url, "/reset_prefix_cache", timeout, params={"reset_running_requests": "true"}
+    )
+    await _post(base_url, "/update_weight_version", timeout, json={"new_version": str(step)})
+    return response.json()["results"][0]
+
+
+async def weight_version(base_url: str, timeout: float = 10) -> str | None:
+    """The weight version last set by `update_weights` ("default" before any update)."""
+    return (await _get(base_url, "/weight_info", timeout))["weight_version"]

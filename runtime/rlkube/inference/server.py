@@ -1,0 +1,104 @@
+"""Run vLLM's OpenAI-compatible server from an `InferenceConfig`.
+
+This is vLLM's own server (`vllm serve`), not a wrapper around a generate loop. rlkube turns on:
+- vLLM's development/RL routes (`VLLM_SERVER_DEV_MODE=1`): `/pause`, `/resume`, `/is_paused`,
+  `/collective_rpc`, `/reset_prefix_cache`, `/update_weight_version`, `/weight_info`, and the
+  weight-transfer routes (`/init_weight_transfer_engine`, `/update_weights`, ...) the NCCL path
+  uses;
+- the token-in/token-out route `/inference/v1/generate` (`--enable-scale-out`);
+- rlkube's worker extension (`rlkube.inference.worker.WeightLoaderExtension`), which loads
+  published snapshots from storage or gRPC.
+Health: `/health` answers 200 once the engine is up and 500 once it died (liveness and
+readiness probes both use it).
+
+The mapping from config to vLLM arguments and environment is a pure function
+(`vllm_command`), tested without starting anything.
+"""
+
+import json
+import os
+from dataclasses import dataclass
+
+from rlkube.config import InferenceConfig
+
+WORKER_EXTENSION = "rlkube.inference.worker.WeightLoaderExtension"
+
+
+@dataclass(frozen=True)
+class VLLMCommand:
+    args: list[str]
+    env: dict[str, str]
+
+
+def _extra_arg(key: str, value) -> list[str]:
+    flag = "--" + key.replace("_", "-")
+    if value is True:
+        return [flag]
+    if value is False:
+        return ["--no-" + key.replace("_", "-")]
+    if isinstance(value, (dict, list)):
+        return [flag, json.dumps(value)]
+    return [flag, str(value)]
+
+
+def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
+    """vLLM server arguments and environment for `config` on a CPU or a GPU machine."""
+    dtype = config.model.dtype
+    if dtype == "auto":
+        # fp32 on CPU so the trainer (fp32 on CPU) and the sampler agree numerically.
+        dtype = "float32" if on_cpu else "bfloat16"
+    args = [
+        "--model", config.model.name,
+        "--host", config.host,
+        "--port", str(config.port),
+        "--dtype", dtype,
+        "--seed", str(config.seed),
+        "--max-num-seqs", str(config.max_num_seqs),
+        "--logprobs-mode", config.logprobs_mode,
+        "--worker-extension-cls", WORKER_EXTENSION,
+        "--enable-scale-out",
+        "--disable-uvicorn-access-log",
+        "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching",
+    ]
+    if config.max_model_len is not None:
+        args += ["--max-model-len", str(config.max_model_len)]
+    if config.enforce_eager:
+        args.append("--enforce-eager")
+    if config.model.trust_remote_code:
+        args.append("--trust-remote-code")
+    if not on_cpu:
+        args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+        args += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    for key, value in config.extra_args.items():
+        args += _extra_arg(key, value)
+    env = {
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_LOGGING_LEVEL": config.log.level.upper(),
+    }
+    if on_cpu and config.kv_cache_space_gb is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{config.kv_cache_space_gb:g}"
+    return VLLMCommand(args=args, env=env)
+
+
+def serve(config: InferenceConfig) -> int:
+    """Run the server in this process until it is stopped (SIGTERM/SIGINT)."""
+    import torch
+
+    # The environment must be in place before vLLM is imported (it reads some of it on import).
+    command = vllm_command(config, on_cpu=not torch.cuda.is_available())
+    os.environ.update(command.env)
+
+    import uvloop
+    from vllm.entrypoints.launchers.api_server.entry import run_server
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_env_setup()
+    parser = make_arg_parser(FlexibleArgumentParser(prog="rlkube inference"))
+    args = parser.parse_args(command.args)
+    configure_logging_from_args(args)
+    validate_parsed_serve_args(args)
+    uvloop.run(run_server(args))
+    return 0

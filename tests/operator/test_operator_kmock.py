@@ -115,8 +115,9 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
         assert condition(status, type_)["status"] == "True", type_
         assert condition(status, type_)["observedGeneration"] == 1
     assert status["observedGeneration"] == 1
-    reasons = {e["reason"] for e in cluster.events() if e.get("involvedObject", {}).get("name") == "rt"}
-    assert {"Initializing", "Pending", "Running"} <= reasons
+    # kopf posts events in the background: wait for them.
+    await cluster.until(lambda: {"Initializing", "Pending", "Running"} <= {
+        e["reason"] for e in cluster.events() if e.get("involvedObject", {}).get("name") == "rt"}, what="events")
 
     # The trainer Job completes: Succeeded, inference and orchestrator torn down, storage kept.
     await cluster.patch("Job", "rt-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
@@ -127,3 +128,137 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
     assert status["step"] == 20 and status["completionTime"]
     assert cluster.names("ConfigMap") == {"rt-config"}
     assert condition(status, "Ready")["status"] == "True"
+
+
+async def start_everything(cluster, name: str = "rt", attempt: int = 0) -> None:
+    job = await cluster.until(lambda: cluster.get("Job", f"{name}-trainer-{attempt}"), what="trainer Job")
+    await cluster.run_pods(cluster.get("StatefulSet", f"{name}-inference"), 1)
+    await cluster.run_pods(cluster.get("Deployment", f"{name}-orchestrator"), 1)
+    await cluster.run_pods(job, 1)
+    await cluster.until(lambda: cluster.status("RLRun", name).get("phase") == "Running", what="Running")
+
+
+async def test_failed_trainer_pod_gang_restarts_from_the_latest_checkpoint(cluster):
+    await cluster.create(rlrun())
+    await start_everything(cluster)
+    orchestrator_attempt = cluster.get("Deployment", "rt-orchestrator")["spec"]["template"]["metadata"]
+
+    await cluster.patch("Pod", "rt-trainer-0-0", {"status": pod_failed(exit_code=137, reason="OOMKilled")})
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="restarted trainer Job")
+    await cluster.until(lambda: cluster.get("Job", "rt-trainer-0") is None, what="failed Job deleted")
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt").get("restarts") == 1
+                                 and cluster.status("RLRun", "rt"))
+    assert status["attempt"] == 1 and status["phase"] != "Failed"
+
+    # The new attempt resumes from the latest checkpoint, with its own torchrun master.
+    trainer = tomllib.loads(cluster.get("ConfigMap", "rt-config")["data"]["trainer.toml"])
+    assert trainer["ckpt"]["resume_step"] == "latest"
+    assert "--master-addr=rt-trainer-1-0.rt-trainer.team-a.svc" in job["spec"]["template"]["spec"]["containers"][0]["command"]
+    # The orchestrator restarts with it (its batch state belongs to the old trainer).
+    deploy = cluster.get("Deployment", "rt-orchestrator")
+    assert deploy["spec"]["template"]["metadata"]["annotations"]["rlkube.dev/attempt"] == "1"
+    assert orchestrator_attempt["annotations"]["rlkube.dev/attempt"] == "0"
+    warnings = await cluster.until(lambda: [e for e in cluster.events() if e["reason"] == "TrainerRestarted"])
+    assert "OOMKilled, exit code 137" in warnings[0]["message"]
+
+    # The new gang runs: Running again, with the restart counted.
+    await cluster.run_pods(job, 1)
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Running"
+                                 and cluster.status("RLRun", "rt"))
+    assert status["restarts"] == 1
+
+
+async def test_backoff_limit_exhausted_fails_the_run_with_the_reason(cluster):
+    await cluster.create(rlrun(restartPolicy={"backoffLimit": 1}))
+    await start_everything(cluster)
+    await cluster.patch("Pod", "rt-trainer-0-0", {"status": pod_failed()})
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="restart")
+    await cluster.run_pods(job, 1, **pod_failed(exit_code=3))
+
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Failed"
+                                 and cluster.status("RLRun", "rt"))
+    assert status["message"].startswith("BackoffLimitExceeded: pod rt-trainer-1-0 failed (Error, exit code 3)")
+    assert status["restarts"] == 1 and status["completionTime"]
+    assert condition(status, "Ready")["status"] == "False"
+    assert condition(status, "Stalled")["status"] == "True"
+    assert cluster.get("Job", "rt-trainer-2") is None  # no third attempt
+    await cluster.until(lambda: not cluster.names("StatefulSet") and not cluster.names("Deployment"),
+                        what="GPUs freed")
+    await cluster.until(lambda: any(e["reason"] == "Failed" and e["type"] == "Warning" for e in cluster.events()))
+
+
+async def test_suspend_scales_to_zero_and_resume_continues_from_the_checkpoint(cluster):
+    await cluster.create(rlrun())
+    await start_everything(cluster)
+
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": True}})
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Suspended"
+                                 and cluster.status("RLRun", "rt"))
+    assert cluster.get("StatefulSet", "rt-inference")["spec"]["replicas"] == 0
+    assert cluster.get("Deployment", "rt-orchestrator")["spec"]["replicas"] == 0
+    assert cluster.get("Job", "rt-trainer-0")["spec"]["suspend"] is True
+    assert cluster.names("ConfigMap") == {"rt-config"}  # storage and config kept
+    assert condition(status, "SpecAccepted")["status"] == "True"  # suspend applies live
+    assert status["observedGeneration"] == 2
+
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="resumed trainer")
+    assert job["spec"]["suspend"] is False
+    assert cluster.get("StatefulSet", "rt-inference")["spec"]["replicas"] == 1
+    assert cluster.get("Deployment", "rt-orchestrator")["spec"]["replicas"] == 1
+    trainer = tomllib.loads(cluster.get("ConfigMap", "rt-config")["data"]["trainer.toml"])
+    assert trainer["ckpt"]["resume_step"] == "latest"
+    status = cluster.status("RLRun", "rt")
+    assert status["restarts"] == 0  # a resume is not a failure
+
+
+async def test_invalid_spec_is_refused_with_the_field_and_an_event(cluster):
+    bad = rlrun()
+    bad["spec"]["config"]["orchestrator"]["batch_size"] = 30  # not a multiple of group_size 8
+    await cluster.create(bad)
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt").get("phase") and cluster.status("RLRun", "rt"))
+    assert status["phase"] == "Failed"
+    accepted = condition(status, "SpecAccepted")
+    assert accepted["reason"] == "InvalidSpec"
+    assert "config.orchestrator" in accepted["message"] and "multiple of group_size" in accepted["message"]
+    assert not cluster.names("Job") and not cluster.names("ConfigMap")
+    event = await cluster.until(lambda: next(e for e in cluster.events() if e["reason"] == "Failed"))
+    assert event["type"] == "Warning" and "multiple of group_size" in event["message"]
+
+    # Fixing the spec is picked up (level-triggered), and the run starts.
+    await cluster.patch("RLRun", "rt", {"spec": {"config": {"orchestrator": {"batch_size": 32}}}})
+    await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer after fix")
+
+
+async def test_changes_that_cannot_apply_live_are_refused_with_a_condition(cluster):
+    await cluster.create(rlrun())
+    await start_everything(cluster)
+    await cluster.patch("RLRun", "rt", {"spec": {"config": {"max_steps": 99}, "trainer": {"nodes": 4}}})
+    status = await cluster.until(
+        lambda: condition(cluster.status("RLRun", "rt"), "SpecAccepted")["status"] == "False"
+        and cluster.status("RLRun", "rt"))
+    message = condition(status, "SpecAccepted")["message"]
+    assert condition(status, "SpecAccepted")["reason"] == "ChangeRequiresRecreate"
+    assert "spec.config.max_steps" in message and "spec.trainer.nodes" in message
+    assert status["phase"] == "Running" and status["maxSteps"] == 20  # still the applied spec
+    assert cluster.get("Job", "rt-trainer-0")["spec"]["parallelism"] == 1
+
+
+async def test_sftrun_runs_the_trainer_alone_and_succeeds(cluster):
+    run = example("sftrun.yaml")
+    run["metadata"]["name"] = "sft"
+    await cluster.create(run)
+    job = await cluster.until(lambda: cluster.get("Job", "sft-trainer-0"), what="SFT trainer Job")
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[-3:] == ["rlkube.entrypoints.sft", "@", "/etc/rlkube/sft.toml"]
+    assert cluster.names("StatefulSet") == set() and cluster.names("Deployment") == set()
+    assert cluster.names("Service") == {"sft-trainer"}
+    sft = tomllib.loads(cluster.get("ConfigMap", "sft-config")["data"]["sft.toml"])
+    assert sft["output_dir"] == "/data/sft" and sft["max_steps"] == 50
+
+    await cluster.run_pods(job, 1)
+    await cluster.until(lambda: cluster.status("SFTRun", "sft").get("phase") == "Running", what="Running")
+    await cluster.patch("Job", "sft-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    status = await cluster.until(lambda: cluster.status("SFTRun", "sft")["phase"] == "Succeeded"
+                                 and cluster.status("SFTRun", "sft"))
+    assert status["step"] == 50

@@ -54,3 +54,9 @@ def test_latest_needs_both_trainer_and_orchestrator_parts_complete(tmp_path):
 def test_latest_without_checkpoints_is_a_clear_error(tmp_path, capsys):
     assert main(["--output-dir", str(tmp_path), "--ckpt.resume-step", "latest"]) == 2
     assert "ckpt.resume_step" in capsys.readouterr().err
+
+
+def test_given_base_urls_attach_to_running_servers_instead_of_starting_them(tmp_path):
+    config = RLConfig(output_dir=tmp_path, orchestrator={"client": {"base_urls": ["http://10.0.0.5:8000"]}})
+    stages = child_stages(config, write_process_configs(config))
+    assert [[s.name for s in stage] for stage in stages] == [["trainer"], ["orchestrator"]]

@@ -57,11 +57,16 @@ def trainer_argv(nproc: int, config_path: Path) -> tuple[list[str], dict[str, st
     return [*torchrun, "-m", "rlkube.entrypoints.trainer", "@", str(config_path)], {}
 
 
+def uses_external_inference(config: RLConfig) -> bool:
+    """`orchestrator.client.base_urls` given: attach to those servers instead of starting any."""
+    return "base_urls" in config.orchestrator.client.model_fields_set
+
+
 def child_stages(config: RLConfig, paths: dict[str, Path]) -> list[list[ChildSpec]]:
     """Inference replicas and the trainer start at once (model loading overlaps vLLM's start);
     the orchestrator starts once every replica is healthy."""
     logs = config.output_dir / "logs"
-    inference = [
+    inference = [] if uses_external_inference(config) else [
         ChildSpec(
             name=f"inference-{i}",
             argv=[*_module("inference"), "@", str(paths["inference"]), "--port", str(config.inference.port + i)],

@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             path = directory / name
             if args.check:
                 if not path.exists() or path.read_text() != text:
-                    stale.append(str(path.relative_to(REPO)))
+                    stale.append(str(path))
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text)

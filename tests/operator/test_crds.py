@@ -1,0 +1,133 @@
+"""The generated CRDs: fresh, valid CustomResourceDefinitions, structural, with printer
+columns that never depend on list order; and the schema rejects bad specs at the field."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from rlkube_operator import crd
+from tests.operator.test_operator_kmock import example
+
+REPO = Path(__file__).resolve().parents[2]
+CRDS = {name: yaml.safe_load(text) for name, text in crd.render_all().items()}
+
+
+def test_committed_crds_are_fresh():
+    assert crd.main(["--check"]) == 0, "run `python -m rlkube_operator.crd`"
+
+
+def test_stale_crds_are_detected(tmp_path, monkeypatch):
+    monkeypatch.setattr(crd, "OUTPUT_DIRS", [tmp_path])
+    crd.main([])
+    (tmp_path / "rlkube.dev_rlruns.yaml").write_text("stale")
+    assert crd.main(["--check"]) == 1
+
+
+@pytest.mark.parametrize("name", sorted(CRDS))
+def test_crd_is_a_valid_customresourcedefinition(name):
+    kubernetes_validate.validate(CRDS[name], "1.37.0", strict=True)
+    version = CRDS[name]["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    assert CRDS[name]["spec"]["names"]["shortNames"]
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert {"Phase", "Step", "Reward", "Age"} <= set(columns)
+    assert not any("conditions" in path for path in columns.values())
+    assert CRDS[name]["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def _assert_structural(node: dict, where: str) -> None:
+    """The rules the API server applies to a structural schema (apiextensions v1)."""
+    for banned in ("$ref", "anyOf", "oneOf", "allOf", "$defs", "const", "prefixItems", "title"):
+        assert banned not in node, f"{where}: {banned}"
+    special = node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")
+    assert "type" in node or special, f"{where}: no type"
+    assert not ("properties" in node and "additionalProperties" in node), f"{where}: both"
+    if isinstance(node.get("exclusiveMinimum"), (int, float)) and not isinstance(node["exclusiveMinimum"], bool):
+        raise AssertionError(f"{where}: numeric exclusiveMinimum")
+    if "default" in node:
+        jsonschema.validate(node["default"], _to_jsonschema(node))
+    for key, sub in node.get("properties", {}).items():
+        _assert_structural(sub, f"{where}.{key}")
+    if isinstance(node.get("items"), dict):
+        _assert_structural(node["items"], f"{where}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        _assert_structural(node["additionalProperties"], f"{where}.*")
+
+
+@pytest.mark.parametrize("name", sorted(CRDS))
+def test_crd_schema_is_structural(name):
+    _assert_structural(CRDS[name]["spec"]["versions"][0]["schema"]["openAPIV3Schema"], "root")
+
+
+def _to_jsonschema(node):
+    """OpenAPI v3.0 (Kubernetes flavour) → JSON Schema, to validate like the API server does."""
+    if isinstance(node, list):
+        return [_to_jsonschema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _to_jsonschema(v) for k, v in node.items()
+           if not k.startswith("x-kubernetes") and k not in ("nullable", "default", "exclusiveMinimum", "exclusiveMaximum")}
+    if node.get("x-kubernetes-int-or-string"):
+        out["type"] = ["integer", "string"]
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"] if isinstance(out["type"], str) else out["type"] + ["null"]
+    if node.get("type") == "object" and "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False  # kubectl's strict field validation
+    for bound, inclusive in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if node.get(bound) is True:
+            out[bound] = out.pop(inclusive)
+    return out
+
+
+def schema_errors(kind: str, obj: dict) -> list[str]:
+    schema = _to_jsonschema(CRDS[f"rlkube.dev_{kind.lower()}s.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    validator = jsonschema.Draft7Validator(schema)
+    return [".".join(map(str, e.absolute_path)) + ": " + e.message for e in validator.iter_errors(obj)]
+
+
+def test_examples_pass_the_schema():
+    assert schema_errors("RLRun", example("rlrun.yaml")) == []
+    assert schema_errors("SFTRun", example("sftrun.yaml")) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        (("inference", "replicas"), 0, "spec.inference.replicas: 0 is less than the minimum of 1"),
+        (("suspend",), "yes", "spec.suspend: 'yes' is not of type 'boolean'"),
+        (("config", "orchestrator", "group_size"), 0, "spec.config.orchestrator.group_size: 0 is less than"),
+        (("config", "inference", "gpu_memory_utilization"), 0, "spec.config.inference.gpu_memory_utilization"),
+        (("config", "trainer", "loss", "type"), "ppo", "spec.config.trainer.loss.type: 'ppo' is not one of"),
+        (("trainer", "gpusPerNod"), 8, "spec.trainer: Additional properties are not allowed ('gpusPerNod'"),
+    ],
+)
+def test_schema_rejects_bad_fields_with_their_path(path, value, expected):
+    run = example("rlrun.yaml")
+    node = run["spec"]
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    errors = schema_errors("RLRun", run)
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_cel_rules_cover_what_pydantic_validators_check():
+    """Cross-field rules (validators in pydantic) are CEL rules in the schema, with messages."""
+    spec = CRDS["rlkube.dev_rlruns.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    messages = " ".join(r["message"] for r in spec["x-kubernetes-validations"])
+    assert "config.inference.replicas must equal inference.replicas" in messages
+    assert "needs storage.pvc or storage.objectStore" in messages
+
+
+def test_operator_imports_without_torch_or_vllm():
+    code = (
+        "import sys, rlkube_operator.main, rlkube_operator.crd;"
+        "heavy = {'torch', 'vllm', 'transformers'} & set(sys.modules);"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

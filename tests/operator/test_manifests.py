@@ -1,0 +1,132 @@
+"""Every manifest the operator can produce, checked against the official Kubernetes OpenAPI
+schemas (kubernetes-validate, strict: unknown fields are errors), and the pure builders'
+choices (GPUs, scheduling, storage, wiring) checked directly."""
+
+import tomllib
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from rlkube_operator import builders
+from rlkube_operator.names import RunRef
+from rlkube_operator.reconcile import WORKLOADS
+from rlkube_operator.spec import RLRunSpec, SFTRunSpec
+from tests.operator.test_operator_kmock import example
+
+K8S_VERSION = "1.37.0"
+GPU_RLRUN = {
+    "image": "registry.example/rlkube-runtime-gpu:0.1.0",
+    "imagePullSecrets": ["regcred"],
+    "serviceAccountName": "trainer-sa",
+    "inference": {"replicas": 4, "gpusPerReplica": 1, "resources": {"requests": {"cpu": 8, "memory": "64Gi"}}},
+    "trainer": {"nodes": 2, "gpusPerNode": 8, "resources": {"limits": {"memory": "900Gi"}}},
+    "storage": {
+        "pvc": {"size": "2Ti", "storageClassName": "fast", "accessModes": ["ReadWriteMany"]},
+        "objectStore": {"url": "s3://bucket/rl", "secretName": "s3-creds", "endpointUrl": "http://minio:9000"},
+    },
+    "scheduling": {
+        "nodeSelector": {"nvidia.com/gpu.product": "H100"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "priorityClassName": "training",
+        "schedulerName": "volcano",
+    },
+    "config": {"max_steps": 1000, "ckpt": {"interval": 50}, "weights": {"type": "grpc"}},
+}
+RUN = RunRef("RLRun", "big", "ml", "1234-uid")
+
+
+def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[dict]:
+    """Everything `Reconciler.apply` would create for this spec."""
+    workload = WORKLOADS[kind]
+    run = RunRef(kind, RUN.name, RUN.namespace, RUN.uid)
+    out = [builders.build_configmap(run, workload.tomls(run, spec, attempt), spec.model_dump(mode="json"))]
+    if (pvc := builders.build_pvc(run, spec)) is not None:
+        out.append(pvc)
+    if kind == "RLRun":
+        out += [
+            builders.build_inference_service(run, spec),
+            builders.build_inference_statefulset(run, spec, spec.inference.replicas),
+            builders.build_orchestrator_service(run, spec),
+            builders.build_orchestrator_deployment(run, spec, 1, attempt),
+        ]
+    out += [
+        builders.build_trainer_service(run, spec),
+        builders.build_trainer_job(run, spec, module=workload.module, config_file=workload.config_file,
+                                   attempt=attempt, restarts=attempt, suspend=suspend),
+    ]
+    return out
+
+
+SPECS = {
+    "example-rlrun": ("RLRun", RLRunSpec.model_validate(example("rlrun.yaml")["spec"])),
+    "gpu-rlrun": ("RLRun", RLRunSpec.model_validate(GPU_RLRUN)),
+    "example-sftrun": ("SFTRun", SFTRunSpec.model_validate(example("sftrun.yaml")["spec"])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_manifest_validates_against_the_kubernetes_schemas(name):
+    kind, spec = SPECS[name]
+    for attempt, suspend in ((0, False), (2, True)):
+        for obj in manifests(kind, spec, attempt, suspend):
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+            assert obj["metadata"]["ownerReferences"][0]["uid"] == RUN.uid
+
+
+def test_the_example_pvc_validates_too():
+    pvc = next(yaml.safe_load_all(open("examples/reverse_text/sftrun.yaml")))
+    kubernetes_validate.validate(pvc, K8S_VERSION, strict=True)
+
+
+def test_gpus_scheduling_and_storage_pass_through():
+    objs = {o["kind"]: o for o in manifests("RLRun", SPECS["gpu-rlrun"][1])}
+    sts_pod = objs["StatefulSet"]["spec"]["template"]["spec"]
+    job = objs["Job"]["spec"]
+    job_pod = job["template"]["spec"]
+    assert sts_pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert sts_pod["containers"][0]["resources"]["requests"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"}
+    assert job_pod["containers"][0]["resources"]["limits"] == {"memory": "900Gi", "nvidia.com/gpu": "8"}
+    assert (job["completions"], job["parallelism"]) == (2, 2)
+    assert "--nproc-per-node=8" in job_pod["containers"][0]["command"]
+    for pod in (sts_pod, job_pod, objs["Deployment"]["spec"]["template"]["spec"]):
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+        assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        assert (pod["priorityClassName"], pod["schedulerName"]) == ("training", "volcano")
+        assert pod["serviceAccountName"] == "trainer-sa" and pod["imagePullSecrets"] == [{"name": "regcred"}]
+        assert pod["volumes"][1]["persistentVolumeClaim"]["claimName"] == "big-data"
+        assert pod["containers"][0]["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    assert objs["PersistentVolumeClaim"]["spec"]["storageClassName"] == "fast"
+    ports = {p["name"] for p in objs["Service"]["spec"]["ports"]}  # the trainer Service (last)
+    assert ports == {"torchrun", "weights"}
+
+
+def test_cluster_wiring_of_the_process_configs():
+    cm = manifests("RLRun", SPECS["gpu-rlrun"][1], attempt=3)[0]["data"]
+    orchestrator = tomllib.loads(cm["orchestrator.toml"])
+    trainer = tomllib.loads(cm["trainer.toml"])
+    assert len(orchestrator["client"]["base_urls"]) == 4
+    assert orchestrator["weights"]["grpc_host"] == "big-trainer-3-0.big-trainer.ml.svc"  # where replicas pull
+    assert trainer["weights"]["grpc_host"] == "0.0.0.0"  # where rank 0 serves
+    assert trainer["output_dir"] == "/data/big" and trainer["ckpt"]["resume_step"] == "latest"
+    storage = RLRunSpec.model_validate(GPU_RLRUN | {"config": {"weights": {"type": "storage"}}})
+    cm = manifests("RLRun", storage)[0]["data"]
+    assert tomllib.loads(cm["orchestrator.toml"])["weights"]["url"] == "s3://bucket/rl/ml/big/weights"
+
+
+def test_no_manifest_carries_a_secret_value():
+    """Credentials are referenced (envFrom a Secret), never copied; no Secret is produced."""
+    for name, (kind, spec) in SPECS.items():
+        for obj in manifests(kind, spec):
+            assert obj["kind"] != "Secret"
+            text = yaml.safe_dump(obj).lower()
+            for word in ("aws_secret_access_key", "password", "token:"):
+                assert word not in text, (name, obj["kind"], word)
+
+
+def test_operator_refuses_configs_the_schema_cannot_catch():
+    bad = dict(GPU_RLRUN, inference={"replicas": 2}, config={"inference": {"replicas": 3}})
+    with pytest.raises(ValueError, match="config.inference.replicas"):
+        RLRunSpec.model_validate(bad)
+    with pytest.raises(ValueError, match="needs storage.pvc or storage.objectStore"):
+        RLRunSpec.model_validate({"image": "x"})

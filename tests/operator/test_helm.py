@@ -1,0 +1,114 @@
+"""The Helm chart, rendered and linted by the real Helm engine (helm-python-sdk binds Helm's Go
+SDK as a shared library; no binary, no network), its objects validated against the Kubernetes
+schemas, and its RBAC compared with the API requests the operator really makes."""
+
+from pathlib import Path
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.operator.cluster import pod_failed
+from tests.operator.test_operator_kmock import rlrun, start_everything
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "rlkube"
+REPO = CHART.parents[1]
+VALUES = {
+    "default": {},
+    "cluster-wide": {"watch": {"allNamespaces": True}, "serviceMonitor": {"enabled": True}},
+    "two-namespaces": {"watch": {"namespaces": ["team-a", "team-b"]}, "imagePullSecrets": [{"name": "reg"}]},
+}
+
+
+def render(values: dict) -> list[dict]:
+    chart = helm.Chart.load(str(CHART))
+    out = chart.render(values, name="rlkube", namespace="rlkube-system", is_install=True)
+    return [doc for path, text in sorted(out.items()) if path.endswith(".yaml")
+            for doc in yaml.safe_load_all(text) if doc]
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_chart_lints_clean(name):
+    report = helm.lint(str(CHART), VALUES[name], strict=True, kube_version="v1.30.0")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_rendered_objects_validate(name):
+    objects = render(VALUES[name])
+    for obj in objects:
+        if obj["apiVersion"] == "monitoring.coreos.com/v1":
+            continue  # the Prometheus Operator's CRD, not in the Kubernetes schemas
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+    assert "Secret" not in {o["kind"] for o in objects}
+
+
+def test_rbac_scope_follows_the_watch_mode():
+    kinds = lambda objs: sorted((o["kind"], o["metadata"].get("namespace")) for o in objs if "Role" in o["kind"])
+    assert kinds(render({})) == [("Role", "rlkube-system"), ("RoleBinding", "rlkube-system")]
+    assert kinds(render(VALUES["cluster-wide"])) == [("ClusterRole", None), ("ClusterRoleBinding", None)]
+    assert kinds(render(VALUES["two-namespaces"])) == sorted(
+        [("Role", "team-a"), ("RoleBinding", "team-a"), ("Role", "team-b"), ("RoleBinding", "team-b")])
+    args = next(o for o in render(VALUES["two-namespaces"]) if o["kind"] == "Deployment")[
+        "spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["--namespace=team-a", "--namespace=team-b"]
+
+
+def test_operator_pod_is_non_root_with_a_read_only_root_filesystem():
+    deploy = next(o for o in render({}) if o["kind"] == "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert deploy["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_crds_are_upgradable_templates_kept_on_uninstall():
+    crds = [o for o in render({}) if o["kind"] == "CustomResourceDefinition"]
+    assert sorted(c["metadata"]["name"] for c in crds) == ["rlruns.rlkube.dev", "sftruns.rlkube.dev"]
+    for c in crds:
+        assert c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        committed = yaml.safe_load((REPO / "crds" / f"rlkube.dev_{c['spec']['names']['plural']}.yaml").read_text())
+        assert c == committed
+    assert not [o for o in render({"crds": {"install": False}}) if o["kind"] == "CustomResourceDefinition"]
+
+
+VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", "UPDATE": "patch", "DELETE": "delete"}
+
+
+def _granted() -> set[tuple[str, str, str]]:
+    role = next(o for o in render({}) if o["kind"] == "Role")
+    return {(group, res.replace("sftruns", "rlruns"), verb) for rule in role["rules"]
+            for group in rule["apiGroups"] for res in rule["resources"] for verb in rule["verbs"]}
+
+
+async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster):
+    """A run's whole life (a created PVC, suspend and resume, a gang restart, completion,
+    deletion), with every request the operator makes recorded by the API emulator."""
+    await cluster.create(rlrun(storage={"pvc": {"size": "1Gi"}}))
+    await start_everything(cluster)
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": True}})
+    await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Suspended", what="suspended")
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="resume")
+    await cluster.run_pods(job, 1, **pod_failed())
+    await cluster.until(lambda: cluster.get("Job", "rt-trainer-2"), what="restart")
+    await cluster.patch("Job", "rt-trainer-2", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    await cluster.until(lambda: not cluster.names("Deployment"), what="teardown")
+    await cluster.delete("RLRun", "rt")
+    await cluster.until(lambda: cluster.get("RLRun", "rt") is None, what="finalizer released")
+
+    used = set()
+    for request in cluster.server:  # kmock iterates over the requests it served
+        if request.resource is None or request.resource.plural is None:
+            continue  # discovery
+        if request.headers.get("User-Agent", "").startswith("kmock"):
+            continue  # the test itself
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        used.add((request.resource.group, resource.replace("sftruns", "rlruns"), VERBS[request.action.value]))
+    assert used - _granted() == set(), "the operator needs verbs the chart does not grant"
+    assert _granted() - used == set(), "the chart grants verbs the operator never uses"

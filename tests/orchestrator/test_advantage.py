@@ -1,8 +1,8 @@
 import pytest
-
 from rlkube.config import AdvantageConfig
 from rlkube.orchestrator.advantage import group_advantages, make_advantage_fn
 from rlkube.orchestrator.scheduler import score_group
+
 from tests.orchestrator.helpers import make_rollout
 
 
@@ -43,7 +43,7 @@ def test_custom_by_import_path():
     [("no_colon", "is not 'package.module:function'"), ("tests.nope:fn", "cannot import"), ("math:pi", "not callable")],
 )
 def test_custom_import_errors_name_the_field(path, reason):
-    with pytest.raises(ValueError, match=f"advantage.custom: .*{reason}"):
+    with pytest.raises((ValueError, TypeError), match=f"advantage.custom: .*{reason}"):
         make_advantage_fn(AdvantageConfig(custom=path), max_tokens=1)
 
 

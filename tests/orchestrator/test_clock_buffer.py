@@ -4,12 +4,12 @@ and the async / sync schedule against a fake instant inference."""
 import asyncio
 
 import pytest
-
 from rlkube.config import AdvantageConfig
 from rlkube.orchestrator.advantage import make_advantage_fn
 from rlkube.orchestrator.buffer import RolloutBuffer
 from rlkube.orchestrator.clock import PolicyClock
 from rlkube.orchestrator.scheduler import Scheduler
+
 from tests.orchestrator.helpers import make_rollout
 
 
@@ -110,3 +110,22 @@ def test_one_step_overlap_generates_the_next_batch_while_training():
     # ... but never two batches ahead: batch 3 needs policy 1
     assert events.index(("batch", 3)) > events.index(("policy", 1))
     assert all(b.metrics["off_policy/dropped_rollouts"] == 0 for b in batches.values())
+
+
+def test_envs_are_mixed_by_ratio():
+    clock = PolicyClock(async_level=100)
+    picked = []
+
+    async def run_group(runner, example_id, task):
+        picked.append(runner.name)
+        return [make_rollout(float(i % 2), env=runner.name) for i in range(2)]
+
+    runners = [FakeRunner(), FakeRunner()]
+    runners[0].name, runners[1].name = "a", "b"
+    scheduler = Scheduler(
+        runners, [3.0, 1.0], run_group, clock, RolloutBuffer(40, max_off_policy_steps=100),
+        make_advantage_fn(AdvantageConfig(), 10), 2, 10, max_groups_in_flight=4, on_batch=lambda b: None,
+    )
+    asyncio.run(asyncio.wait_for(scheduler.run(), timeout=10))
+    assert len(picked) == 200
+    assert 0.65 < picked.count("a") / len(picked) < 0.85

@@ -8,7 +8,6 @@ import threading
 import urllib.request
 
 import pytest
-
 from rlkube.config import EnvConfig, OrchestratorConfig
 from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.orchestrator import Orchestrator
@@ -17,7 +16,6 @@ from rlkube.orchestrator.status import PrometheusMetrics, make_app, start_http
 from rlkube.orchestrator.types import Rollout, Sample
 from rlkube.transport.client import RolloutClient
 from rlkube.transport.server import start_server, stop_server
-from tests.orchestrator.fake_inference import free_port
 
 
 class FakeRunner:
@@ -55,10 +53,10 @@ class FakePool:
 
 
 def make_config(tmp_path, **overrides) -> OrchestratorConfig:
-    data = dict(
-        output_dir=tmp_path, max_steps=4, batch_size=4, group_size=2, seq_len=16, async_level=1,
-        ckpt={"interval": 2}, filter_zero_advantage=False,
-    )
+    data = {
+        "output_dir": tmp_path, "max_steps": 4, "batch_size": 4, "group_size": 2, "seq_len": 16,
+        "async_level": 1, "ckpt": {"interval": 2}, "filter_zero_advantage": False,
+    }
     return OrchestratorConfig.model_validate(data | overrides)
 
 
@@ -91,7 +89,7 @@ def test_full_run_over_grpc(tmp_path):
     orchestrator = Orchestrator(config, [FakeRunner()], pool, lambda m, s: logged.append((s, m)))
     results = asyncio.run(run_with_trainer(orchestrator, config))
     assert sorted(results) == [1, 2, 3, 4]
-    for step, ranks in results.items():
+    for ranks in results.values():
         assert len(ranks[0]) == len(ranks[1]), "equal micro-batch counts per rank"
         loss_tokens = sum(int(mb["loss_mask"].sum()) for r in ranks for mb in r)
         assert loss_tokens == ranks[0][0]["global_loss_tokens"] == 4 * 2

@@ -1,7 +1,7 @@
 import pytest
 import torch
-
 from rlkube.orchestrator.packing import pack_batch, pack_rows
+
 from tests.orchestrator.helpers import make_sample
 
 

@@ -6,11 +6,11 @@ import asyncio
 import re
 
 import pytest
-
 from rlkube.config import ClientConfig, EnvConfig, SamplingConfig
 from rlkube.envs import load_env
 from rlkube.orchestrator.inference import InferencePool, pick_replica
 from rlkube.orchestrator.rollouts import EnvRunner, TaskSampler
+
 from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
 
 
@@ -25,7 +25,7 @@ def reverse_user_text(tokenizer):
     return respond
 
 
-async def run_rollouts(model, base_urls, n, sampling=SamplingConfig(max_tokens=32)):
+async def run_rollouts(model, base_urls, n, sampling: SamplingConfig):
     env_config = EnvConfig(args={"num_examples": 20})
     runner = EnvRunner(env_config, load_env(env_config), seed=0)
     pool = InferencePool(ClientConfig(base_urls=base_urls), str(model), str(model), sampling)
@@ -43,7 +43,7 @@ def test_token_exact_rollouts_against_a_fake_engine(tiny_model):
     stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
     fake = FakeInference(str(tiny_model), stop, respond=reverse_user_text(tokenizer))
     with FakeInferenceThread(fake) as server:
-        rollouts = asyncio.run(run_rollouts(tiny_model, [server.url], 4))
+        rollouts = asyncio.run(run_rollouts(tiny_model, [server.url], 4, SamplingConfig(max_tokens=32)))
     for rollout in rollouts:
         assert rollout.error is None and (rollout.policy_min, rollout.policy_max) == (3, 3)
         assert rollout.reward == 1.0, "the completion ids decode to the reversed text"

@@ -7,7 +7,6 @@ import time
 
 import pytest
 import torch
-
 from rlkube.transport.client import RolloutClient, RolloutError
 from rlkube.transport.microbatch import TENSOR_FIELDS
 from rlkube.transport.server import start_server, stop_server
@@ -139,12 +138,17 @@ def test_client_retries_until_the_server_comes_up():
 
 def test_bad_request_fails_at_once_with_the_reason():
     source, port = FakeSource(), free_port()
-    with ServerThread(source, port), RolloutClient(f"127.0.0.1:{port}", timeout_s=30) as client:
-        with pytest.raises(RolloutError, match="INVALID_ARGUMENT: step 99 is past max_steps"):
-            client.get_batch(step=99, rank=0, world_size=1)
+    with (
+        ServerThread(source, port),
+        RolloutClient(f"127.0.0.1:{port}", timeout_s=30) as client,
+        pytest.raises(RolloutError, match="INVALID_ARGUMENT: step 99 is past max_steps"),
+    ):
+        client.get_batch(step=99, rank=0, world_size=1)
 
 
 def test_deadline_when_nobody_answers():
-    with RolloutClient(f"127.0.0.1:{free_port()}", timeout_s=0.5, backoff_s=0.1) as client:
-        with pytest.raises(RolloutError, match="no answer within|deadline"):
-            client.get_batch(step=1, rank=0, world_size=1)
+    with (
+        RolloutClient(f"127.0.0.1:{free_port()}", timeout_s=0.5, backoff_s=0.1) as client,
+        pytest.raises(RolloutError, match="no answer within|deadline"),
+    ):
+        client.get_batch(step=1, rank=0, world_size=1)

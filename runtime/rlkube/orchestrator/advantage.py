@@ -39,7 +39,7 @@ def load_custom(path: str) -> AdvantageFn:
     except (ImportError, AttributeError) as e:
         raise ValueError(f"advantage.custom: cannot import '{path}': {e}") from None
     if not callable(fn):
-        raise ValueError(f"advantage.custom: '{path}' is not callable")
+        raise TypeError(f"advantage.custom: '{path}' is not callable")
     return fn
 
 

@@ -85,7 +85,7 @@ class RolloutClient:
     def close(self) -> None:
         self.channel.close()
 
-    def __enter__(self) -> "RolloutClient":
+    def __enter__(self) -> "RolloutClient":  # noqa: PYI034 - not subclassed
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,0 +1,111 @@
+"""`weights.type = "nccl"` (GPU): broadcast the weights straight into the inference workers
+through vLLM's weight-transfer engine, with no disk and no copy through the host network stack.
+
+The trainer's rank 0 is NCCL rank 0; the workers of replica i take the ranks after those of
+replica i-1. vLLM's trainer-side engine drives each replica's RL routes
+(`/init_weight_transfer_engine`, `/start_weight_update`, `/update_weights`,
+`/finish_weight_update`) over HTTP while it broadcasts, so by the time `publish` returns every
+replica serves the new policy; the returned `nccl://` location tells the orchestrator so.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from rlkube.config import WeightTransferConfig
+from rlkube.transport.weights import WeightPublisher
+
+
+class _ReplicasClient:
+    """vLLM's HTTP weight-sync client fanned out over several replicas."""
+
+    def __init__(self, base_urls: list[str], world_sizes: list[int], timeout: float):
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+
+        self.clients = [HTTPVLLMWeightSyncClient(url, timeout) for url in base_urls]
+        self.rank_offsets = [1 + sum(world_sizes[:i]) for i in range(len(base_urls))]
+
+    def _each(self, call) -> None:
+        with ThreadPoolExecutor(len(self.clients)) as pool:
+            list(pool.map(call, range(len(self.clients))))
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._each(lambda i: self.clients[i].init_weight_transfer_engine(
+            {**init_info, "rank_offset": self.rank_offsets[i]}
+        ))
+
+    def start_weight_update(self) -> None:
+        self._each(lambda i: self.clients[i].start_weight_update())
+
+    def update_weights(self, update_info) -> None:
+        self._each(lambda i: self.clients[i].update_weights(update_info))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._each(lambda i: self.clients[i].finish_weight_update(weight_version))
+
+
+def _world_size(base_url: str, timeout: float) -> int:
+    import httpx
+
+    response = httpx.get(f"{base_url.rstrip('/')}/get_world_size", params={"include_dp": "false"}, timeout=timeout)
+    response.raise_for_status()
+    return int(response.json()["world_size"])
+
+
+class NcclPublisher(WeightPublisher):
+    def __init__(self, config: WeightTransferConfig):
+        if not config.inference_urls:
+            raise ValueError("weights.inference_urls: the nccl transport needs the inference replicas' URLs")
+        if not torch.cuda.is_available():
+            raise ValueError("weights.type: 'nccl' needs CUDA GPUs; use 'storage' or 'grpc' on CPU")
+        self.config = config
+        self.state_dict: dict[str, torch.Tensor] = {}
+        self.engine = None
+
+    def _connect(self):
+        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerInitInfo,
+            NCCLTrainerWeightTransferEngine,
+        )
+
+        publisher = self
+
+        class CurrentStateDict(WeightSource):
+            def metadata(self):
+                return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in publisher.state_dict.items()]
+
+            def __iter__(self):
+                device = torch.device("cuda", torch.cuda.current_device())
+                for name, tensor in publisher.state_dict.items():
+                    yield name, tensor.to(device, non_blocking=True)
+
+        urls, timeout = self.config.inference_urls, self.config.timeout_s
+        world_sizes = [_world_size(url, timeout) for url in urls]
+        self.client = _ReplicasClient(urls, world_sizes, timeout)
+        init_info = NCCLTrainerInitInfo(
+            rank=0, master_address=self.config.grpc_host, master_port=self.config.nccl_port,
+            world_size=1 + sum(world_sizes),
+        )
+        return NCCLTrainerWeightTransferEngine.trainer_init(init_info, client=self.client, source=CurrentStateDict())
+
+    def publish(self, state_dict, step):
+        import httpx
+
+        self.state_dict = state_dict
+        if self.engine is None:
+            self.engine = self._connect()
+        self.engine.send_weights()
+        for url in self.config.inference_urls:
+            response = httpx.post(
+                f"{url.rstrip('/')}/update_weight_version", json={"new_version": str(step)},
+                timeout=self.config.timeout_s,
+            )
+            response.raise_for_status()
+        self.state_dict = {}
+        return f"nccl://{self.config.grpc_host}:{self.config.nccl_port}"
+
+    def close(self):
+        if self.engine is not None:
+            self.engine.shutdown()

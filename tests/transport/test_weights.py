@@ -1,0 +1,134 @@
+"""Weight publishing without vLLM: the snapshot format, storage (local and S3) and gRPC."""
+
+import json
+
+import pytest
+import torch
+from rlkube.config import WeightTransferConfig
+from rlkube.transport.weights import GrpcPublisher, StoragePublisher, make_publisher
+from rlkube.transport.weights_grpc import fetch_snapshot
+from rlkube.transport.weights_snapshot import (
+    COMPLETE,
+    iter_safetensors,
+    snapshot_files,
+    weight_files,
+)
+from rlkube.transport.weights_storage import (
+    list_steps,
+    local_snapshot,
+    prune,
+    read_marker,
+    write_snapshot,
+)
+from safetensors.torch import load
+
+from tests.fixtures.inference import S3_BUCKET, S3_ENV, free_port
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    directory = tmp_path / "model"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    (directory / "tokenizer.json").write_text("{}")
+    (directory / "model.safetensors").write_bytes(b"not copied")
+    return directory
+
+
+def state(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    embed = torch.randn(16, 8, generator=g)
+    return {"embed.weight": embed, "lm_head.weight": embed, "norm.weight": torch.randn(8, generator=g)}
+
+
+def test_snapshot_is_bit_exact_with_config_and_marker_last(model_dir):
+    files = snapshot_files(state(), 3, model_dir)
+    assert list(files)[-1] == COMPLETE
+    assert {"config.json", "tokenizer.json", "model.safetensors"} <= set(files)
+    assert files["model.safetensors"] != b"not copied"
+    marker = json.loads(files[COMPLETE])
+    assert marker["step"] == 3 and "model.safetensors" in marker["files"]
+    loaded = dict(iter_safetensors(files))
+    for name, tensor in state().items():  # tied tensors are stored twice, values intact
+        assert torch.equal(loaded[name], tensor)
+
+
+def test_large_state_dicts_are_sharded_with_an_index():
+    files = weight_files(state(), max_shard_bytes=300)
+    shards = sorted(f for f in files if f.endswith(".safetensors"))
+    assert len(shards) > 1
+    index = json.loads(files["model.safetensors.index.json"])
+    assert set(index["weight_map"]) == set(state())
+    for name, shard in index["weight_map"].items():
+        assert name in load(files[shard])
+
+
+def test_model_dir_without_config_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        snapshot_files(state(), 1, tmp_path)
+
+
+def test_storage_publish_marks_complete_and_prunes(tmp_path, model_dir):
+    root = tmp_path / "weights"
+    publisher = make_publisher(WeightTransferConfig(keep_last=2), tmp_path, str(model_dir))
+    assert isinstance(publisher, StoragePublisher)
+    locations = [publisher.publish(state(step), step) for step in (1, 2, 3)]
+    assert locations[-1] == str(root / "step_3")
+    assert list_steps(str(root)) == {2: True, 3: True}
+    with local_snapshot(locations[-1]) as path:
+        loaded = load((root / "step_3" / "model.safetensors").read_bytes())
+        assert path == locations[-1] and torch.equal(loaded["norm.weight"], state(3)["norm.weight"])
+
+
+def test_partial_snapshot_is_refused_and_cleaned_up(tmp_path, model_dir):
+    root = str(tmp_path / "weights")
+    write_snapshot(root, 1, snapshot_files(state(), 1, model_dir))
+    partial = tmp_path / "weights" / "step_2"  # a crash mid-publish: files but no marker
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"half")
+    with pytest.raises(FileNotFoundError, match="incomplete"):
+        read_marker(str(partial))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_marker(str(tmp_path / "weights" / "step_9"))
+    write_snapshot(root, 3, snapshot_files(state(), 3, model_dir))
+    assert prune(root, keep_last=None) == [2]
+    assert list_steps(root) == {1: True, 3: True}
+
+
+def test_storage_on_s3_round_trip(moto_s3, monkeypatch, model_dir):
+    for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": moto_s3}.items():
+        monkeypatch.setenv(key, value)
+    url = f"s3://{S3_BUCKET}/unit/weights"
+    publisher = StoragePublisher(url, str(model_dir), keep_last=1)
+    publisher.publish(state(1), 1)
+    location = publisher.publish(state(2), 2)
+    assert location == f"{url}/step_2"
+    assert list_steps(url) == {2: True}
+    with local_snapshot(location) as path:  # downloaded to a local temporary directory
+        assert not path.startswith("s3://")
+        with open(f"{path}/model.safetensors", "rb") as f:
+            assert torch.equal(load(f.read())["norm.weight"], state(2)["norm.weight"])
+
+
+def test_grpc_publish_and_fetch(model_dir):
+    config = WeightTransferConfig(type="grpc", grpc_port=free_port(), keep_last=1)
+    publisher = make_publisher(config, "unused", str(model_dir))
+    assert isinstance(publisher, GrpcPublisher)
+    try:
+        big = {"w": torch.randn(3 * 1024 * 1024)}  # 12 MiB: more than one chunk
+        location = publisher.publish(big, 1)
+        assert location == f"grpc://127.0.0.1:{config.grpc_port}"
+        publisher.publish(state(2), 2)
+        address = location.removeprefix("grpc://")
+        files = fetch_snapshot(address, 2, timeout=30)
+        assert files == snapshot_files(state(2), 2, model_dir)
+        assert fetch_snapshot(address, -1, timeout=30) == files
+        with pytest.raises(ConnectionError, match="NOT_FOUND"):
+            fetch_snapshot(address, 1, timeout=30)  # pruned by keep_last=1
+    finally:
+        publisher.close()
+
+
+def test_grpc_fetch_from_nowhere_is_a_clear_error():
+    with pytest.raises(ConnectionError, match=r"grpc://127.0.0.1:\d+"):
+        fetch_snapshot(f"127.0.0.1:{free_port()}", 1, timeout=3)

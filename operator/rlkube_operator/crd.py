@@ -15,7 +15,6 @@ import argparse
 import copy
 import sys
 from pathlib import Path
-from typing import Any
 
 import yaml
 

@@ -11,12 +11,12 @@ make the operator restart twice or resume from the wrong place.
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from pydantic import BaseModel, ValidationError
-
 from rlkube.config.cli import format_validation_error
+
 from rlkube_operator import builders, observe, progress
 from rlkube_operator.conditions import set_condition
 from rlkube_operator.kube import Kube

@@ -14,7 +14,6 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
-
 from rlkube.config import Config, RLConfig, SFTConfig
 
 
@@ -32,10 +31,10 @@ class Resources(K8sModel):
     """Container resources as Kubernetes quantities (`cpu: "4"`, `memory: 16Gi`).
     GPUs come from the `gpus*` fields, not from here."""
 
-    requests: dict[str, int | str] = {}
+    requests: dict[str, int | str] = Field(default_factory=dict)
     """Requested resources (what the scheduler reserves)."""
 
-    limits: dict[str, int | str] = {}
+    limits: dict[str, int | str] = Field(default_factory=dict)
     """Resource limits."""
 
 
@@ -153,10 +152,10 @@ class Toleration(K8sModel):
 class SchedulingSpec(K8sModel):
     """Passed through to every pod of the run."""
 
-    node_selector: dict[str, str] = {}
+    node_selector: dict[str, str] = Field(default_factory=dict)
     """Node labels the pods require."""
 
-    tolerations: list[Toleration] = []
+    tolerations: list[Toleration] = Field(default_factory=list)
     """Taints the pods tolerate."""
 
     priority_class_name: str | None = None
@@ -175,7 +174,7 @@ class RunSpecBase(K8sModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """Image pull policy of every container."""
 
-    image_pull_secrets: list[str] = []
+    image_pull_secrets: list[str] = Field(default_factory=list)
     """Names of Secrets for pulling the image."""
 
     service_account_name: str | None = None
@@ -204,17 +203,23 @@ class RLRunSpec(RunSpecBase):
     model_config = ConfigDict(
         json_schema_extra=_cel(
             (
-                "!has(self.config) || !has(self.config.inference)"
-                " || !has(self.config.inference.replicas)"
-                " || self.config.inference.replicas == self.inference.replicas",
+                (
+                    "!has(self.config) || !has(self.config.inference)"
+                    " || !has(self.config.inference.replicas)"
+                    " || self.config.inference.replicas == self.inference.replicas"
+                ),
                 "config.inference.replicas must equal inference.replicas (or be left out)",
             ),
             (
-                "(has(self.config) && has(self.config.weights) && has(self.config.weights.type)"
-                " && self.config.weights.type != 'storage')"
-                " || has(self.storage.pvc) || has(self.storage.objectStore)",
-                "config.weights.type 'storage' (the default) needs storage.pvc or"
-                " storage.objectStore; or set config.weights.type to 'grpc'",
+                (
+                    "(has(self.config) && has(self.config.weights) && has(self.config.weights.type)"
+                    " && self.config.weights.type != 'storage')"
+                    " || has(self.storage.pvc) || has(self.storage.objectStore)"
+                ),
+                (
+                    "config.weights.type 'storage' (the default) needs storage.pvc or"
+                    " storage.objectStore; or set config.weights.type to 'grpc'"
+                ),
             ),
         )
     )
@@ -289,7 +294,7 @@ class RunStatus(K8sModel):
     observed_generation: int | None = None
     """The `metadata.generation` the operator last reconciled."""
 
-    conditions: list[Condition] = []
+    conditions: list[Condition] = Field(default_factory=list)
     """Ready, Progressing, SpecAccepted and one per component."""
 
     step: int | None = None

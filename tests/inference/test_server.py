@@ -5,9 +5,9 @@ import asyncio
 
 import httpx
 import pytest
-
 from rlkube.inference import client
 from rlkube.transport.weights import GrpcPublisher, StoragePublisher
+
 from tests.fixtures.inference import S3_BUCKET, S3_ENV, free_port
 from tests.inference.weights import perturbed_state_dict
 

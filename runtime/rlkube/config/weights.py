@@ -17,10 +17,18 @@ class WeightTransferConfig(Config):
     """`storage`: a path or fsspec URL (`s3://bucket/run/weights`); `<output_dir>/weights` when unset."""
 
     grpc_host: str = "127.0.0.1"
-    """`grpc`: address of the trainer's weight server (rank 0)."""
+    """`grpc`: address of the trainer's weight server (rank 0); `nccl`: the NCCL rendezvous
+    address (also the trainer's rank 0)."""
 
     grpc_port: int = Field(default=50052, ge=1, le=65535)
     """`grpc`: port of the trainer's weight server."""
+
+    nccl_port: int = Field(default=29600, ge=1, le=65535)
+    """`nccl`: port of the NCCL rendezvous (a TCP store on the trainer's rank 0)."""
+
+    inference_urls: list[str] = []
+    """`nccl`: base URLs of the inference replicas the trainer broadcasts to (the trainer drives
+    their weight-transfer routes itself)."""
 
     keep_last: int | None = Field(default=2, ge=1)
     """Snapshots to keep (older ones are deleted once inference moved past them); None keeps all."""

@@ -89,7 +89,15 @@ async def update_weights(base_url: str, step: int, location: str, timeout: float
     """Load policy `step` from `location` (a storage path/URL of a snapshot, or
     "grpc://host:port") on every worker of the server, then drop the KV prefix cache (it was
     computed with the old weights) and tag new tokens with weight version `step`.
-    Returns the worker's summary line."""
+    Returns the worker's summary line.
+
+    An `nccl://` location means the trainer already broadcast the weights into the workers
+    (`weights.type = "nccl"`); this then only checks that the server serves version `step`."""
+    if location.startswith("nccl://"):
+        version = await weight_version(base_url, timeout)
+        if version != str(step):
+            raise InferenceError(f"{base_url} serves weight version {version}, expected {step}")
+        return f"step {step} broadcast over NCCL"
     rpc = {
         "method": "rlkube_load_weights",
         "kwargs": {"location": location, "step": str(step), "timeout": str(timeout)},

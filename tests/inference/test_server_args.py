@@ -1,0 +1,50 @@
+"""The mapping from InferenceConfig to vLLM's arguments and environment (no vLLM started)."""
+
+from rlkube.config import InferenceConfig
+from rlkube.inference.server import WORKER_EXTENSION, vllm_command
+
+
+def value(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_cpu_defaults():
+    config = InferenceConfig.model_validate(
+        {"model": {"name": "/m"}, "port": 8123, "kv_cache_space_gb": 1.5, "max_model_len": 512}
+    )
+    command = vllm_command(config, on_cpu=True)
+    args = command.args
+    assert value(args, "--model") == "/m" and value(args, "--port") == "8123"
+    assert value(args, "--dtype") == "float32"  # auto -> fp32 on CPU: matches the trainer
+    assert value(args, "--worker-extension-cls") == WORKER_EXTENSION
+    assert value(args, "--logprobs-mode") == "processed_logprobs"
+    assert value(args, "--max-model-len") == "512"
+    assert "--enable-scale-out" in args  # /inference/v1/generate
+    assert "--gpu-memory-utilization" not in args and "--weight-transfer-config" not in args
+    assert command.env["VLLM_CPU_KVCACHE_SPACE"] == "1.5"
+    assert command.env["VLLM_SERVER_DEV_MODE"] == "1"  # /pause, /resume, /collective_rpc
+
+
+def test_gpu_and_extra_args():
+    config = InferenceConfig.model_validate({
+        "model": {"name": "m", "dtype": "auto"}, "kv_cache_space_gb": 4,
+        "enable_prefix_caching": False,
+        "extra_args": {"tensor_parallel_size": 2, "enable_chunked_prefill": True, "x_list": [1]},
+    })
+    command = vllm_command(config, on_cpu=False)
+    args = command.args
+    assert value(args, "--dtype") == "bfloat16"
+    assert value(args, "--gpu-memory-utilization") == "0.9"
+    assert value(args, "--weight-transfer-config") == '{"backend": "nccl"}'
+    assert "--no-enable-prefix-caching" in args
+    assert value(args, "--tensor-parallel-size") == "2"
+    assert "--enable-chunked-prefill" in args and value(args, "--x-list") == "[1]"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in command.env
+
+
+def test_dry_run_prints_resolved_config(capsys):
+    from rlkube.entrypoints.inference import main
+
+    assert main(["--model.name", "/m", "--port", "9000", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert 'name = "/m"' in out and "port = 9000" in out

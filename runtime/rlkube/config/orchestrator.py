@@ -57,6 +57,9 @@ class EvalConfig(Config):
     rollouts_per_example: int = Field(default=1, ge=1)
     """k for avg@k and pass@k."""
 
+    pass_threshold: float = Field(default=1.0, ge=0)
+    """A rollout passes (for pass@k) when its reward is at least this."""
+
     sampling: SamplingConfig = SamplingConfig(temperature=0.0)
     """Eval sampling (greedy by default)."""
 

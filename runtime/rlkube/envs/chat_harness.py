@@ -12,6 +12,8 @@ No tools: tasks that need tools or a sandbox keep a program harness. Multi-turn 
 (a user simulator, `resume`) work: each segment replays the conversation so far.
 """
 
+import functools
+import ssl
 import sys
 
 import httpx
@@ -23,6 +25,12 @@ HARNESS_ID = "rlkube_chat"
 # verifiers resolves a harness id by importing a top-level module of that name; register this
 # module under it (as rlkube.envs.reverse_text does for its taskset).
 sys.modules.setdefault(HARNESS_ID, sys.modules[__name__])
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """Built once: loading the CA store costs ~0.1 s, which per rollout would dominate."""
+    return ssl.create_default_context()
 
 
 class InProcessChatHarness(vf.Harness[vf.HarnessConfig]):
@@ -38,7 +46,7 @@ class InProcessChatHarness(vf.Harness[vf.HarnessConfig]):
             messages.append({"role": "user", "content": prompt})
         elif prompt:
             messages.extend(message_to_wire(m) for m in prompt)
-        async with httpx.AsyncClient(timeout=None) as client:
+        async with httpx.AsyncClient(timeout=None, verify=_tls_context()) as client:
             response = await client.post(
                 endpoint.rstrip("/") + "/chat/completions",
                 json={"model": ctx.model, "messages": messages},

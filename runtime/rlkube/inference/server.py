@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from rlkube.config import InferenceConfig
 
 WORKER_EXTENSION = "rlkube.inference.worker.WeightLoaderExtension"
+GENERATE_MIDDLEWARE = "rlkube.inference.generate_mode.GenerateTextMode"
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
         "--logprobs-mode", config.logprobs_mode,
         "--worker-extension-cls", WORKER_EXTENSION,
         "--enable-scale-out",
+        # With these two, /inference/v1/generate names each logprob entry "token_id:N", which
+        # verifiers' training client requires (see rlkube/inference/generate_mode.py).
+        "--return-tokens-as-token-ids",
+        "--middleware", GENERATE_MIDDLEWARE,
         "--disable-uvicorn-access-log",
         "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching",
     ]

@@ -3,6 +3,7 @@ embedded (kopf.operator in this event loop) against them."""
 
 import asyncio
 import contextlib
+import socket
 
 import kopf
 import pytest
@@ -62,12 +63,17 @@ async def cluster(kmock, orchestrator_status):
     settings = kopf.OperatorSettings()
     settings.watching.reconnect_backoff = 0.2
     stop, ready = asyncio.Event(), asyncio.Event()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        liveness = f"http://127.0.0.1:{s.getsockname()[1]}/healthz"
     task = asyncio.create_task(
         kopf.operator(registry=registry, settings=settings, standalone=True, namespaces=[NS],
-                      stop_flag=stop, ready_flag=ready)
+                      stop_flag=stop, ready_flag=ready, liveness_endpoint=liveness)
     )
     await asyncio.wait_for(ready.wait(), 20)
-    yield Cluster(kmock)
+    cluster = Cluster(kmock)
+    cluster.liveness_url = liveness
+    yield cluster
     stop.set()
     # kopf ends the operator task by cancelling it once the stop flag is seen.
     with contextlib.suppress(asyncio.CancelledError):

@@ -16,12 +16,12 @@ EXTRAS = {"operator.Dockerfile": "operator", "runtime-cpu.Dockerfile": "cpu", "r
 @pytest.mark.parametrize("name", sorted(EXTRAS))
 def test_dockerfile_is_pinned_and_uses_the_constraints(name):
     text = (IMAGES / name).read_text()
-    bases = re.findall(r"^FROM\s+(\S+)", text, re.M)
+    bases = re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE)
     assert bases and all(re.search(r":\d+\.\d+", b) for b in bases), bases  # no floating tags
     installs = [line for line in text.splitlines() if "pip install" in line and "-c " in line]
     assert installs, "pip install must go through constraints.txt"
     assert f'.[{EXTRAS[name]}]' in text
-    assert re.search(r"^USER\s+\d+", text, re.M), "images run as a non-root user id"
+    assert re.search(r"^USER\s+\d+", text, re.MULTILINE), "images run as a non-root user id"
 
 
 def test_operator_image_has_no_ml_stack():

@@ -5,6 +5,7 @@ import copy
 import tomllib
 from pathlib import Path
 
+import aiohttp
 import yaml
 
 from tests.operator.cluster import NS, pod_failed, pod_running, pod_unschedulable, pod_waiting
@@ -262,3 +263,16 @@ async def test_sftrun_runs_the_trainer_alone_and_succeeds(cluster):
     status = await cluster.until(lambda: cluster.status("SFTRun", "sft")["phase"] == "Succeeded"
                                  and cluster.status("SFTRun", "sft"))
     assert status["step"] == 50
+
+
+async def test_liveness_endpoint_and_operator_metrics(cluster):
+    from prometheus_client import generate_latest
+    from rlkube_operator import metrics
+
+    await cluster.create(rlrun(name="metered"))
+    await start_everything(cluster, "metered")
+    async with aiohttp.ClientSession() as session, session.get(cluster.liveness_url) as response:
+        assert response.status == 200
+    text = generate_latest(metrics.REGISTRY).decode()
+    assert 'rlkube_run_phase{kind="RLRun",name="metered",namespace="team-a",phase="Running"} 1.0' in text
+    assert 'rlkube_operator_reconciles_total{kind="RLRun",result="ok"}' in text

@@ -238,7 +238,7 @@ class Reconciler:
             phase = "Initializing"
             message = "; ".join(f"{c}: {h.message}" for c, h in health.items() if not h.ready)
         if not terminal:
-            status.pop("completionTime", None)
+            status["completionTime"] = None  # null deletes it in the merge patch
         return self._finish(status, phase, message, conditions, generation, events, now,
                             stalled=terminal == "Failed", worst=worst)
 

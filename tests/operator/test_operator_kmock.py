@@ -187,6 +187,14 @@ async def test_backoff_limit_exhausted_fails_the_run_with_the_reason(cluster):
                         what="GPUs freed")
     await cluster.until(lambda: any(e["reason"] == "Failed" and e["type"] == "Warning" for e in cluster.events()))
 
+    # Raising the limit (a live field) restarts the failed run from its latest checkpoint.
+    await cluster.patch("RLRun", "rt", {"spec": {"restartPolicy": {"backoffLimit": 2}}})
+    await cluster.until(lambda: cluster.get("Job", "rt-trainer-2"), what="restart after raising the limit")
+    await cluster.until(lambda: cluster.names("StatefulSet") == {"rt-inference"}, what="inference back")
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] != "Failed"
+                                 and cluster.status("RLRun", "rt"))
+    assert status["restarts"] == 2 and "completionTime" not in status
+
 
 async def test_suspend_scales_to_zero_and_resume_continues_from_the_checkpoint(cluster):
     await cluster.create(rlrun())

@@ -12,7 +12,6 @@ import threading
 import time
 
 import torch
-
 from rlkube.transport.client import RolloutClient
 from rlkube.transport.microbatch import TENSOR_FIELDS
 from rlkube.transport.server import start_server, stop_server

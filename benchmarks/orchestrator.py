@@ -20,14 +20,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.orchestrator fakes
 
-from rlkube.config import AdvantageConfig, ClientConfig, EnvConfig, SamplingConfig  # noqa: E402
-from rlkube.orchestrator.advantage import make_advantage_fn  # noqa: E402
-from rlkube.orchestrator.buffer import RolloutBuffer  # noqa: E402
-from rlkube.orchestrator.clock import PolicyClock  # noqa: E402
-from rlkube.orchestrator.packing import pack_batch  # noqa: E402
-from rlkube.orchestrator.scheduler import Scheduler  # noqa: E402
-from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread  # noqa: E402
-from tests.orchestrator.test_orchestrator import FakeRunner  # noqa: E402
+from rlkube.config import AdvantageConfig, ClientConfig, EnvConfig, SamplingConfig
+from rlkube.orchestrator.advantage import make_advantage_fn
+from rlkube.orchestrator.buffer import RolloutBuffer
+from rlkube.orchestrator.clock import PolicyClock
+from rlkube.orchestrator.packing import pack_batch
+from rlkube.orchestrator.scheduler import Scheduler
+
+from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
+from tests.orchestrator.test_orchestrator import FakeRunner
 
 
 async def run_scheduler(runners, run_group, args) -> float:

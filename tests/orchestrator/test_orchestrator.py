@@ -169,3 +169,17 @@ def test_status_and_metrics_endpoints(tmp_path):
     assert "rlkube_orchestrator_reward_all_mean 0.25" in metrics
     assert "rlkube_orchestrator_status_max_steps 4.0" in metrics
     assert health == {"ok": True, "phase": "starting"}
+
+
+def test_eval_runs_at_step_zero_every_interval_and_at_the_end(tmp_path):
+    config = make_config(tmp_path, max_steps=5, ckpt=None, eval={"interval": 2})
+    evaluated, logged = [], []
+
+    async def evaluate(step):
+        evaluated.append(step)
+        return {"eval/fake/avg@1": step / 10}
+
+    orchestrator = Orchestrator(config, [FakeRunner()], FakePool(), lambda m, s: logged.append((s, m)), evaluate)
+    asyncio.run(run_with_trainer(orchestrator, config))
+    assert evaluated == [0, 2, 4, 5]
+    assert [(s, m["eval/fake/avg@1"]) for s, m in logged if "eval/fake/avg@1" in m] == [(0, 0.0), (2, 0.2), (4, 0.4), (5, 0.5)]

@@ -27,6 +27,7 @@ def test_orchestrator_process_with_vllm(inference_server, tmp_path):
             "sampling": {"max_tokens": 12}, "envs": [{"id": "reverse_text", "args": {"num_examples": 50}}],
             "client": {"base_urls": [inference_server.base_url], "max_concurrent": 16},
             "rollouts": {"port": grpc_port}, "http_port": http_port, "ckpt": {"interval": 2},
+            "eval": {"interval": 2, "num_examples": 4, "envs": [{"id": "reverse_text", "args": {"split": "test", "num_examples": 4}}]},
         }
     )
     batches, statuses = {}, []
@@ -60,5 +61,7 @@ def test_orchestrator_process_with_vllm(inference_server, tmp_path):
     rewards = [r["reward/all/mean"] for r in records if "reward/all/mean" in r]
     assert len(rewards) == 3 and all(0 <= r <= 1 for r in rewards)
     assert [r["policy_step"] for r in records if "time/update_weights" in r] == [1, 2, 3]
+    evals = [r["step"] for r in records if "eval/reverse_text/avg@1" in r]
+    assert evals == [0, 2, 3], "eval at step 0, every 2 steps, and at the last step"
     assert (tmp_path / "checkpoints/step_2/orchestrator/COMPLETE").is_file()
     assert (tmp_path / "checkpoints/step_3/orchestrator/COMPLETE").is_file()

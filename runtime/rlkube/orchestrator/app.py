@@ -34,8 +34,9 @@ def resume_step_of(config: OrchestratorConfig) -> int | None:
     return checkpoint.resolve_step(Path(config.output_dir) / "checkpoints", config.ckpt.resume_step)
 
 
-async def serve(config: OrchestratorConfig, evaluate=None) -> None:
+async def serve(config: OrchestratorConfig) -> None:
     from rlkube.metrics import MetricsSink
+    from rlkube.orchestrator.eval import periodic_eval
 
     resume_step = resume_step_of(config)
     runners = build_runners(config)
@@ -47,6 +48,7 @@ async def serve(config: OrchestratorConfig, evaluate=None) -> None:
         sink.log(step, metrics)
         prometheus.update(metrics)
 
+    evaluate = periodic_eval(config) if config.eval is not None else None
     orchestrator = Orchestrator(config, runners, pool, log_metrics, evaluate)
     host = config.rollouts.host
     grpc_server = await start_server(orchestrator, host, config.rollouts.port)

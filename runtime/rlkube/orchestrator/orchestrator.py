@@ -166,7 +166,11 @@ class Orchestrator:
             logger.info("orchestrator checkpoint %s", path)
         eval_cfg = self.config.eval
         if self.evaluate is not None and eval_cfg is not None and (last or step % eval_cfg.interval == 0):
-            self.log_metrics(await self.evaluate(step), step)
+            # Inside the policy loop on purpose: no weight update can interleave, so every eval
+            # rollout of step N sees exactly policy N (training rollouts keep running meanwhile).
+            started = time.perf_counter()
+            metrics = await self.evaluate(step)
+            self.log_metrics(metrics | {"time/eval": time.perf_counter() - started}, step)
         if last:
             self.phase = "finished"
             self.finished.set()

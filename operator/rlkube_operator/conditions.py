@@ -28,3 +28,17 @@ def set_condition(
 
 def get_condition(conditions: list[dict], type_: str) -> dict | None:
     return next((c for c in conditions if c.get("type") == type_), None)
+
+
+class Conditions:
+    """A run's conditions being rewritten in one reconcile, for one generation at one time."""
+
+    def __init__(self, conditions: list[dict], generation: int | None, now: str):
+        self.items = list(conditions)
+        self.generation = generation
+        self.now = now
+
+    def set(self, type_: str, ok: bool | None, reason: str, message: str) -> None:
+        self.items = set_condition(
+            self.items, type_, ok, reason, message, generation=self.generation, now=self.now
+        )

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from rlkube.config.cli import format_validation_error
 
 from rlkube_operator import builders, observe, progress
-from rlkube_operator.conditions import set_condition
+from rlkube_operator.conditions import Conditions
 from rlkube_operator.kube import Kube
 from rlkube_operator.names import RunRef
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
@@ -85,13 +85,19 @@ class Reconciler:
         self.kube = kube
         self.settings = settings or Settings()
 
-    # --- spec -------------------------------------------------------------------------
-    def applied_spec(self, run: RunRef, workload: Workload, desired: RunSpecBase) -> tuple[RunSpecBase, str | None]:
-        """The spec to realize, and why a requested change was refused (None if accepted)."""
+    # --- spec ---------------------------------------------------------------------
+    def applied_spec(
+        self, run: RunRef, workload: Workload, desired: RunSpecBase | None
+    ) -> tuple[RunSpecBase | None, str | None]:
+        """The spec to realize, and why the requested one was refused (None if accepted).
+        A started run (its ConfigMap holds the applied spec) keeps that spec, with the live
+        fields taken from the request; `desired` is None when the request is invalid."""
         cm = self.kube.get("ConfigMap", run.namespace, run.child("config"))
         if cm is None or builders.APPLIED_SPEC_KEY not in cm.get("data", {}):
             return desired, None
         old = json.loads(cm["data"][builders.APPLIED_SPEC_KEY])
+        if desired is None:
+            return workload.spec_model.model_validate(old), None
         new = _dump(desired)
         changed = _changed_fields(_frozen(old), _frozen(new))
         if not changed:
@@ -143,26 +149,23 @@ class Reconciler:
         meta, status = body["metadata"], dict(body.get("status") or {})
         run = RunRef(kind, meta["name"], meta["namespace"], meta["uid"])
         workload = WORKLOADS[kind]
-        generation = meta.get("generation")
+        conditions = Conditions(status.get("conditions") or [], meta.get("generation"), now)
         events: list[tuple[str, str, str]] = []
-        conditions = list(status.get("conditions") or [])
-
-        def condition(type_: str, ok: bool | None, reason: str, message: str) -> None:
-            nonlocal conditions
-            conditions = set_condition(conditions, type_, ok, reason, message, generation=generation, now=now)
 
         try:
-            desired = workload.spec_model.model_validate(body.get("spec") or {})
+            desired, invalid = workload.spec_model.model_validate(body.get("spec") or {}), None
         except ValidationError as e:
-            message = format_validation_error(e).replace("invalid config:\n", "invalid spec: ").replace("\n", ";")
-            condition("SpecAccepted", False, "InvalidSpec", message)
-            return self._finish(status, "Failed", message, conditions, generation, events, now, stalled=True)
-
+            desired = None
+            invalid = format_validation_error(e).replace("invalid config:\n", "invalid spec: ").replace("\n", ";")
         spec, refusal = self.applied_spec(run, workload, desired)
-        if refusal:
-            condition("SpecAccepted", False, "ChangeRequiresRecreate", refusal)
+        if invalid:
+            conditions.set("SpecAccepted", False, "InvalidSpec", invalid)
+            if spec is None:  # never started: nothing to keep running
+                return self._finish(status, "Failed", invalid, conditions, events, stalled=True)
+        elif refusal:
+            conditions.set("SpecAccepted", False, "ChangeRequiresRecreate", refusal)
         else:
-            condition("SpecAccepted", True, "Accepted", "spec applied")
+            conditions.set("SpecAccepted", True, "Accepted", "spec applied")
         status["maxSteps"] = spec.config.max_steps
 
         job, older = self.trainer_jobs(run)
@@ -193,54 +196,54 @@ class Reconciler:
         if terminal:
             self.teardown(run, workload)
         else:
-            if not status.get("startTime"):
-                status["startTime"] = now
+            status["startTime"] = status.get("startTime") or now
             self.apply(run, workload, spec, attempt, restarts)
             for stale in older:
                 self.kube.delete("Job", run.namespace, stale["metadata"]["name"])
-        return self._observe(run, workload, spec, status, conditions, terminal, why, pods, events, now, generation)
+        health = self._health(workload, spec, attempt, pods, terminal)
+        for comp, h in health.items():
+            conditions.set(f"{comp.capitalize()}Ready", h.ready, h.reason, h.message)
+        if "orchestrator" in health and health["orchestrator"].ready:
+            self._read_progress(run, spec, status)
+        phase, message = self._phase(spec, health, terminal, why)
+        if terminal:
+            status["completionTime"] = status.get("completionTime") or now
+            if terminal == "Succeeded":
+                status["step"] = spec.config.max_steps
+        else:
+            status["completionTime"] = None  # null deletes it in the merge patch
+        worst = next((h for h in health.values() if h.bad), None)
+        return self._finish(status, phase, message, conditions, events, stalled=terminal == "Failed", worst=worst)
 
-    def _observe(self, run, workload, spec, status, conditions, terminal, why, pods, events, now, generation) -> Result:
-        def condition(type_: str, ok: bool | None, reason: str, message: str) -> None:
-            nonlocal conditions
-            conditions = set_condition(conditions, type_, ok, reason, message, generation=generation, now=now)
-
-        expected = {"inference": getattr(getattr(spec, "inference", None), "replicas", 0),
-                    "orchestrator": 1, "trainer": spec.trainer.nodes}
-        attempt = status["attempt"]
+    @staticmethod
+    def _health(workload, spec, attempt: int, pods: list[dict], terminal: str | None) -> dict[str, observe.Health]:
+        """Each component's health from its pods (the trainer's of the current attempt only)."""
+        expected = {"orchestrator": 1, "trainer": spec.trainer.nodes}
+        if "inference" in workload.components:
+            expected["inference"] = spec.inference.replicas
         health = {}
         for comp in workload.components:
-            comp_pods = [p for p in pods if _component(p) == comp
-                         and (comp != "trainer" or observe.pod_attempt(p) == attempt)]
             if terminal or spec.suspend:
                 reason = terminal or "Suspended"
                 health[comp] = observe.Health(False, reason, f"{comp} stopped ({reason})")
-            else:
-                health[comp] = observe.component_health(comp_pods, expected[comp])
-            condition(f"{comp.capitalize()}Ready", health[comp].ready, health[comp].reason, health[comp].message)
+                continue
+            mine = [p for p in pods if _component(p) == comp and (comp != "trainer" or observe.pod_attempt(p) == attempt)]
+            health[comp] = observe.component_health(mine, expected[comp])
+        return health
 
-        if "orchestrator" in workload.components and health["orchestrator"].ready:
-            self._read_progress(run, spec, status)
-        worst = next((h for h in health.values() if h.bad), None)
+    @staticmethod
+    def _phase(spec, health: dict[str, observe.Health], terminal: str | None, why: str) -> tuple[str, str]:
         if terminal:
-            phase, message = terminal, why
-            status.setdefault("completionTime", now)
-            if terminal == "Succeeded":
-                status["step"] = spec.config.max_steps
-        elif spec.suspend:
-            phase, message = "Suspended", "suspended: compute scaled to zero, storage kept"
-        elif worst is not None:
+            return terminal, why
+        if spec.suspend:
+            return "Suspended", "suspended: compute scaled to zero, storage kept"
+        worst = next((h for h in health.values() if h.bad), None)
+        if worst is not None:
             phase = "Pending" if worst.reason in observe.PENDING_REASONS else "Initializing"
-            message = f"{worst.reason}: {worst.message}"
-        elif all(h.ready for h in health.values()):
-            phase, message = "Running", "training"
-        else:
-            phase = "Initializing"
-            message = "; ".join(f"{c}: {h.message}" for c, h in health.items() if not h.ready)
-        if not terminal:
-            status["completionTime"] = None  # null deletes it in the merge patch
-        return self._finish(status, phase, message, conditions, generation, events, now,
-                            stalled=terminal == "Failed", worst=worst)
+            return phase, f"{worst.reason}: {worst.message}"
+        if all(h.ready for h in health.values()):
+            return "Running", "training"
+        return "Initializing", "; ".join(f"{c}: {h.message}" for c, h in health.items() if not h.ready)
 
     def _read_progress(self, run: RunRef, spec: RLRunSpec, status: dict) -> None:
         url = progress.status_url(
@@ -256,22 +259,18 @@ class Reconciler:
             if data.get(theirs) is not None:
                 status[ours] = data[theirs]
 
-    def _finish(self, status, phase, message, conditions, generation, events, now, *, stalled, worst=None) -> Result:
-        old_phase = status.get("phase")
+    @staticmethod
+    def _finish(status, phase, message, conditions: Conditions, events, *, stalled, worst=None) -> Result:
+        """Ready/Progressing/Stalled from the phase, an event on every phase change."""
         ready = phase in ("Running", "Succeeded")
-        progressing = phase in ("Pending", "Initializing", "Running")
-
-        def condition(type_, ok, reason, msg):
-            nonlocal conditions
-            conditions = set_condition(conditions, type_, ok, reason, msg, generation=generation, now=now)
-
         reason = worst.reason if worst is not None and not ready else phase
-        condition("Ready", ready, reason, message)
-        condition("Progressing", progressing, phase, message)
-        condition("Stalled", stalled, "Failed" if stalled else phase, message if stalled else "")
-        if phase != old_phase:
+        conditions.set("Ready", ready, reason, message)
+        conditions.set("Progressing", phase in ("Pending", "Initializing", "Running"), phase, message)
+        conditions.set("Stalled", stalled, "Failed" if stalled else phase, message if stalled else "")
+        if phase != status.get("phase"):
             events.append(("Warning" if phase == "Failed" else "Normal", phase, message))
-        status.update(phase=phase, message=message, conditions=conditions, observedGeneration=generation)
+        status.update(phase=phase, message=message, conditions=conditions.items,
+                      observedGeneration=conditions.generation)
         return Result(status=status, events=events)
 
 

@@ -252,6 +252,14 @@ async def test_changes_that_cannot_apply_live_are_refused_with_a_condition(clust
     assert status["phase"] == "Running" and status["maxSteps"] == 20  # still the applied spec
     assert cluster.get("Job", "rt-trainer-0")["spec"]["parallelism"] == 1
 
+    # An invalid update of a started run is refused too; the run keeps its applied spec.
+    await cluster.patch("RLRun", "rt", {"spec": {"config": {"orchestrator": {"batch_size": 30}}}})
+    status = await cluster.until(
+        lambda: condition(cluster.status("RLRun", "rt"), "SpecAccepted")["reason"] == "InvalidSpec"
+        and cluster.status("RLRun", "rt"))
+    assert "multiple of group_size" in condition(status, "SpecAccepted")["message"]
+    assert status["phase"] == "Running" and cluster.names("StatefulSet") == {"rt-inference"}
+
 
 async def test_sftrun_runs_the_trainer_alone_and_succeeds(cluster):
     run = example("sftrun.yaml")

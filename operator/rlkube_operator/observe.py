@@ -60,12 +60,13 @@ def _pod_ready(pod: dict) -> bool:
 def component_health(pods: list[dict], expected: int) -> Health:
     """Health of `expected` pods of one component from what the pods report."""
     restarts = sum(cs.get("restartCount", 0) for pod in pods for cs in _containers(pod))
+    restarted = f" ({restarts} container restarts)" if restarts else ""
     for pod in pods:
         if (problem := _pod_problem(pod)) is not None:
-            return Health(False, problem[0], problem[1], restarts)
+            return Health(False, problem[0], problem[1] + restarted, restarts)
     ready = sum(_pod_ready(p) for p in pods)
     if expected and ready >= expected:
-        return Health(True, "Ready", f"{ready}/{expected} pods ready", restarts)
+        return Health(True, "Ready", f"{ready}/{expected} pods ready{restarted}", restarts)
     if not pods:
         return Health(False, "NoPods", f"0/{expected} pods created", restarts)
     return Health(False, "Starting", f"{ready}/{expected} pods ready", restarts)

@@ -86,3 +86,40 @@ def test_real_rollouts_from_vllm(inference_server):
         sampled = [lp for lp, m in zip(sample.logprobs, sample.loss_mask) if m]
         assert all(lp <= 0.0 for lp in sampled) and any(lp < 0.0 for lp in sampled)
         assert 0.0 <= rollout.reward <= 1.0
+
+
+def test_multi_turn_rollout_is_one_token_exact_sample(tiny_model):
+    """verifiers' user-simulator env (the simulated user is an untrainable agent): a 3-turn
+    conversation whose turns extend each other exactly becomes ONE sample, with only the
+    assistant's sampled tokens in the loss mask; the user's own trace is not trained on."""
+    import verifiers.v1 as vf
+    from rlkube.envs.chat_harness import HARNESS_ID
+    from rlkube.envs.reverse_text import TASKSET_ID, ReverseTextConfig
+    from transformers import AutoTokenizer
+    from verifiers.v1.envs.user_sim.env import UserSimEnv, UserSimEnvConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    reply = tokenizer.encode("hello there", add_special_tokens=False)
+    agent = {"harness": {"id": HARNESS_ID}, "runtime": {"type": "subprocess"}}
+    env = UserSimEnv(UserSimEnvConfig(
+        taskset=ReverseTextConfig(id=TASKSET_ID, num_examples=4), assistant=agent, user=agent | {"max_turns": 3},
+    ))
+    assert isinstance(env, vf.Env)
+    runner = EnvRunner(EnvConfig(name="user_sim"), env, seed=0)
+
+    async def go(url):
+        pool = InferencePool(ClientConfig(base_urls=[url]), str(tiny_model), str(tiny_model), SamplingConfig(max_tokens=16))
+        async with env.serving():
+            example_id, task = runner.next_task()
+            return await runner.rollout(task, example_id, pool.contexts[0], 1.0, lambda: 0)
+
+    with FakeInferenceThread(FakeInference(str(tiny_model), stop, respond=lambda ids: reply)) as server:
+        rollout = asyncio.run(go(server.url))
+    assert rollout.error is None and rollout.num_turns == 3
+    (sample,) = rollout.samples
+    sampled = [t for t, m in zip(sample.token_ids, sample.loss_mask) if m]
+    assert sampled == (reply + [stop]) * 3
+    text = tokenizer.decode(sample.token_ids)
+    assert text.count("<|im_start|>assistant\nhello there<|im_end|>") == 3
+    assert "role-playing a USER" not in text

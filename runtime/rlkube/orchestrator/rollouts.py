@@ -8,6 +8,7 @@ trainer sees exactly the tokens the engine sampled, never a re-tokenization of t
 
 import logging
 import random
+import statistics
 import zlib
 from typing import Any
 
@@ -48,8 +49,9 @@ class TaskSampler:
 
 
 def episode_to_rollout(episode: Any, env_name: str, example_id: str, temperature: float, policy_min: int, policy_max: int) -> Rollout:
-    """A verifiers `Episode` as a training rollout: each trainable branch of each trace is one
-    sample (multi-turn conversations that extend token-exactly are a single branch)."""
+    """A verifiers `Episode` as a training rollout: each trainable branch of each trainable
+    agent's trace is one sample (multi-turn conversations that extend token-exactly are a
+    single branch). Untrainable agents (a simulated user, a judge) are context, not samples."""
     traces = episode.traces
     samples = [
         Sample(
@@ -59,6 +61,7 @@ def episode_to_rollout(episode: Any, env_name: str, example_id: str, temperature
             temperature=temperature,
         )
         for trace in traces
+        if trace.agent.trainable
         for branch in trace.branches
         if branch.trainable
     ]
@@ -70,11 +73,11 @@ def episode_to_rollout(episode: Any, env_name: str, example_id: str, temperature
     return Rollout(
         env=env_name,
         example_id=example_id,
-        reward=sum(t.reward for t in traces) / len(traces) if traces else 0.0,
+        reward=statistics.fmean(t.reward for t in trained) if (trained := [t for t in traces if t.agent.trainable]) else 0.0,
         samples=samples,
         policy_min=policy_min,
         policy_max=policy_max,
-        num_turns=sum(t.num_turns for t in traces),
+        num_turns=sum(t.num_turns for t in traces if t.agent.trainable),
         is_truncated=any(t.is_truncated for t in traces),
         error=error,
         metrics=metrics,

@@ -1,0 +1,159 @@
+"""Evaluation: run environments' held-out tasks against inference servers and score them.
+
+Used by `rlkube eval` (one shot) and by the orchestrator every `eval.interval` steps
+(`periodic_eval`). Rollouts go through the same verifiers training client as training
+(token-in/token-out on `/inference/v1/generate`), so eval sees exactly what RL samples.
+
+With k rollouts per example: avg@k is the mean reward over all rollouts; pass@k is the share of
+examples with at least one rollout whose reward reaches `pass_threshold`; pass rate is the share
+of single rollouts that pass (pass@1 estimated from all k).
+"""
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlkube.config import EnvConfig, SamplingConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalResult:
+    env: str
+    k: int
+    pass_threshold: float
+    rewards: list[list[float]] = field(default_factory=list)
+    """Per example, the rewards of its k rollouts."""
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def num_examples(self) -> int:
+        return len(self.rewards)
+
+    @property
+    def avg_at_k(self) -> float:
+        flat = [r for rewards in self.rewards for r in rewards]
+        return sum(flat) / len(flat) if flat else 0.0
+
+    @property
+    def pass_at_k(self) -> float:
+        passed = [any(r >= self.pass_threshold for r in rewards) for rewards in self.rewards]
+        return sum(passed) / len(passed) if passed else 0.0
+
+    @property
+    def pass_rate(self) -> float:
+        flat = [r >= self.pass_threshold for rewards in self.rewards for r in rewards]
+        return sum(flat) / len(flat) if flat else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        prefix = f"eval/{self.env}"
+        return {
+            f"{prefix}/avg@{self.k}": self.avg_at_k,
+            f"{prefix}/pass@{self.k}": self.pass_at_k,
+            f"{prefix}/pass_rate": self.pass_rate,
+            f"{prefix}/errored_rollouts": float(len(self.errors)),
+            f"{prefix}/num_examples": float(self.num_examples),
+            f"{prefix}/time_s": self.seconds,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "env": self.env, "k": self.k, "pass_threshold": self.pass_threshold,
+            "num_examples": self.num_examples, "avg_at_k": self.avg_at_k,
+            "pass_at_k": self.pass_at_k, "pass_rate": self.pass_rate,
+            "errors": self.errors, "seconds": self.seconds, "rewards": self.rewards,
+        }
+
+
+async def _score(env: Any, task: Any, ctx: Any) -> tuple[float, str | None]:
+    """Mean trace reward of one episode; a failed episode scores 0 and reports its error."""
+    try:
+        episode = await env.run_episode(task, ctx)
+    except Exception as e:  # noqa: BLE001 - a failed rollout is a result, not a crash
+        return 0.0, f"{type(e).__name__}: {e}"
+    traces = episode.traces
+    error = None
+    if not episode.ok:
+        errors = list(episode.errors) + [e for t in traces for e in t.errors]
+        error = f"{errors[-1].type}: {errors[-1].message}" if errors else "episode failed"
+    return (sum(t.reward for t in traces) / len(traces) if traces else 0.0), error
+
+
+async def evaluate_env(
+    name: str, env: Any, contexts: list, *, num_examples: int | None, rollouts_per_example: int,
+    pass_threshold: float, max_concurrent: int = 64,
+) -> EvalResult:
+    """k rollouts of each of the first `num_examples` tasks of `env` (an environment already
+    inside `env.serving()`), spread over the replicas' `contexts` by example."""
+    from rlkube.orchestrator.inference import pick_replica
+
+    taskset = env.taskset
+    if not taskset.bounded:
+        raise ValueError(f"eval env '{name}': its taskset is infinite; bound it with num_examples in its args")
+    tasks = list(taskset)[:num_examples]
+    slots = asyncio.Semaphore(max_concurrent)
+
+    async def one(task: Any) -> tuple[float, str | None]:
+        ctx = contexts[pick_replica(name, str(task.key), len(contexts))]
+        async with slots:
+            return await _score(env, task, ctx)
+
+    start = time.perf_counter()
+    scored = await asyncio.gather(*(one(t) for t in tasks for _ in range(rollouts_per_example)))
+    result = EvalResult(name, rollouts_per_example, pass_threshold, seconds=time.perf_counter() - start)
+    for i in range(len(tasks)):
+        group = scored[i * rollouts_per_example : (i + 1) * rollouts_per_example]
+        result.rewards.append([reward for reward, _ in group])
+        result.errors += [error for _, error in group if error]
+    if result.errors:
+        logger.warning("eval %s: %d of %d rollouts failed, e.g. %s", name, len(result.errors), len(scored), result.errors[0])
+    return result
+
+
+async def evaluate(
+    envs: list[EnvConfig], base_urls: list[str], model: str, sampling: SamplingConfig, *,
+    num_examples: int | None, rollouts_per_example: int, pass_threshold: float = 1.0,
+    timeout_s: float = 600, max_concurrent: int = 64, loaded_envs: dict[str, Any] | None = None,
+) -> list[EvalResult]:
+    """Evaluate `model` served at `base_urls` on each environment of `envs`.
+    `loaded_envs` (name -> env) reuses environments built earlier (periodic eval)."""
+    from rlkube.envs import load_env
+    from rlkube.orchestrator.inference import model_contexts
+
+    contexts = model_contexts(base_urls, model, model, sampling, timeout_s)
+    results = []
+    for env_config in envs:
+        name = env_config.name or env_config.id
+        env = (loaded_envs or {}).get(name) or load_env(env_config)
+        async with env.serving():
+            results.append(await evaluate_env(
+                name, env, contexts, num_examples=num_examples,
+                rollouts_per_example=rollouts_per_example, pass_threshold=pass_threshold,
+                max_concurrent=max_concurrent,
+            ))
+    return results
+
+
+def periodic_eval(config) -> Any:
+    """The orchestrator's `evaluate(step) -> metrics` for `config.eval` (an OrchestratorConfig);
+    environments are built once."""
+    from rlkube.envs import load_env
+
+    eval_config = config.eval
+    loaded = {(e.name or e.id): load_env(e) for e in eval_config.envs}
+
+    async def run(step: int) -> dict[str, float]:
+        results = await evaluate(
+            eval_config.envs, list(config.client.base_urls), config.model.name, eval_config.sampling,
+            num_examples=eval_config.num_examples, rollouts_per_example=eval_config.rollouts_per_example,
+            pass_threshold=eval_config.pass_threshold, timeout_s=config.client.timeout_s,
+            max_concurrent=config.client.max_concurrent, loaded_envs=loaded,
+        )
+        logger.info("eval at step %d: %s", step, {r.env: round(r.avg_at_k, 4) for r in results})
+        return {k: v for r in results for k, v in r.metrics().items()}
+
+    return run

@@ -131,3 +131,49 @@ def test_operator_imports_without_torch_or_vllm():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def _with_defaults(schema: dict, obj):
+    """Apply schema defaults the way the API server does before validating (structural)."""
+    if not isinstance(obj, dict) or "properties" not in schema:
+        return obj
+    out = dict(obj)
+    for key, sub in schema["properties"].items():
+        if key not in out and "default" in sub:
+            out[key] = sub["default"]
+        if key in out:
+            out[key] = _with_defaults(sub, out[key])
+    return out
+
+
+def cel_errors(kind: str, obj: dict) -> list[str]:
+    """Evaluate the CRD's CEL rules (root and spec) with a real CEL interpreter."""
+    celpy = pytest.importorskip("celpy", reason="cel-python is not installed")
+    root = CRDS[f"rlkube.dev_{kind.lower()}s.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    obj = _with_defaults(root, obj)
+    env = celpy.Environment()
+    errors = []
+    for node, value in ((root, obj), (root["properties"]["spec"], obj["spec"])):
+        for rule in node.get("x-kubernetes-validations", []):
+            program = env.program(env.compile(rule["rule"]))
+            if not program.evaluate({"self": celpy.json_to_cel(value)}):
+                errors.append(rule["message"])
+    return errors
+
+
+def test_cel_rules_compile_and_accept_the_examples():
+    assert cel_errors("RLRun", example("rlrun.yaml")) == []
+    assert cel_errors("SFTRun", example("sftrun.yaml")) == []
+    minimal = {"metadata": {"name": "m"}, "spec": {"image": "x", "config": {"weights": {"type": "grpc"}}}}
+    assert cel_errors("RLRun", minimal) == []
+
+
+def test_cel_rules_reject_what_pydantic_validators_reject():
+    run = example("rlrun.yaml")
+    run["spec"]["config"]["inference"]["replicas"] = 3
+    assert cel_errors("RLRun", run) == ["config.inference.replicas must equal inference.replicas (or be left out)"]
+    no_storage = {"metadata": {"name": "m"}, "spec": {"image": "x"}}
+    assert any("needs storage.pvc or storage.objectStore" in e for e in cel_errors("RLRun", no_storage))
+    long_name = example("sftrun.yaml")
+    long_name["metadata"]["name"] = "x" * 41
+    assert cel_errors("SFTRun", long_name) == [crd.NAME_RULE["message"]]

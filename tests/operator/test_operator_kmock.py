@@ -7,6 +7,7 @@ from pathlib import Path
 
 import aiohttp
 import yaml
+from rlkube_operator.crd import PRINTER_COLUMNS
 
 from tests.operator.cluster import NS, pod_failed, pod_running, pod_unschedulable, pod_waiting
 
@@ -23,6 +24,17 @@ def rlrun(name: str = "rt", **spec) -> dict:
     run["metadata"]["name"] = name
     run["spec"].update(spec)
     return run
+
+
+def printer_row(obj: dict) -> dict:
+    """What `kubectl get` shows: the CRD's printer columns evaluated on the object."""
+    row = {}
+    for column in PRINTER_COLUMNS:
+        value = obj
+        for part in column["jsonPath"].strip(".").split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        row[column["name"]] = value
+    return row
 
 
 def condition(status: dict, type_: str) -> dict:
@@ -112,6 +124,9 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
                                  and cluster.status("RLRun", "rt"))
     assert status["phase"] == "Running"
     assert (status["reward"], status["lastCheckpointStep"], status["maxSteps"]) == (0.42, 5, 20)
+    row = printer_row(cluster.get("RLRun", "rt"))
+    assert {k: row[k] for k in ("Phase", "Step", "Max", "Reward", "Restarts")} == {
+        "Phase": "Running", "Step": 7, "Max": 20, "Reward": 0.42, "Restarts": 0}
     for type_ in ("Ready", "Progressing", "InferenceReady", "OrchestratorReady", "TrainerReady", "SpecAccepted"):
         assert condition(status, type_)["status"] == "True", type_
         assert condition(status, type_)["observedGeneration"] == 1

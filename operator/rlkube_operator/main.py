@@ -56,7 +56,9 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     # Watch exactly the namespaces given (or the cluster): no namespace or CRD listing, so the
     # single-namespace RBAC needs no cluster-wide read access.
     settings.scanning.disabled = True
-    settings.posting.level = logging.INFO
+    # Our own events (phases, restarts) are posted explicitly; kopf's log lines become events
+    # only from warnings up, or every timer pass would post "succeeded".
+    settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
 
 

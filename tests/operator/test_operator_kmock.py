@@ -134,6 +134,7 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
     # kopf posts events in the background: wait for them.
     await cluster.until(lambda: {"Initializing", "Pending", "Running"} <= {
         e["reason"] for e in cluster.events() if e.get("involvedObject", {}).get("name") == "rt"}, what="events")
+    assert not [e for e in cluster.events() if "succeeded" in e["message"]], "kopf log lines spam events"
 
     # The trainer Job completes: Succeeded, inference and orchestrator torn down, storage kept.
     await cluster.patch("Job", "rt-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})

@@ -183,3 +183,16 @@ def test_eval_runs_at_step_zero_every_interval_and_at_the_end(tmp_path):
     asyncio.run(run_with_trainer(orchestrator, config))
     assert evaluated == [0, 2, 4, 5]
     assert [(s, m["eval/fake/avg@1"]) for s, m in logged if "eval/fake/avg@1" in m] == [(0, 0.0), (2, 0.2), (4, 0.4), (5, 0.5)]
+
+
+def test_a_batch_of_only_failed_rollouts_stops_the_run(tmp_path):
+    config = make_config(tmp_path, ckpt=None)
+
+    class BrokenRunner(FakeRunner):
+        async def rollout(self, task, example_id, ctx, temperature, policy_version):
+            return Rollout(self.name, example_id, 0.0, [], 0, 0, error="InferenceError: connection refused")
+
+    orchestrator = Orchestrator(config, [BrokenRunner()], FakePool(), lambda m, s: None)
+    with pytest.raises(RuntimeError, match="all 4 rollouts of batch 1 failed, e.g. InferenceError"):
+        asyncio.run(asyncio.wait_for(orchestrator.run(), timeout=30))
+    assert orchestrator.status()["phase"] == "failed"

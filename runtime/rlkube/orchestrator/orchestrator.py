@@ -84,6 +84,10 @@ class Orchestrator:
         return list(await asyncio.gather(*(one() for _ in range(self.config.group_size))))
 
     def on_batch(self, batch: Batch) -> None:
+        errored = [r for r in batch.rollouts if r.error is not None]
+        if len(errored) == len(batch.rollouts):
+            # Inference is down or the env is broken: fail loudly instead of training on nothing.
+            raise RuntimeError(f"all {len(errored)} rollouts of batch {batch.step} failed, e.g. {errored[0].error}")
         metrics = self.store_batch(batch)
         metrics["time/batch"] = time.perf_counter() - self.batch_started
         self.batch_started = time.perf_counter()

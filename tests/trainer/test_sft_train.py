@@ -70,6 +70,7 @@ def test_training_lowers_the_loss_and_exports_loadable_weights(reference_run):
     assert model.config.num_hidden_layers == 2
     assert AutoTokenizer.from_pretrained(weights).chat_template is not None
     assert (weights / "rlkube_model.json").is_file()  # the renderer hint travels with the weights
+    assert (reference_run / "weights" / "final").resolve() == weights.resolve()
 
 
 def test_resumed_run_follows_the_uninterrupted_loss_curve(small_model, reference_run, tmp_path):

@@ -13,6 +13,7 @@ into rows, micro-batches or ranks.
 import math
 import shutil
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,16 @@ from rlkube.trainer.sft.data import ChatTokenizer, FakeBatches, SFTBatches, load
 from rlkube.trainer.weights import export_hf_weights
 
 logger = get_logger(__name__)
+
+
+def point_final_at(export: Path) -> None:
+    """`weights/final` -> the last export: a stable path for what comes next (RL, eval).
+    Swapped atomically (a new link renamed over the old one)."""
+    link = export.parent / "final"
+    tmp = export.parent / ".final.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(export.name)
+    tmp.replace(link)
 
 
 def token_loss_sum(logits: torch.Tensor, target_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -157,6 +168,8 @@ class SFTTrainer:
         if not c.bench and (self.step == c.max_steps or (c.weights_interval and self.step % c.weights_interval == 0)):
             out = c.output_dir / "weights" / f"step_{self.step}"
             export_hf_weights(self.model, self.tokenizer, out, is_main=self.dist.is_main)
+            if self.dist.is_main and self.step == c.max_steps:
+                point_final_at(out)
             logger.info(f"exported weights to {out}")
         if progress is not None:
             progress.update(progress.task_ids[0], completed=self.step)

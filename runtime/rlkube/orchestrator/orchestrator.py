@@ -59,7 +59,8 @@ class Orchestrator:
         )
         self.batches: dict[int, Batch] = {}
         self.batch_ready: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
-        self.packed: dict[int, tuple[int, int, list[list[dict]]]] = {}
+        self.packed: dict[int, tuple[int, int, asyncio.Future]] = {}
+        """step -> (world_size, micro_batch_rows, packing of its batch: per rank, micro-batches)."""
         self.reports: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
         self.finished = asyncio.Event()
         self.phase = "starting"
@@ -112,12 +113,12 @@ class Orchestrator:
         if step <= self.clock.policy_step:
             raise LookupError(f"batch {step} was already consumed (policy {self.clock.policy_step} is loaded)")
         await self.batch_ready[step].wait()
-        if step not in self.packed:
-            batch = self.batches[step]
-            samples = batch.samples(self.config.filter_zero_advantage)
-            ranks = await asyncio.to_thread(pack_batch, samples, self.config.seq_len, world_size, micro_batch_rows)
-            self.packed.setdefault(step, (world_size, micro_batch_rows, ranks))
-        packed_world, packed_rows, ranks = self.packed[step]
+        if step not in self.packed:  # the first rank to ask packs for all (off the event loop)
+            samples = self.batches[step].samples(self.config.filter_zero_advantage)
+            packing = asyncio.to_thread(pack_batch, samples, self.config.seq_len, world_size, micro_batch_rows)
+            self.packed[step] = (world_size, micro_batch_rows, asyncio.ensure_future(packing))
+        packed_world, packed_rows, packing = self.packed[step]
+        ranks = await asyncio.shield(packing)
         if (packed_world, packed_rows) != (world_size, micro_batch_rows):
             raise ValueError(
                 f"step {step} was packed for world_size {packed_world} and micro_batch_rows {packed_rows}; "

@@ -32,6 +32,9 @@ proto: install
 	$(PY) -m grpc_tools.protoc -I runtime --python_out=runtime --grpc_python_out=runtime \
 		--pyi_out=runtime runtime/rlkube/transport/rlkube.proto
 
+crds: install
+	$(PY) -m rlkube_operator.crd
+
 lint: install
 	$(VENV)/bin/ruff check runtime operator tests benchmarks
 

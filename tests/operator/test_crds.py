@@ -177,3 +177,12 @@ def test_cel_rules_reject_what_pydantic_validators_reject():
     long_name = example("sftrun.yaml")
     long_name["metadata"]["name"] = "x" * 41
     assert cel_errors("SFTRun", long_name) == [crd.NAME_RULE["message"]]
+
+
+def test_operator_cli_needs_a_watch_scope():
+    from rlkube_operator.main import main
+
+    assert main([]) == 2  # neither --namespace nor --all-namespaces: refuse, do not guess
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--namespace", "a", "--all-namespaces"])
+    assert exit_info.value.code == 2

@@ -21,7 +21,10 @@ async def generate(base_url: str, token_ids=PROMPT_IDS, max_tokens: int = 12, **
     async with httpx.AsyncClient(timeout=120) as http:
         response = await http.post(
             f"{base_url}/inference/v1/generate",
-            json={"token_ids": token_ids, "sampling_params": {**params, **sampling}},
+            json={
+                "token_ids": token_ids, "sampling_params": {**params, **sampling},
+                "output_mode": "tokens",
+            },
         )
     assert response.status_code == 200, response.text
     return response.json()

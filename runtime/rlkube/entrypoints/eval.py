@@ -1,0 +1,75 @@
+"""`rlkube eval @ eval.toml`: score a model on an environment's held-out split through vLLM.
+
+    rlkube eval --model.name outputs/reverse_text/sft/weights/step_150 --num-examples 100
+
+Starts one `rlkube inference` for the model (or uses `--base-url`), runs the split through the
+real verifiers environment (`rlkube.orchestrator.eval`, shared with the orchestrator's periodic
+eval), prints mean reward and pass rate (avg@k / pass@k), writes
+`<output_dir>/eval_results.json`, and stops the server it started.
+"""
+
+import asyncio
+import contextlib
+import json
+import sys
+
+from rlkube.config import EvalRunConfig, InferenceConfig, parse_cli, write_toml
+
+
+async def run_eval(config: EvalRunConfig) -> int:
+    from rlkube.inference.process import InferenceProcess
+    from rlkube.orchestrator.eval import evaluate
+
+    async with contextlib.AsyncExitStack() as stack:
+        base_url = config.base_url
+        if base_url is None:
+            server_config = InferenceConfig(
+                **config.inference.model_dump(), model=config.model, seed=config.seed, log=config.log
+            )
+            server = stack.enter_context(InferenceProcess(server_config, config.output_dir))
+            await server.wait_until_healthy()
+            base_url = server.base_url
+        results = await evaluate(
+            [config.env], [base_url], config.model.name, config.sampling,
+            num_examples=config.num_examples, rollouts_per_example=config.rollouts_per_example,
+            pass_threshold=config.pass_threshold,
+        )
+    print_results(results, config.model.name)
+    out = config.output_dir / "eval_results.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"model": config.model.name, "results": [r.to_json() for r in results]}
+    out.write_text(json.dumps(payload, indent=2))
+    print(f"results: {out}")
+    return 0
+
+
+def print_results(results, model: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"rlkube eval: {model}", caption="avg@k is the mean reward over all rollouts")
+    table.add_column("env", no_wrap=True)
+    for column in ("examples", "k", "avg@k", "pass@k", "pass rate", "errors", "time"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(
+            r.env, str(r.num_examples), str(r.k), f"{r.avg_at_k:.4f}", f"{r.pass_at_k:.4f}",
+            f"{r.pass_rate:.4f}", str(len(r.errors)), f"{r.seconds:.1f}s",
+        )
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, dry_run = parse_cli(EvalRunConfig, "eval", argv)
+    if dry_run:
+        write_toml(config, config.output_dir / "configs" / "eval.toml")
+        print(f"wrote {config.output_dir / 'configs' / 'eval.toml'}")
+        return 0
+    from rlkube.logs import setup_logging
+
+    setup_logging(config.log.level, config.output_dir / "logs" / "eval.log")
+    return asyncio.run(run_eval(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlkube.logs import setup_logging
     from rlkube.orchestrator.app import serve
 
-    setup_logging(config.log.level, file=config.output_dir / "logs" / "orchestrator.log")
+    setup_logging(config.log.level)  # `rlkube rl` and the pods capture the console
     asyncio.run(serve(config))
     return 0
 

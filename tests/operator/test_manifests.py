@@ -7,6 +7,7 @@ import tomllib
 import kubernetes_validate
 import pytest
 import yaml
+from rlkube.config import RLConfig, SFTConfig, load_config
 from rlkube_operator import builders
 from rlkube_operator.names import RunRef
 from rlkube_operator.reconcile import WORKLOADS
@@ -130,3 +131,13 @@ def test_operator_refuses_configs_the_schema_cannot_catch():
         RLRunSpec.model_validate(bad)
     with pytest.raises(ValueError, match="needs storage.pvc or storage.objectStore"):
         RLRunSpec.model_validate({"image": "x"})
+
+
+@pytest.mark.parametrize(("manifest", "toml", "model"), [("rlrun.yaml", "rl.toml", RLConfig),
+                                                         ("sftrun.yaml", "sft.toml", SFTConfig)])
+def test_example_runs_carry_the_same_config_as_the_local_examples(manifest, toml, model):
+    """`spec.config` mirrors the TOML: only the paths (output dir, model) differ on the cluster."""
+    paths = {"output_dir", "model", "device"}
+    on_cluster = model.model_validate(example(manifest)["spec"]["config"]).model_dump(exclude=paths)
+    local = load_config(model, ["@", str(EXAMPLES / toml)]).model_dump(exclude=paths)
+    assert on_cluster == local

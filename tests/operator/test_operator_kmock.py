@@ -123,10 +123,10 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
     status = await cluster.until(lambda: cluster.status("RLRun", "rt").get("step") == 7
                                  and cluster.status("RLRun", "rt"))
     assert status["phase"] == "Running"
-    assert (status["reward"], status["lastCheckpointStep"], status["maxSteps"]) == (0.42, 5, 20)
+    assert (status["reward"], status["lastCheckpointStep"], status["maxSteps"]) == (0.42, 5, 40)
     row = printer_row(cluster.get("RLRun", "rt"))
     assert {k: row[k] for k in ("Phase", "Step", "Max", "Reward", "Restarts")} == {
-        "Phase": "Running", "Step": 7, "Max": 20, "Reward": 0.42, "Restarts": 0}
+        "Phase": "Running", "Step": 7, "Max": 40, "Reward": 0.42, "Restarts": 0}
     for type_ in ("Ready", "Progressing", "InferenceReady", "OrchestratorReady", "TrainerReady", "SpecAccepted"):
         assert condition(status, type_)["status"] == "True", type_
         assert condition(status, type_)["observedGeneration"] == 1
@@ -142,7 +142,7 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
                                  and cluster.status("RLRun", "rt"))
     await cluster.until(lambda: not cluster.names("StatefulSet") and not cluster.names("Deployment"),
                         what="teardown")
-    assert status["step"] == 20 and status["completionTime"]
+    assert status["step"] == 40 and status["completionTime"]
     assert cluster.names("ConfigMap") == {"rt-config"}
     assert condition(status, "Ready")["status"] == "True"
 
@@ -265,7 +265,7 @@ async def test_changes_that_cannot_apply_live_are_refused_with_a_condition(clust
     message = condition(status, "SpecAccepted")["message"]
     assert condition(status, "SpecAccepted")["reason"] == "ChangeRequiresRecreate"
     assert "spec.config.max_steps" in message and "spec.trainer.nodes" in message
-    assert status["phase"] == "Running" and status["maxSteps"] == 20  # still the applied spec
+    assert status["phase"] == "Running" and status["maxSteps"] == 40  # still the applied spec
     assert cluster.get("Job", "rt-trainer-0")["spec"]["parallelism"] == 1
 
     # An invalid update of a started run is refused too; the run keeps its applied spec.
@@ -287,14 +287,14 @@ async def test_sftrun_runs_the_trainer_alone_and_succeeds(cluster):
     assert cluster.names("StatefulSet") == set() and cluster.names("Deployment") == set()
     assert cluster.names("Service") == {"sft-trainer"}
     sft = tomllib.loads(cluster.get("ConfigMap", "sft-config")["data"]["sft.toml"])
-    assert sft["output_dir"] == "/data/sft" and sft["max_steps"] == 50
+    assert sft["output_dir"] == "/data/sft" and sft["max_steps"] == 150
 
     await cluster.run_pods(job, 1)
     await cluster.until(lambda: cluster.status("SFTRun", "sft").get("phase") == "Running", what="Running")
     await cluster.patch("Job", "sft-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
     status = await cluster.until(lambda: cluster.status("SFTRun", "sft")["phase"] == "Succeeded"
                                  and cluster.status("SFTRun", "sft"))
-    assert status["step"] == 50
+    assert status["step"] == 150
 
 
 async def test_liveness_endpoint_and_operator_metrics(cluster):

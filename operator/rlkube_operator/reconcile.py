@@ -10,7 +10,6 @@ make the operator restart twice or resume from the wrong place.
 """
 
 import json
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,8 +22,6 @@ from rlkube_operator.kube import Kube
 from rlkube_operator.names import RunRef
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
 from rlkube_operator.wiring import rl_tomls, sft_tomls
-
-log = logging.getLogger(__name__)
 
 LIVE_FIELDS = {"suspend", "restartPolicy"}  # applied to a running run; anything else is refused
 
@@ -51,6 +48,7 @@ WORKLOADS = {
 @dataclass
 class Settings:
     orchestrator_url_template: str = progress.DEFAULT_URL_TEMPLATE
+    """Where a run's progress is read; see `progress.py` for why the Service, not the proxy."""
 
 
 @dataclass

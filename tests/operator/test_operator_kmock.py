@@ -115,10 +115,19 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
     assert condition(status, "Ready")["reason"] == "CrashLoopBackOff"
     assert status["phase"] == "Initializing"
 
+    # Inference recovers, the orchestrator's image cannot be pulled: Pending again, saying why.
+    await cluster.patch("Pod", "rt-inference-0", {"status": pod_running()})
+    await cluster.run_pods(cluster.get("Deployment", "rt-orchestrator"), 1,
+                           **pod_waiting("ImagePullBackOff", 'Back-off pulling image "rlkube:typo"'))
+    status = await cluster.until(
+        lambda: condition(cluster.status("RLRun", "rt"), "OrchestratorReady")["reason"] == "ImagePullBackOff"
+        and cluster.status("RLRun", "rt"))
+    assert status["phase"] == "Pending" and "rlkube:typo" in status["message"]
+    assert condition(status, "InferenceReady")["status"] == "True"
+
     # Everything comes up; step and reward come from the orchestrator's /status.
     orchestrator_status.body |= {"phase": "running", "step": 7, "reward": 0.42, "last_checkpoint_step": 5}
-    await cluster.patch("Pod", "rt-inference-0", {"status": pod_running()})
-    await cluster.run_pods(cluster.get("Deployment", "rt-orchestrator"), 1)
+    await cluster.patch("Pod", "rt-orchestrator-0", {"status": pod_running()})
     await cluster.run_pods(cluster.get("Job", "rt-trainer-0"), 1)
     status = await cluster.until(lambda: cluster.status("RLRun", "rt").get("step") == 7
                                  and cluster.status("RLRun", "rt"))

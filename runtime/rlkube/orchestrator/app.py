@@ -3,6 +3,7 @@
 resume, and an orderly shutdown.
 """
 
+import asyncio
 import contextlib
 import logging
 from pathlib import Path
@@ -16,6 +17,8 @@ from rlkube.orchestrator.status import PrometheusMetrics, make_app, start_http
 from rlkube.transport.server import start_server, stop_server
 
 logger = logging.getLogger(__name__)
+
+FINISHED_LINGER_S = 3.0
 
 
 def build_runners(config: OrchestratorConfig) -> list[EnvRunner]:
@@ -60,6 +63,9 @@ async def serve(config: OrchestratorConfig) -> None:
             await pool.wait_until_healthy(config.client.timeout_s)
             await orchestrator.run(resume_step)
         logger.info("finished: policy %d loaded, %d steps done", orchestrator.clock.policy_step, config.max_steps)
+        # Stay reachable briefly so the trainer (waiting for its last policy to be loaded) and
+        # the operator read the final status instead of a refused connection.
+        await asyncio.sleep(FINISHED_LINGER_S)
     finally:
         await stop_server(grpc_server)
         await http.cleanup()

@@ -124,7 +124,7 @@ def test_a_kill_during_saving_leaves_no_checkpoint_resume_would_pick(small_model
     assert max(losses(out)) == latest + 1
 
 
-def test_bench_mode_prints_tokens_per_second(small_model, tmp_path):
-    result = run_sft(sft_args(small_model, tmp_path / "bench", 2, "--bench"))
+def test_bench_mode_with_activation_checkpointing_prints_tokens_per_second(small_model, tmp_path):
+    result = run_sft(sft_args(small_model, tmp_path / "bench", 2, "--bench", "--parallel.activation-checkpointing"))
     assert "bench:" in result.stdout and "tokens/s" in result.stdout
     assert not (tmp_path / "bench" / "weights").exists()

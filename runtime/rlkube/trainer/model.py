@@ -30,13 +30,14 @@ def load_tokenizer(config: ModelConfig):
 
 
 def load_model(config: ModelConfig) -> nn.Module:
-    """The model on CPU in float32, ready for `parallelize`."""
+    """The model on CPU in float32, in training mode, ready for `parallelize`."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         config.name, dtype=torch.float32, trust_remote_code=config.trust_remote_code
     )
     model.config.use_cache = False
+    model.train()  # from_pretrained returns eval mode, which also turns activation checkpointing off
     return model
 
 

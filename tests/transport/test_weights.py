@@ -132,3 +132,13 @@ def test_grpc_publish_and_fetch(model_dir):
 def test_grpc_fetch_from_nowhere_is_a_clear_error():
     with pytest.raises(ConnectionError, match=r"grpc://127.0.0.1:\d+"):
         fetch_snapshot(f"127.0.0.1:{free_port()}", 1, timeout=3)
+
+
+def test_rl_config_gives_nccl_the_replica_urls():
+    from rlkube.config import RLConfig
+
+    config = RLConfig.model_validate({"weights": {"type": "nccl"}, "inference": {"replicas": 2, "port": 9000}})
+    trainer = config.process_configs()["trainer"]
+    assert trainer.weights.inference_urls == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"]
+    storage = RLConfig.model_validate({}).process_configs()["trainer"]
+    assert storage.weights.inference_urls == []

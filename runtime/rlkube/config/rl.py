@@ -84,7 +84,10 @@ class RLConfig(RunConfig):
         """Each process's resolved config: `trainer`, `orchestrator` and one `inference` for
         all replicas (the local launcher and the operator set each replica's port)."""
         shared = self.model_dump(include=set(RunConfig.model_fields))
-        sections = {"rollouts": self.rollouts.model_dump(), "weights": self.weights.model_dump()}
+        weights = self.weights.model_dump()
+        if self.weights.type == "nccl" and not weights["inference_urls"]:
+            weights["inference_urls"] = self.inference_urls()  # the trainer drives the replicas
+        sections = {"rollouts": self.rollouts.model_dump(), "weights": weights}
         trainer = TrainerConfig.model_validate(shared | self.trainer.model_dump() | sections)
         client = ClientConfig.model_validate(
             self.orchestrator.client.model_dump() | {"base_urls": self.inference_urls()}

@@ -25,8 +25,7 @@ class GenerateTextMode:
         body, more = b"", True
         while more:
             message = await receive()
-            if message["type"] != "http.request":  # client went away
-                await self.app(scope, lambda: message, send)
+            if message["type"] != "http.request":  # client went away: nobody to answer
                 return
             body += message.get("body", b"")
             more = message.get("more_body", False)

@@ -29,11 +29,16 @@ async def run_rollouts(model, base_urls, n, sampling: SamplingConfig):
     env_config = EnvConfig(args={"num_examples": 20})
     runner = EnvRunner(env_config, load_env(env_config), seed=0)
     pool = InferencePool(ClientConfig(base_urls=base_urls), str(model), str(model), sampling)
+    async def one(example_id, task):
+        return await runner.rollout(task, example_id, pool.context_for(runner.name, example_id), sampling.temperature, lambda: 3)
+
     async with runner.env.serving():
         tasks = [runner.next_task() for _ in range(n)]
-        return await asyncio.gather(
-            *(runner.rollout(task, ex, pool.context_for(runner.name, ex), sampling.temperature, lambda: 3) for ex, task in tasks)
-        )
+        # One rollout alone first: `renderers` resolves each new server's context length under a
+        # module-level asyncio.Lock, which breaks when contended in two event loops of one
+        # process (pytest runs each test in its own loop; the orchestrator has only one).
+        first = await one(*tasks[0])
+        return [first, *await asyncio.gather(*(one(*t) for t in tasks[1:]))]
 
 
 def test_token_exact_rollouts_against_a_fake_engine(tiny_model):

@@ -1,7 +1,6 @@
 """The orchestrator's checkpoint part: atomic, marked complete last, resolvable."""
 
 import pytest
-
 from rlkube.launch.checkpoints import part_dir
 from rlkube.orchestrator import checkpoint
 

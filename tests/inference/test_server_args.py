@@ -48,3 +48,18 @@ def test_dry_run_prints_resolved_config(capsys):
     assert main(["--model.name", "/m", "--port", "9000", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert 'name = "/m"' in out and "port = 9000" in out
+
+
+def test_inference_process_refuses_a_taken_port(tmp_path):
+    import socket
+
+    import pytest
+    from rlkube.inference.process import InferenceProcess
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = InferenceConfig.model_validate({"model": {"name": "/m"}, "port": port})
+        with pytest.raises(RuntimeError, match=f"inference.port: 127.0.0.1:{port} is in use"):
+            InferenceProcess(config, tmp_path).start()

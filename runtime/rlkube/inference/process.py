@@ -10,6 +10,7 @@ import asyncio
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,7 +40,18 @@ class InferenceProcess:
     def base_url(self) -> str:
         return f"http://{self.config.host}:{self.config.port}"
 
+    def _check_port_free(self) -> None:
+        """Refuse to start when the port is taken: `/health` of another server there would
+        otherwise look like ours coming up."""
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is fine
+            try:
+                probe.bind((self.config.host, self.config.port))
+            except OSError as e:
+                raise RuntimeError(f"inference.port: {self.config.host}:{self.config.port} is in use ({e.strerror})") from None
+
     def start(self) -> Self:
+        self._check_port_free()
         config_file = self.workdir / "configs" / "inference.toml"
         write_toml(self.config, config_file)
         self.log.parent.mkdir(parents=True, exist_ok=True)

@@ -66,6 +66,8 @@ class Orchestrator:
         self.phase = "starting"
         self.policy_location: str | None = None
         self.newest_batch_step = 0
+        self.trained_step = 0
+        """The newest step the trainer finished (reported its policy); /status's `step`."""
         self.last_reward: float | None = None
         self.last_lag = 0
         self.last_checkpoint_step: int | None = None
@@ -131,13 +133,14 @@ class Orchestrator:
             raise ValueError(f"policy {step} is not in {self.clock.policy_step}..max_steps ({self.config.max_steps})")
         if step > self.newest_batch_step:
             raise ValueError(f"policy {step} reported before batch {step} was served")
+        self.trained_step = max(self.trained_step, step)
         await self.reports.put((step, location))
         return step
 
     def status(self) -> dict:
         return {
             "phase": self.phase,
-            "step": self.newest_batch_step,
+            "step": self.trained_step,
             "max_steps": self.config.max_steps,
             "reward": self.last_reward,
             "policy_step": self.clock.policy_step,
@@ -196,7 +199,7 @@ class Orchestrator:
 
     def load_state_dict(self, state: dict) -> None:
         self.clock.advance(state["policy_step"])
-        self.newest_batch_step = state["policy_step"]
+        self.newest_batch_step = self.trained_step = state["policy_step"]
         self.policy_location = state["policy_location"]
         for step, saved in state["batches"].items():
             self.store_batch(Batch(int(step), [Rollout.from_dict(r) for r in saved["rollouts"]], saved["metrics"]))

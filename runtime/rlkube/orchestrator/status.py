@@ -3,7 +3,10 @@ Prometheus `/metrics`.
 
 `/status` is a fixed contract the operator reads:
 `{"phase": "starting|running|finished|failed", "step": int, "max_steps": int,
-"reward": float|null, "policy_step": int, "off_policy_lag": int, "last_checkpoint_step": int|null}`.
+"reward": float|null, "policy_step": int, "off_policy_lag": int, "last_checkpoint_step": int|null}`:
+`step` is the newest step the trainer finished (reported), `policy_step` the newest policy every
+inference replica has loaded, `reward` the mean reward of the newest batch, `off_policy_lag` the
+largest lag in it.
 """
 
 import logging

@@ -114,6 +114,10 @@ def test_resume_restores_unconsumed_batches_and_samplers(tmp_path):
     # with one-step overlap, batch 3 may exist already: it is saved, not lost
     assert set(state["batches"]) <= {"3"}
 
+    done = Orchestrator(make_config(tmp_path, max_steps=2), [FakeRunner()], FakePool(), lambda m, s: None)
+    asyncio.run(asyncio.wait_for(done.run(resume_step=2), timeout=10))
+    assert done.status()["phase"] == "finished", "resuming at max_steps has nothing left to do"
+
     config = make_config(tmp_path, max_steps=4, ckpt={"interval": 2, "resume_step": "latest"})
     # "latest" needs the trainer's part too; here only the orchestrator's exists
     with pytest.raises(ValueError, match="no complete checkpoint"):

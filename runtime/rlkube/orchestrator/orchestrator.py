@@ -151,6 +151,8 @@ class Orchestrator:
     # --- policy updates, checkpoints, eval -------------------------------------------
 
     async def policy_loop(self) -> None:
+        if self.clock.policy_step == 0:  # the initial model, while the first batch is generated
+            await self.maybe_evaluate(0)
         while not self.finished.is_set():
             # One by one, in order, none skipped: each may be due a checkpoint or an eval.
             step, location = await self.reports.get()
@@ -172,16 +174,23 @@ class Orchestrator:
             path = await asyncio.to_thread(checkpoint.save, self.checkpoints_dir, step, self.state_dict())
             self.last_checkpoint_step = step
             logger.info("orchestrator checkpoint %s", path)
-        eval_cfg = self.config.eval
-        if self.evaluate is not None and eval_cfg is not None and (last or step % eval_cfg.interval == 0):
-            # Inside the policy loop on purpose: no weight update can interleave, so every eval
-            # rollout of step N sees exactly policy N (training rollouts keep running meanwhile).
-            started = time.perf_counter()
-            metrics = await self.evaluate(step)
-            self.log_metrics(metrics | {"time/eval": time.perf_counter() - started}, step)
+        await self.maybe_evaluate(step)
         if last:
             self.phase = "finished"
             self.finished.set()
+
+    async def maybe_evaluate(self, step: int) -> None:
+        """Eval at step 0, every `eval.interval` steps and at the last step. Called from the
+        policy loop on purpose: no weight update can interleave, so every eval rollout of step
+        N sees exactly policy N (training rollouts keep being generated meanwhile)."""
+        eval_cfg = self.config.eval
+        if self.evaluate is None or eval_cfg is None:
+            return
+        if step % eval_cfg.interval and step != self.config.max_steps:
+            return
+        started = time.perf_counter()
+        metrics = await self.evaluate(step)
+        self.log_metrics(metrics | {"time/eval": time.perf_counter() - started}, step)
 
     def state_dict(self) -> dict:
         return {
@@ -218,8 +227,10 @@ class Orchestrator:
             self.last_checkpoint_step = resume_step
             if self.policy_location is not None:
                 await self.pool.load_policy(resume_step, self.policy_location, self.config.weights.timeout_s)
-        if self.evaluate is not None and self.config.eval is not None and self.clock.policy_step == 0:
-            self.log_metrics(await self.evaluate(0), 0)
+            if resume_step >= self.config.max_steps:
+                logger.info("checkpoint %d is already at max_steps (%d): nothing to do", resume_step, self.config.max_steps)
+                self.phase = "finished"
+                return
         self.phase = "running"
         tasks = [asyncio.ensure_future(self.scheduler.run()), asyncio.ensure_future(self.policy_loop())]
         finished = asyncio.ensure_future(self.finished.wait())

@@ -1,0 +1,110 @@
+"""The whole loop, for real: `rlkube rl` (trainer + orchestrator) against the session's vLLM
+server, on the reverse-text environment, from the untrained tiny model. A trainer killed with
+SIGKILL stops the run at once; `--ckpt.resume-step latest` finishes it from the newest complete
+checkpoint; the policy trains (entropy falls) with a small mismatch KL.
+
+The run attaches to the shared `inference_server` (given `base_urls`), so no second vLLM
+engine starts; the server's original weights are put back afterwards.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlkube.launch.checkpoints import latest_run_checkpoint
+from rlkube.metrics import read_metrics
+from tests.fixtures.inference import free_port
+
+pytestmark = pytest.mark.slow
+
+MAX_STEPS = 6
+KILL_AFTER_STEP = 3
+KL_BOUND = 0.5
+
+
+def rl_command(model: Path, out: Path, base_url: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "rlkube.entrypoints.rl",
+        "--output-dir", str(out), "--model.name", str(model), "--max-steps", str(MAX_STEPS), "--seed", "0",
+        "--trainer.device", "cpu", "--trainer.optim.lr", "3e-3", "--trainer.optim.weight-decay", "0",
+        "--trainer.micro-batch-size", "4",
+        "--orchestrator.batch-size", "16", "--orchestrator.group-size", "8", "--orchestrator.seq-len", "256",
+        "--orchestrator.sampling.max-tokens", "16",
+        "--orchestrator.envs", '[{id = "reverse_text", args = {num_examples = 2000}}]',
+        "--orchestrator.client.base-urls", f'["{base_url}"]',
+        "--orchestrator.http-port", str(free_port()), "--rollouts.port", str(free_port()),
+        "--ckpt.interval", "2",
+        *extra,
+    ]
+
+
+def wait_for(predicate, timeout_s: float, what: str, process: subprocess.Popen):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert process.poll() is None, f"rlkube rl exited ({process.returncode}) while waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def trainer_steps(out: Path) -> list[int]:
+    path = out / "metrics" / "trainer.jsonl"
+    return [r["step"] for r in read_metrics(out, "trainer")] if path.exists() else []
+
+
+def child_pids(out: Path) -> dict[str, int]:
+    text = (out / "logs" / "rl.log").read_text()
+    return {name: int(pid) for name, pid in re.findall(r"started (\S+) \(pid (\d+)\)", text)}
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_rl_learns_survives_a_killed_trainer_and_resumes(inference_server, tmp_path):
+    out = tmp_path / "run"
+    cmd = rl_command(inference_server.model, out, inference_server.base_url)
+    try:
+        first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: max(trainer_steps(out), default=0) >= KILL_AFTER_STEP, 420, f"step {KILL_AFTER_STEP}", first)
+            pids = child_pids(out)
+            killed_at = time.monotonic()
+            os.kill(pids["trainer"], signal.SIGKILL)
+            code = first.wait(timeout=60)
+            stopped_in = time.monotonic() - killed_at
+        finally:
+            if first.poll() is None:
+                first.kill()
+        assert code != 0, "a killed trainer must fail the run"
+        assert stopped_in < 30
+        assert all(gone(pid) for pid in pids.values()), "every child's process group is stopped"
+
+        resume_from = latest_run_checkpoint(out / "checkpoints")
+        assert resume_from is not None and resume_from >= 2
+        subprocess.run([*cmd, "--ckpt.resume-step", "latest"], check=True, timeout=600,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    finally:
+        inference_server.restore_weights()
+
+    trainer = read_metrics(out, "trainer")
+    steps = [r["step"] for r in trainer]
+    assert steps[-(MAX_STEPS - resume_from):] == list(range(resume_from + 1, MAX_STEPS + 1)), steps
+    assert max(r["mismatch_kl/mean"] for r in trainer) < KL_BOUND
+
+    entropy = {r["step"]: r["entropy/mean"] for r in trainer}
+    assert entropy[MAX_STEPS] < entropy[1] - 0.05, f"the policy did not train: {entropy}"
+    rewards = {}
+    for record in read_metrics(out, "orchestrator"):
+        if "reward/all/mean" in record:
+            rewards[record["step"]] = record["reward/all/mean"]
+    assert sorted(rewards) == list(range(1, MAX_STEPS + 1)), "every step's batch was generated"

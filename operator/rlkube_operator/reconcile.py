@@ -259,11 +259,16 @@ class Reconciler:
 
     @staticmethod
     def _finish(status, phase, message, conditions: Conditions, events, *, stalled, worst=None) -> Result:
-        """Ready/Progressing/Stalled from the phase, an event on every phase change."""
+        """Ready/Progressing/Reconciling/Stalled from the phase, an event on every phase change.
+
+        `Reconciling` and `Stalled` are the abnormal-true pair Flux's kstatus reads: without
+        `Reconciling`, kstatus would call a run whose pods are still Pending "Current"."""
         ready = phase in ("Running", "Succeeded")
         reason = worst.reason if worst is not None and not ready else phase
         conditions.set("Ready", ready, reason, message)
         conditions.set("Progressing", phase in ("Pending", "Initializing", "Running"), phase, message)
+        starting = phase in ("Pending", "Initializing")
+        conditions.set("Reconciling", starting, phase, message if starting else "")
         conditions.set("Stalled", stalled, "Failed" if stalled else phase, message if stalled else "")
         if phase != status.get("phase"):
             events.append(("Warning" if phase == "Failed" else "Normal", phase, message))

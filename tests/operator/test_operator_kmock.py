@@ -19,6 +19,9 @@ def example(name: str) -> dict:
     return copy.deepcopy(docs[0])
 
 
+RL_MAX_STEPS = example("rlrun.yaml")["spec"]["config"]["max_steps"]
+
+
 def rlrun(name: str = "rt", **spec) -> dict:
     run = example("rlrun.yaml")
     run["metadata"]["name"] = name
@@ -123,6 +126,7 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
         lambda: condition(cluster.status("RLRun", "rt"), "OrchestratorReady")["reason"] == "ImagePullBackOff"
         and cluster.status("RLRun", "rt"))
     assert status["phase"] == "Pending" and "rlkube:typo" in status["message"]
+    assert condition(status, "Reconciling")["status"] == "True"  # kstatus: InProgress, not Current
     assert condition(status, "InferenceReady")["status"] == "True"
 
     # Everything comes up; step and reward come from the orchestrator's /status.
@@ -132,13 +136,14 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
     status = await cluster.until(lambda: cluster.status("RLRun", "rt").get("step") == 7
                                  and cluster.status("RLRun", "rt"))
     assert status["phase"] == "Running"
-    assert (status["reward"], status["lastCheckpointStep"], status["maxSteps"]) == (0.42, 5, 40)
+    assert (status["reward"], status["lastCheckpointStep"], status["maxSteps"]) == (0.42, 5, RL_MAX_STEPS)
     row = printer_row(cluster.get("RLRun", "rt"))
     assert {k: row[k] for k in ("Phase", "Step", "Max", "Reward", "Restarts")} == {
-        "Phase": "Running", "Step": 7, "Max": 40, "Reward": 0.42, "Restarts": 0}
+        "Phase": "Running", "Step": 7, "Max": RL_MAX_STEPS, "Reward": 0.42, "Restarts": 0}
     for type_ in ("Ready", "Progressing", "InferenceReady", "OrchestratorReady", "TrainerReady", "SpecAccepted"):
         assert condition(status, type_)["status"] == "True", type_
         assert condition(status, type_)["observedGeneration"] == 1
+    assert condition(status, "Reconciling")["status"] == "False"
     assert status["observedGeneration"] == 1
     # kopf posts events in the background: wait for them.
     await cluster.until(lambda: {"Initializing", "Pending", "Running"} <= {
@@ -151,7 +156,7 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
                                  and cluster.status("RLRun", "rt"))
     await cluster.until(lambda: not cluster.names("StatefulSet") and not cluster.names("Deployment"),
                         what="teardown")
-    assert status["step"] == 40 and status["completionTime"]
+    assert status["step"] == RL_MAX_STEPS and status["completionTime"]
     assert cluster.names("ConfigMap") == {"rt-config"}
     assert condition(status, "Ready")["status"] == "True"
 
@@ -274,7 +279,7 @@ async def test_changes_that_cannot_apply_live_are_refused_with_a_condition(clust
     message = condition(status, "SpecAccepted")["message"]
     assert condition(status, "SpecAccepted")["reason"] == "ChangeRequiresRecreate"
     assert "spec.config.max_steps" in message and "spec.trainer.nodes" in message
-    assert status["phase"] == "Running" and status["maxSteps"] == 40  # still the applied spec
+    assert status["phase"] == "Running" and status["maxSteps"] == RL_MAX_STEPS  # still the applied spec
     assert cluster.get("Job", "rt-trainer-0")["spec"]["parallelism"] == 1
 
     # An invalid update of a started run is refused too; the run keeps its applied spec.

@@ -175,7 +175,10 @@ class Reconciler:
 
         terminal: str | None = None
         limit = spec.restart_policy.backoff_limit
-        if outcome == "failed":
+        if outcome == "none" and status.get("completionTime") and status.get("phase") in ("Succeeded", "Failed"):
+            # Finished, and its Job is gone (TTL controller, or by hand): stay finished, never re-run.
+            terminal, why = status["phase"], status.get("message", "")
+        elif outcome == "failed":
             if restarts >= limit:
                 terminal, why = "Failed", f"BackoffLimitExceeded: {why} after {restarts} restarts"
             elif not spec.suspend:

@@ -1,6 +1,7 @@
 """Black-box: the operator runs (embedded kopf) against kmock's API emulator; tests apply runs,
 play the controllers and kubelets, and read back children, status and events."""
 
+import asyncio
 import copy
 import tomllib
 from pathlib import Path
@@ -159,6 +160,12 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
     assert status["step"] == RL_MAX_STEPS and status["completionTime"]
     assert cluster.names("ConfigMap") == {"rt-config"}
     assert condition(status, "Ready")["status"] == "True"
+
+    # A finished run stays finished when its Job goes (ttlSecondsAfterFinished, or by hand).
+    await cluster.delete("Job", "rt-trainer-0")
+    await asyncio.sleep(2)  # several reconciles (the test operator's timer runs every 0.3 s)
+    assert cluster.names("Job") == set() and cluster.names("StatefulSet") == set()
+    assert cluster.status("RLRun", "rt")["phase"] == "Succeeded"
 
 
 async def start_everything(cluster, name: str = "rt", attempt: int = 0) -> None:

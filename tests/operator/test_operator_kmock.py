@@ -330,3 +330,35 @@ async def test_liveness_endpoint_and_operator_metrics(cluster):
     text = generate_latest(metrics.REGISTRY).decode()
     assert 'rlkube_run_phase{kind="RLRun",name="metered",namespace="team-a",phase="Running"} 1.0' in text
     assert 'rlkube_operator_reconciles_total{kind="RLRun",result="ok"}' in text
+
+
+async def test_storage_scheduling_and_rendezvous_reach_the_running_children(cluster):
+    """What test_manifests checks on the pure builders, through the running operator: a PVC
+    from `storage.pvc` owned by the run, object-store credentials by reference, scheduling
+    knobs on every pod template, and the trainer's torchrun wiring."""
+    from tests.operator.test_manifests import GPU_RLRUN
+
+    await cluster.create({"apiVersion": "rlkube.dev/v1alpha1", "kind": "RLRun",
+                          "metadata": {"name": "big", "namespace": NS}, "spec": copy.deepcopy(GPU_RLRUN)})
+    job = await cluster.until(lambda: cluster.get("Job", "big-trainer-0"), what="trainer Job")
+    pvc = await cluster.until(lambda: cluster.get("PersistentVolumeClaim", "big-data"), what="PVC")
+    uid = cluster.get("RLRun", "big")["metadata"]["uid"]
+    assert pvc["spec"]["storageClassName"] == "fast" and pvc["spec"]["resources"]["requests"]["storage"] == "2Ti"
+    assert pvc["metadata"]["ownerReferences"][0]["uid"] == uid
+
+    owners = [cluster.get("StatefulSet", "big-inference"), cluster.get("Deployment", "big-orchestrator"), job]
+    for owner in owners:
+        pod = owner["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+        assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        assert (pod["priorityClassName"], pod["schedulerName"]) == ("training", "volcano")
+        assert pod["containers"][0]["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
+        assert claims == ["big-data"]
+
+    assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 2, 2)
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "job-completion-index" in env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert env["MASTER_ADDR"]["value"].startswith("big-trainer-0-0.big-trainer.")
+    service = cluster.get("Service", "big-trainer")
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True

@@ -38,7 +38,11 @@ class Conditions:
         self.generation = generation
         self.now = now
 
-    def set(self, type_: str, ok: bool | None, reason: str, message: str) -> None:
+    def set(self, type_: str, ok: bool | None, reason: str, message: str) -> bool:
+        """Set the condition; True when its status, reason or message changed."""
+        old = get_condition(self.items, type_)
         self.items = set_condition(
             self.items, type_, ok, reason, message, generation=self.generation, now=self.now
         )
+        new = get_condition(self.items, type_)
+        return old is None or any(old.get(k) != new[k] for k in ("status", "reason", "message"))

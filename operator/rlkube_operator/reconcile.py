@@ -156,12 +156,12 @@ class Reconciler:
             desired = None
             invalid = format_validation_error(e).replace("invalid config:\n", "invalid spec: ").replace("\n", ";")
         spec, refusal = self.applied_spec(run, workload, desired)
-        if invalid:
-            conditions.set("SpecAccepted", False, "InvalidSpec", invalid)
+        if invalid or refusal:
+            reason, why = ("InvalidSpec", invalid) if invalid else ("ChangeRequiresRecreate", refusal)
+            if conditions.set("SpecAccepted", False, reason, why) and spec is not None:
+                events.append(("Warning", reason, why))  # once per refused change; the run goes on
             if spec is None:  # never started: nothing to keep running
                 return self._finish(status, "Failed", invalid, conditions, events, stalled=True)
-        elif refusal:
-            conditions.set("SpecAccepted", False, "ChangeRequiresRecreate", refusal)
         else:
             conditions.set("SpecAccepted", True, "Accepted", "spec applied")
         status["maxSteps"] = spec.config.max_steps

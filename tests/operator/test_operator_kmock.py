@@ -288,6 +288,11 @@ async def test_changes_that_cannot_apply_live_are_refused_with_a_condition(clust
     assert "spec.config.max_steps" in message and "spec.trainer.nodes" in message
     assert status["phase"] == "Running" and status["maxSteps"] == RL_MAX_STEPS  # still the applied spec
     assert cluster.get("Job", "rt-trainer-0")["spec"]["parallelism"] == 1
+    await cluster.until(lambda: [e for e in cluster.events() if e["reason"] == "ChangeRequiresRecreate"],
+                        what="a Warning event for the refused change")
+    await asyncio.sleep(1)  # more reconciles: still one event, not one per reconcile
+    refused = [e for e in cluster.events() if e["reason"] == "ChangeRequiresRecreate"]
+    assert len(refused) == 1 and refused[0]["type"] == "Warning" and "spec.trainer.nodes" in refused[0]["message"]
 
     # An invalid update of a started run is refused too; the run keeps its applied spec.
     await cluster.patch("RLRun", "rt", {"spec": {"config": {"orchestrator": {"batch_size": 30}}}})

@@ -1,5 +1,6 @@
 """`rlkube rl --dry-run` and resume-step resolution (no processes started)."""
 
+import socket
 import tomllib
 
 from rlkube.config import RLConfig
@@ -54,6 +55,17 @@ def test_latest_needs_both_trainer_and_orchestrator_parts_complete(tmp_path):
 def test_latest_without_checkpoints_is_a_clear_error(tmp_path, capsys):
     assert main(["--output-dir", str(tmp_path), "--ckpt.resume-step", "latest"]) == 2
     assert "ckpt.resume_step" in capsys.readouterr().err
+
+
+def test_a_taken_inference_port_is_refused_before_anything_starts(tmp_path, capsys):
+    """Another server's `/health` on our port would pass for our replica coming up."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["--output-dir", str(tmp_path), "--inference.port", str(port)]) == 2
+    assert f"inference.port: 127.0.0.1:{port} is in use" in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists(), "no child was started"
 
 
 def test_given_base_urls_attach_to_running_servers_instead_of_starting_them(tmp_path):

@@ -14,7 +14,12 @@ from rlkube.config import RLConfig, parse_cli
 
 def main(argv: list[str] | None = None) -> int:
     config, dry_run = parse_cli(RLConfig, "rl", argv)
-    from rlkube.launch.local import child_stages, resolve_resume_step, write_process_configs
+    from rlkube.launch.local import (
+        check_inference_ports,
+        child_stages,
+        resolve_resume_step,
+        write_process_configs,
+    )
     from rlkube.launch.supervisor import Supervisor, install_sigterm_as_interrupt
     from rlkube.logs import setup_logging
 
@@ -26,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(config.output_dir, ignore_errors=True)
     try:
         config = resolve_resume_step(config)
-    except ValueError as e:
+        if not dry_run:
+            check_inference_ports(config)
+    except (ValueError, RuntimeError) as e:
         print(f"rlkube rl: error: {e}", file=sys.stderr)
         return 2
     paths = write_process_configs(config)

@@ -25,6 +25,17 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def ensure_port_free(host: str, port: int) -> None:
+    """Refuse to start a server on a taken port: `/health` of another server there would
+    otherwise look like ours coming up (and the run would train against it)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is fine
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise RuntimeError(f"inference.port: {host}:{port} is in use ({e.strerror})") from None
+
+
 class InferenceProcess:
     """One `rlkube inference` child. `with InferenceProcess(...) as server:` starts it (not yet
     healthy: call `wait_until_healthy`) and always stops it."""
@@ -40,18 +51,8 @@ class InferenceProcess:
     def base_url(self) -> str:
         return f"http://{self.config.host}:{self.config.port}"
 
-    def _check_port_free(self) -> None:
-        """Refuse to start when the port is taken: `/health` of another server there would
-        otherwise look like ours coming up."""
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is fine
-            try:
-                probe.bind((self.config.host, self.config.port))
-            except OSError as e:
-                raise RuntimeError(f"inference.port: {self.config.host}:{self.config.port} is in use ({e.strerror})") from None
-
     def start(self) -> Self:
-        self._check_port_free()
+        ensure_port_free(self.config.host, self.config.port)
         config_file = self.workdir / "configs" / "inference.toml"
         write_toml(self.config, config_file)
         self.log.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,15 @@ def resolve_resume_step(config: RLConfig) -> RLConfig:
     return config.model_copy(update={"ckpt": config.ckpt.model_copy(update={"resume_step": step})})
 
 
+def check_inference_ports(config: RLConfig) -> None:
+    """The local replicas' ports must be free (RuntimeError naming `inference.port` if not)."""
+    from rlkube.inference.process import ensure_port_free
+
+    if not uses_external_inference(config):
+        for i in range(config.inference.replicas):
+            ensure_port_free(config.inference.host, config.inference.port + i)
+
+
 def write_process_configs(config: RLConfig) -> dict[str, Path]:
     """Resolve and write each process's config; returns their paths."""
     config_dir = config.output_dir / "configs"

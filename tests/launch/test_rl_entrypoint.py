@@ -63,8 +63,10 @@ def test_a_taken_inference_port_is_refused_before_anything_starts(tmp_path, caps
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert main(["--output-dir", str(tmp_path), "--inference.port", str(port)]) == 2
+        (tmp_path / "keep").write_text("an earlier run's output")
+        assert main(["--output-dir", str(tmp_path), "--inference.port", str(port), "--clean-output-dir"]) == 2
     assert f"inference.port: 127.0.0.1:{port} is in use" in capsys.readouterr().err
+    assert (tmp_path / "keep").exists(), "refused before cleaning the output directory"
     assert not (tmp_path / "logs").exists(), "no child was started"
 
 

@@ -24,15 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     from rlkube.logs import setup_logging
 
     resuming = config.ckpt is not None and config.ckpt.resume_step is not None
-    if config.clean_output_dir and not dry_run:
-        if resuming:
-            print("rlkube rl: error: clean_output_dir: refused when resuming (ckpt.resume_step is set)", file=sys.stderr)
-            return 2
-        shutil.rmtree(config.output_dir, ignore_errors=True)
     try:
-        config = resolve_resume_step(config)
         if not dry_run:
-            check_inference_ports(config)
+            check_inference_ports(config)  # before anything is deleted or started
+        if config.clean_output_dir and not dry_run:
+            if resuming:
+                raise ValueError("clean_output_dir: refused when resuming (ckpt.resume_step is set)")
+            shutil.rmtree(config.output_dir, ignore_errors=True)
+        config = resolve_resume_step(config)
     except (ValueError, RuntimeError) as e:
         print(f"rlkube rl: error: {e}", file=sys.stderr)
         return 2

@@ -27,10 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not dry_run:
             check_inference_ports(config)  # before anything is deleted or started
-        if config.clean_output_dir and not dry_run:
-            if resuming:
-                raise ValueError("clean_output_dir: refused when resuming (ckpt.resume_step is set)")
-            shutil.rmtree(config.output_dir, ignore_errors=True)
+            if config.clean_output_dir:
+                if resuming:
+                    raise ValueError("clean_output_dir: refused when resuming (ckpt.resume_step is set)")
+                shutil.rmtree(config.output_dir, ignore_errors=True)
         config = resolve_resume_step(config)
     except (ValueError, RuntimeError) as e:
         print(f"rlkube rl: error: {e}", file=sys.stderr)

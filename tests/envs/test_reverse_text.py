@@ -10,7 +10,7 @@ from verifiers.v1.trace import AgentInfo, TraceTask
 from rlkube.config import EnvConfig
 from rlkube.envs import load_env
 from rlkube.envs.reverse_text import (
-    SYSTEM_PROMPT,
+    INSTRUCTION,
     generate_strings,
     load_environment,
     parse_answer,
@@ -74,10 +74,15 @@ def test_sft_examples_are_chat_messages_with_the_reversal():
     rows = sft_examples("train", 10, seed=0)
     assert len(rows) == 10
     for row, text in zip(rows, generate_strings("train", 10, seed=0)):
-        system, user, assistant = row["messages"]
-        assert system == {"role": "system", "content": SYSTEM_PROMPT}
+        user, assistant = row["messages"]
         assert user == {"role": "user", "content": text}
         assert assistant == {"role": "assistant", "content": text[::-1]}
+
+
+def test_sft_examples_start_with_the_instruction_when_given():
+    rows = sft_examples("train", 3, seed=0, instruction=INSTRUCTION)
+    assert all(row["messages"][0] == {"role": "system", "content": INSTRUCTION} for row in rows)
+    assert [len(row["messages"]) for row in rows] == [3, 3, 3]
 
 
 def test_environment_is_a_verifiers_env_with_the_split_data():
@@ -85,15 +90,19 @@ def test_environment_is_a_verifiers_env_with_the_split_data():
     assert isinstance(env, vf.Env)
     tasks = list(env.taskset)
     assert [t.data.text for t in tasks] == generate_strings("test", 7, seed=2)
-    assert all(t.data.prompt == t.data.text and t.data.system_prompt == SYSTEM_PROMPT for t in tasks)
+    assert all(t.data.prompt == t.data.text and t.data.system_prompt is None for t in tasks)
     assert len({t.key for t in tasks}) == 7
+
+
+def test_environment_instruction_is_every_tasks_system_prompt():
+    env = load_environment(split="test", num_examples=3, instruction=INSTRUCTION)
+    assert [t.data.system_prompt for t in env.taskset] == [INSTRUCTION] * 3
 
 
 def _trace_replying(task, reply: str) -> vf.Trace:
     nodes = [
-        MessageNode(message=vf.SystemMessage(content=task.data.system_prompt)),
-        MessageNode(parent=0, message=vf.UserMessage(content=task.data.prompt)),
-        MessageNode(parent=1, message=vf.AssistantMessage(content=reply), sampled=True),
+        MessageNode(message=vf.UserMessage(content=task.data.prompt)),
+        MessageNode(parent=0, message=vf.AssistantMessage(content=reply), sampled=True),
     ]
     return vf.Trace(
         task=TraceTask(type=type(task).__name__, data=task.data),

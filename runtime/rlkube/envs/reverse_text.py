@@ -26,7 +26,10 @@ from pydantic import Field, model_validator
 
 from rlkube.envs.chat_harness import HARNESS_ID as CHAT_HARNESS_ID
 
-SYSTEM_PROMPT = "Reverse this text."
+INSTRUCTION = "Reverse this text."
+"""The optional system prompt (`instruction`). Off by default: the tiny example model does not
+read, and the ~28 extra tokens it adds to every sample made SFT need ~3x more steps before the
+model started to reverse (loss 2.07 vs 0.51 at step 150, docs/sft.md)."""
 
 # verifiers resolves a taskset id by importing a top-level module of that name (its plugin
 # convention: one installed package per environment); a dotted path does not resolve. This
@@ -85,16 +88,13 @@ def sft_examples(
     seed: int = 0,
     min_len: int = 5,
     max_len: int = 20,
+    instruction: str | None = None,
 ) -> list[dict]:
-    """The SFT dataset: one `{"messages": [system, user, assistant]}` row per string."""
+    """The SFT dataset: one `{"messages": [user, assistant]}` row per string, with a system
+    turn first when `instruction` is given."""
+    system = [{"role": "system", "content": instruction}] if instruction else []
     return [
-        {
-            "messages": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": text},
-                {"role": "assistant", "content": text[::-1]},
-            ]
-        }
+        {"messages": [*system, {"role": "user", "content": text}, {"role": "assistant", "content": text[::-1]}]}
         for text in generate_strings(split, num_examples, seed, min_len, max_len)
     ]
 
@@ -112,6 +112,8 @@ class ReverseTextConfig(vf.TasksetConfig):
     """Shortest string."""
     max_len: int = Field(20, ge=1)
     """Longest string."""
+    instruction: str | None = None
+    """System prompt of every task (e.g. `INSTRUCTION`); none by default."""
 
     @model_validator(mode="after")
     def _lengths_ordered(self):
@@ -137,7 +139,7 @@ class ReverseTextTaskset(vf.Taskset[ReverseTextTask, ReverseTextConfig]):
         c = self.config
         for i, text in enumerate(generate_strings(c.split, c.num_examples, c.seed, c.min_len, c.max_len)):
             data = ReverseTextData(
-                id=f"{c.split}-{c.seed}-{i}", prompt=text, system_prompt=SYSTEM_PROMPT, text=text
+                id=f"{c.split}-{c.seed}-{i}", prompt=text, system_prompt=c.instruction, text=text
             )
             yield ReverseTextTask(data, c.task)
 
@@ -148,6 +150,7 @@ def load_environment(
     seed: int = 0,
     min_len: int = 5,
     max_len: int = 20,
+    instruction: str | None = None,
 ) -> vf.SingleAgentEnv:
     """The reverse-text env: one chat turn per task, played in-process (no sandbox, no tools,
     no subprocess: rlkube's in-process chat harness).
@@ -157,7 +160,8 @@ def load_environment(
     if num_examples is None:
         num_examples = 10_000 if split == "train" else 500
     taskset = ReverseTextConfig(
-        id=TASKSET_ID, split=split, num_examples=num_examples, seed=seed, min_len=min_len, max_len=max_len
+        id=TASKSET_ID, split=split, num_examples=num_examples, seed=seed, min_len=min_len, max_len=max_len,
+        instruction=instruction,
     )
     config = vf.SingleAgentEnvConfig(
         taskset=taskset,

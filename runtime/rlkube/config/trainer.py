@@ -48,6 +48,12 @@ class TrainerCommonConfig(Config):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train. `auto` picks CUDA when available."""
 
+    cpu_threads: int | None = Field(default=None, ge=1)
+    """Intra-op threads per rank when training on CPU (`torch.set_num_threads`); torch's
+    default, one per core, when unset. Set it below the core count when other busy processes
+    share the cores (the RL trainer beside vLLM on one machine): each op waits for its
+    slowest thread, and a thread on a busy core is slow."""
+
     optim: OptimizerConfig = OptimizerConfig()
     """Optimizer."""
 

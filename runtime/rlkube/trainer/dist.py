@@ -42,8 +42,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(device: str = "auto") -> DistInfo:
-    """Join the torchrun job (or make a world of one) and pick this rank's device."""
+def init_distributed(device: str = "auto", cpu_threads: int | None = None) -> DistInfo:
+    """Join the torchrun job (or make a world of one), pick this rank's device and, on CPU,
+    its number of intra-op threads."""
     if "RANK" not in os.environ:  # a plain process: a world of one
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -53,6 +54,8 @@ def init_distributed(device: str = "auto") -> DistInfo:
     resolved = resolve_device(device, local_rank)
     if resolved.type == "cuda":
         torch.cuda.set_device(resolved)
+    elif cpu_threads is not None:
+        torch.set_num_threads(cpu_threads)
     if not dist.is_initialized():
         backend = "nccl" if resolved.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=rank, world_size=world, device_id=resolved if backend == "nccl" else None)

@@ -38,7 +38,7 @@ class TrainingEnv:
 
 
 def build_training_env(config: TrainerConfig) -> TrainingEnv:
-    info = rdist.init_distributed(config.device)
+    info = rdist.init_distributed(config.device, config.cpu_threads)
     torch.manual_seed(config.seed)
     model = load_model(config.model)
     model = parallelize(model, config.parallel, info.device, resolve_dtype(config.model.dtype, info.device))

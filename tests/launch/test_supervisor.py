@@ -105,3 +105,31 @@ def test_next_stage_waits_for_health_and_a_death_while_waiting_fails(tmp_path):
     code = Supervisor(grace_s=1).run([[never_healthy, dying], [started_late]])
     assert code == 7
     assert not (tmp_path / "orchestrator.pids").exists()
+
+
+def test_grandchildren_get_the_grace_period_after_their_leader_exits(tmp_path):
+    """A worker that cleans up on SIGTERM (a trainer rank finishing a save) is not SIGKILLed
+    just because its group leader (torchrun, the vLLM API server) exited first."""
+    worker = (
+        "import signal, sys, time;"
+        "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.8),"
+        f" open(r'{tmp_path}/cleaned', 'w').write('yes'), sys.exit(0)));"
+        "time.sleep(120)"
+    )
+    leader = ChildSpec(
+        "leader",
+        [sys.executable, "-c", (
+            "import os, subprocess, sys, time;"
+            f"g = subprocess.Popen([sys.executable, '-c', {worker!r}]);"
+            f"open(r'{tmp_path}/leader.pids', 'w').write(f'{{os.getpid()}} {{g.pid}}');"
+            "time.sleep(120)"
+        )],
+        tmp_path / "logs" / "leader.log",
+    )
+    supervisor = Supervisor(grace_s=10)
+    thread, result = run_in_thread(supervisor, [[leader, exits(tmp_path, "failing", 3, after=1.0)]])
+    pid, worker_pid = pids(tmp_path, "leader")
+    thread.join(timeout=30)
+    assert result["code"] == 3
+    assert (tmp_path / "cleaned").read_text() == "yes", "the worker was killed during its cleanup"
+    assert not alive(pid) and not alive(worker_pid)

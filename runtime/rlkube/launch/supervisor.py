@@ -59,6 +59,10 @@ class Child:
     def poll(self) -> int | None:
         return self.process.poll()
 
+    def running(self) -> bool:
+        """The child or anything left in its process group is still alive."""
+        return self.poll() is None or _group_has_live_members(self.process.pid)
+
     def signal_group(self, sig: int) -> None:
         try:
             os.killpg(self.process.pid, sig)
@@ -145,8 +149,33 @@ class Supervisor:
     @staticmethod
     def _wait_for(children: list[Child], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while any(c.poll() is None for c in children) and time.monotonic() < deadline:
+        while any(c.running() for c in children) and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+def _group_has_live_members(pgid: int) -> bool:
+    """Whether a process group still has a member that is not a zombie.
+
+    A signal is delivered at once but acted on when the process next runs, so a grandchild can
+    outlive its signalled group leader by a moment on a loaded machine. Orphaned zombies are
+    reaped by whoever is PID 1, which in a container may never do it, so they do not count."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def _answers_ok(url: str) -> bool:

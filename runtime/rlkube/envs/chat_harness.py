@@ -12,25 +12,18 @@ No tools: tasks that need tools or a sandbox keep a program harness. Multi-turn 
 (a user simulator, `resume`) work: each segment replays the conversation so far.
 """
 
-import functools
-import ssl
 import sys
 
-import httpx
 import verifiers.v1 as vf
 from verifiers.v1.dialects.chat import message_to_wire
 from verifiers.v1.runtimes import ProgramResult
+
+from rlkube.http import async_client
 
 HARNESS_ID = "rlkube_chat"
 # verifiers resolves a harness id by importing a top-level module of that name; register this
 # module under it (as rlkube.envs.reverse_text does for its taskset).
 sys.modules.setdefault(HARNESS_ID, sys.modules[__name__])
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """Built once: loading the CA store costs ~0.1 s, which per rollout would dominate."""
-    return ssl.create_default_context()
 
 
 class InProcessChatHarness(vf.Harness[vf.HarnessConfig]):
@@ -46,7 +39,7 @@ class InProcessChatHarness(vf.Harness[vf.HarnessConfig]):
             messages.append({"role": "user", "content": prompt})
         elif prompt:
             messages.extend(message_to_wire(m) for m in prompt)
-        async with httpx.AsyncClient(timeout=None, verify=_tls_context()) as client:
+        async with async_client(timeout=None) as client:
             response = await client.post(
                 endpoint.rstrip("/") + "/chat/completions",
                 json={"model": ctx.model, "messages": messages},

@@ -11,6 +11,8 @@ from typing import Literal
 
 import httpx
 
+from rlkube.http import async_client
+
 PauseMode = Literal["keep", "wait", "abort"]
 
 
@@ -31,7 +33,7 @@ def _reason(response: httpx.Response) -> str:
 async def _post(base_url: str, route: str, timeout: float, **kwargs) -> httpx.Response:
     url = base_url.rstrip("/") + route
     try:
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with async_client(timeout) as client:
             response = await client.post(url, **kwargs)
     except httpx.TimeoutException:
         raise InferenceError(f"POST {url} timed out after {timeout:g}s") from None
@@ -45,7 +47,7 @@ async def _post(base_url: str, route: str, timeout: float, **kwargs) -> httpx.Re
 async def _get(base_url: str, route: str, timeout: float) -> dict:
     url = base_url.rstrip("/") + route
     try:
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with async_client(timeout) as client:
             response = await client.get(url)
     except httpx.HTTPError as e:
         raise InferenceError(f"GET {url} failed: {e!r}") from None
@@ -56,7 +58,7 @@ async def _get(base_url: str, route: str, timeout: float) -> dict:
 
 async def is_healthy(base_url: str, timeout: float = 5) -> bool:
     try:
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with async_client(timeout) as client:
             return (await client.get(base_url.rstrip("/") + "/health")).status_code == 200
     except httpx.HTTPError:
         return False

@@ -114,6 +114,7 @@ def test_grandchildren_get_the_grace_period_after_their_leader_exits(tmp_path):
         "import signal, sys, time;"
         "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.8),"
         f" open(r'{tmp_path}/cleaned', 'w').write('yes'), sys.exit(0)));"
+        f"open(r'{tmp_path}/ready', 'w').close();"
         "time.sleep(120)"
     )
     leader = ChildSpec(
@@ -126,8 +127,18 @@ def test_grandchildren_get_the_grace_period_after_their_leader_exits(tmp_path):
         )],
         tmp_path / "logs" / "leader.log",
     )
+    # fails once the worker's handler is installed, however slowly Python starts here
+    failing = ChildSpec(
+        "failing",
+        [sys.executable, "-c", (
+            "import os, sys, time\n"
+            f"while not os.path.exists(r'{tmp_path}/ready'): time.sleep(0.05)\n"
+            "sys.exit(3)"
+        )],
+        tmp_path / "logs" / "failing.log",
+    )
     supervisor = Supervisor(grace_s=10)
-    thread, result = run_in_thread(supervisor, [[leader, exits(tmp_path, "failing", 3, after=1.0)]])
+    thread, result = run_in_thread(supervisor, [[leader, failing]])
     pid, worker_pid = pids(tmp_path, "leader")
     thread.join(timeout=30)
     assert result["code"] == 3

@@ -6,11 +6,11 @@ Options: divide by the group's reward std (GRPO), subtract a length penalty from
 before the baseline, or replace the whole function by an import path.
 """
 
-import importlib
 import statistics
 from collections.abc import Callable
 
 from rlkube.config import AdvantageConfig
+from rlkube.plugins import import_callable
 
 AdvantageFn = Callable[[list[float], list[int]], list[float]]
 """(rewards, completion_tokens) of one group -> one advantage per rollout."""
@@ -30,23 +30,10 @@ def group_advantages(
     return advantages
 
 
-def load_custom(path: str) -> AdvantageFn:
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"advantage.custom: '{path}' is not 'package.module:function'")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"advantage.custom: cannot import '{path}': {e}") from None
-    if not callable(fn):
-        raise TypeError(f"advantage.custom: '{path}' is not callable")
-    return fn
-
-
 def make_advantage_fn(config: AdvantageConfig, max_tokens: int) -> AdvantageFn:
     """Resolve the configured advantage function once, at setup."""
     if config.custom:
-        return load_custom(config.custom)
+        return import_callable(config.custom, "advantage.custom")
 
     def default(rewards: list[float], completion_tokens: list[int]) -> list[float]:
         return group_advantages(rewards, completion_tokens, config.std_normalize, config.length_penalty, max_tokens)

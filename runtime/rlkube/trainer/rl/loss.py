@@ -14,7 +14,6 @@ Statistics come back already divided by `global_loss_tokens` (fractions and mean
 them over micro-batches and ranks gives the step's value; `*_max` entries are maxima.
 """
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +21,7 @@ import torch
 from torch import Tensor
 
 from rlkube.config import LossConfig
+from rlkube.plugins import import_callable
 
 
 @dataclass
@@ -125,21 +125,10 @@ BUILTIN_LOSSES: dict[str, LossFn] = {
 }
 
 
-def import_object(path: str):
-    """`package.module:name` → the object, with an error naming what is wrong."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"import path '{path}' must look like 'package.module:name'")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot import '{path}': {e}") from e
-
-
 def resolve_loss_fn(config: LossConfig) -> LossFn:
     """The configured loss function (done once at setup, not per step)."""
     if config.type == "custom":
-        return import_object(config.custom_loss)
+        return import_callable(config.custom_loss, "loss.custom_loss")
     return BUILTIN_LOSSES[config.type]
 
 

@@ -2,6 +2,7 @@
 
 from rlkube.config import InferenceConfig
 from rlkube.inference.server import WORKER_EXTENSION, vllm_command
+from rlkube.inference.vllm_plugin import SPIN_ENV
 
 
 def value(args: list[str], flag: str) -> str:
@@ -23,6 +24,7 @@ def test_cpu_defaults():
     assert "--gpu-memory-utilization" not in args and "--weight-transfer-config" not in args
     assert command.env["VLLM_CPU_KVCACHE_SPACE"] == "1.5"
     assert command.env["VLLM_SERVER_DEV_MODE"] == "1"  # /pause, /resume, /collective_rpc
+    assert command.env[SPIN_ENV] == "5"  # short busy-wait on CPU by default
 
 
 def test_gpu_and_extra_args():
@@ -40,6 +42,13 @@ def test_gpu_and_extra_args():
     assert value(args, "--tensor-parallel-size") == "2"
     assert "--enable-chunked-prefill" in args and value(args, "--x-list") == "[1]"
     assert "VLLM_CPU_KVCACHE_SPACE" not in command.env
+    assert SPIN_ENV not in command.env  # vLLM's own spin on GPU unless asked
+
+
+def test_shm_spin_is_configurable_on_both():
+    config = InferenceConfig.model_validate({"shm_spin_ms": 0.5})
+    assert vllm_command(config, on_cpu=False).env[SPIN_ENV] == "0.5"
+    assert vllm_command(config, on_cpu=True).env[SPIN_ENV] == "0.5"
 
 
 def test_dry_run_prints_resolved_config(capsys):

@@ -39,6 +39,12 @@ class InferenceServerConfig(Config):
     """Which logprobs vLLM returns: `processed_logprobs` are taken after temperature scaling
     (what the trainer recomputes with per-token temperatures); `raw_logprobs` before it."""
 
+    shm_spin_ms: float | None = Field(default=None, ge=0)
+    """How long vLLM's engine core and workers busy-wait on their shared-memory queues after a
+    message before sleeping on a notification. Unset: 5 ms on CPU, where the spin takes a core
+    from the trainer and the orchestrator, and vLLM's own 1 s on GPU
+    (`rlkube.inference.vllm_plugin`)."""
+
     extra_args: dict[str, Any] = {}
     """Further vLLM engine arguments, passed as `--key value`."""
 

@@ -7,7 +7,9 @@ This is vLLM's own server (`vllm serve`), not a wrapper around a generate loop. 
   uses;
 - the token-in/token-out route `/inference/v1/generate` (`--enable-scale-out`);
 - rlkube's worker extension (`rlkube.inference.worker.WeightLoaderExtension`), which loads
-  published snapshots from storage or gRPC.
+  published snapshots from storage or gRPC;
+- on CPU, a 5 ms busy-wait on vLLM's shared-memory queues instead of 1 s
+  (`inference.shm_spin_ms`, applied by rlkube's vLLM plugin, `rlkube.inference.vllm_plugin`).
 Health: `/health` answers 200 once the engine is up and 500 once it died (liveness and
 readiness probes both use it).
 
@@ -20,9 +22,11 @@ import os
 from dataclasses import dataclass
 
 from rlkube.config import InferenceConfig
+from rlkube.inference.vllm_plugin import SPIN_ENV
 
 WORKER_EXTENSION = "rlkube.inference.worker.WeightLoaderExtension"
 GENERATE_MIDDLEWARE = "rlkube.inference.generate_mode.GenerateTextMode"
+CPU_SHM_SPIN_MS = 5.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,9 @@ def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
     }
     if on_cpu and config.kv_cache_space_gb is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{config.kv_cache_space_gb:g}"
+    spin_ms = CPU_SHM_SPIN_MS if config.shm_spin_ms is None and on_cpu else config.shm_spin_ms
+    if spin_ms is not None:
+        env[SPIN_ENV] = f"{spin_ms:g}"
     return VLLMCommand(args=args, env=env)
 
 

@@ -19,8 +19,8 @@ def restore_vllm(monkeypatch):
     monkeypatch.setattr(shm_broadcast, "SHM_READER_RECHECK_INTERVAL_MS", shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS)
 
 
-def reader(context, tmp_path):
-    return shm_broadcast.SpinCondition(is_reader=True, context=context, notify_address=f"ipc://{tmp_path}/notify")
+def reader(context, socket_path):
+    return shm_broadcast.SpinCondition(is_reader=True, context=context, notify_address=f"ipc://{socket_path}")
 
 
 def test_plugin_is_registered_with_vllm():
@@ -32,18 +32,16 @@ def test_without_the_env_var_vllm_is_left_alone(restore_vllm, monkeypatch, tmp_p
     monkeypatch.delenv(vllm_plugin.SPIN_ENV, raising=False)
     vllm_plugin.register()
     with zmq.Context() as context:
-        assert reader(context, tmp_path).busy_loop_s == 1
+        assert reader(context, tmp_path / "notify").busy_loop_s == 1
     assert shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS == 5000
 
 
 def test_short_spin_reaches_old_and_new_queues_and_the_reader_sleeps(restore_vllm, monkeypatch, tmp_path):
     monkeypatch.setenv(vllm_plugin.SPIN_ENV, "5")
     with zmq.Context() as context:
-        existing = reader(context, tmp_path)
+        existing = reader(context, tmp_path / "notify")
         vllm_plugin.register()
-        created_after = shm_broadcast.SpinCondition(
-            is_reader=True, context=context, notify_address=f"ipc://{tmp_path}/notify2"
-        )
+        created_after = reader(context, tmp_path / "notify2")
         assert existing.busy_loop_s == created_after.busy_loop_s == 0.005
         assert shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS == vllm_plugin.MIN_RECHECK_MS
 

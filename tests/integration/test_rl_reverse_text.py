@@ -1,7 +1,8 @@
 """The whole loop, for real: `rlkube rl` (trainer + orchestrator) against the session's vLLM
 server, on the reverse-text environment, from the untrained tiny model. A trainer killed with
 SIGKILL stops the run at once; `--ckpt.resume-step latest` finishes it from the newest complete
-checkpoint; the policy trains (entropy falls) with a small mismatch KL.
+checkpoint, even when that checkpoint's weight snapshot was already pruned; the policy trains
+(entropy falls) with a small mismatch KL.
 
 The run attaches to the shared `inference_server` (given `base_urls`), so no second vLLM
 engine starts; the server's original weights are put back afterwards.
@@ -9,6 +10,7 @@ engine starts; the server's original weights are put back afterwards.
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,6 +64,14 @@ def child_pids(out: Path) -> dict[str, int]:
     return {name: int(pid) for name, pid in re.findall(r"started (\S+) \(pid (\d+)\)", text)}
 
 
+def log_tails(out: Path, lines: int = 40) -> str:
+    """The end of every process's log, for a failure message (CI keeps no run directory)."""
+    return "\n".join(
+        f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        for log in sorted((out / "logs").glob("*.log"))
+    )
+
+
 def gone(pid: int) -> bool:
     try:
         os.killpg(pid, 0)
@@ -91,8 +101,12 @@ def test_rl_learns_survives_a_killed_trainer_and_resumes(inference_server, tmp_p
 
         resume_from = latest_run_checkpoint(out / "checkpoints")
         assert resume_from is not None and resume_from >= 2
-        subprocess.run([*cmd, "--ckpt.resume-step", "latest"], check=True, timeout=600,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # The worst case, forced: the trainer got further than the orchestrator's checkpoints
+        # and its newer publishes pruned the snapshot of the step the run resumes from.
+        shutil.rmtree(out / "weights" / f"step_{resume_from}", ignore_errors=True)
+        resumed = subprocess.run([*cmd, "--ckpt.resume-step", "latest"], timeout=600,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert resumed.returncode == 0, f"the resumed run failed:\n{log_tails(out)}"
     finally:
         inference_server.restore_weights()
 

@@ -1,6 +1,8 @@
 """Weight publishing without vLLM: the snapshot format, storage (local and S3) and gRPC."""
 
 import json
+import threading
+import time
 
 import pytest
 import torch
@@ -95,6 +97,39 @@ def test_partial_snapshot_is_refused_and_cleaned_up(tmp_path, model_dir):
     assert list_steps(root) == {1: True, 3: True}
 
 
+def test_republish_on_resume_drops_newer_snapshots_and_keeps_a_complete_one(tmp_path, model_dir):
+    root = tmp_path / "weights"
+    publisher = StoragePublisher(str(root), str(model_dir), keep_last=2)
+    for step in (1, 2, 3, 4):
+        publisher.publish(state(step), step)
+    assert list_steps(str(root)) == {3: True, 4: True}  # step 2 was pruned
+
+    publisher.republish(state(2), 2)  # resuming from step 2's checkpoint
+    assert list_steps(str(root)) == {2: True}, "snapshots of the abandoned steps 3 and 4 are gone"
+    snapshot = root / "step_2" / "model.safetensors"
+    assert torch.equal(load(snapshot.read_bytes())["norm.weight"], state(2)["norm.weight"])
+
+    written = snapshot.stat().st_mtime_ns
+    publisher.republish(state(99), 2)  # complete already: inference may be reading it, untouched
+    assert snapshot.stat().st_mtime_ns == written
+    assert torch.equal(load(snapshot.read_bytes())["norm.weight"], state(2)["norm.weight"])
+
+
+def test_loading_waits_for_a_snapshot_still_being_published(tmp_path, model_dir):
+    root = str(tmp_path / "weights")
+    location = str(tmp_path / "weights" / "step_1")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        with local_snapshot(location, timeout_s=0.3):
+            pass
+    writer = threading.Timer(0.5, write_snapshot, (root, 1, snapshot_files(state(1), 1, model_dir)))
+    writer.start()
+    try:
+        with local_snapshot(location, timeout_s=30) as path:
+            assert (tmp_path / "weights" / "step_1" / COMPLETE).is_file() and path == location
+    finally:
+        writer.join()
+
+
 def test_storage_on_s3_round_trip(moto_s3, monkeypatch, model_dir):
     for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": moto_s3}.items():
         monkeypatch.setenv(key, value)
@@ -129,9 +164,32 @@ def test_grpc_publish_and_fetch(model_dir):
         publisher.close()
 
 
+def test_grpc_fetch_waits_for_the_server_and_the_step(model_dir):
+    """A resumed run asks for its checkpoint's policy before the trainer serves it."""
+    config = WeightTransferConfig(type="grpc", grpc_port=free_port(), keep_last=2)
+    publishers = []
+
+    def start_then_publish():
+        publishers.append(make_publisher(config, "unused", str(model_dir)))
+        time.sleep(0.5)
+        publishers[0].publish(state(1), 1)
+
+    starter = threading.Timer(0.5, start_then_publish)
+    started = time.monotonic()
+    starter.start()
+    try:
+        files = fetch_snapshot(f"127.0.0.1:{config.grpc_port}", 1, timeout=30)
+        assert files == snapshot_files(state(1), 1, model_dir)
+        assert time.monotonic() - started >= 1.0
+    finally:
+        starter.join()
+        for publisher in publishers:
+            publisher.close()
+
+
 def test_grpc_fetch_from_nowhere_is_a_clear_error():
-    with pytest.raises(ConnectionError, match=r"grpc://127.0.0.1:\d+"):
-        fetch_snapshot(f"127.0.0.1:{free_port()}", 1, timeout=3)
+    with pytest.raises(ConnectionError, match=r"grpc://127.0.0.1:\d+.*DEADLINE_EXCEEDED"):
+        fetch_snapshot(f"127.0.0.1:{free_port()}", 1, timeout=1)
 
 
 def test_rl_config_gives_nccl_the_replica_urls():

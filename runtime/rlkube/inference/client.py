@@ -100,13 +100,17 @@ async def update_weights(base_url: str, step: int, location: str, timeout: float
         if version != str(step):
             raise InferenceError(f"{base_url} serves weight version {version}, expected {step}")
         return f"step {step} broadcast over NCCL"
+    # The worker gets `timeout` to obtain the snapshot, waiting for it included. vLLM's own RPC
+    # deadline is only a backstop, with room for the load itself: it must not fire first, as
+    # vLLM 0.32 then hands the worker's late answer to the next RPC (a later /pause fails).
+    rpc_timeout = 2 * timeout
     rpc = {
         "method": "rlkube_load_weights",
         "kwargs": {"location": location, "step": str(step), "timeout": str(timeout)},
-        "timeout": timeout,
+        "timeout": rpc_timeout,
     }
     try:
-        response = await _post(base_url, "/collective_rpc", timeout + 10, json=rpc)
+        response = await _post(base_url, "/collective_rpc", rpc_timeout + 10, json=rpc)
     except InferenceError as e:
         raise InferenceError(f"loading weights of step {step} from {location}: {e}") from None
     await _post(

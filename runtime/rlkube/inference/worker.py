@@ -8,6 +8,8 @@ A location is one of:
 - a local directory `.../step_N` (a PVC);
 - an fsspec URL `s3://bucket/run/weights/step_N`: downloaded to a temporary directory first;
 - `grpc://host:port`: snapshot `step` pulled from the trainer's weight server into memory.
+
+Either way, a snapshot not published yet is waited for up to `timeout` seconds.
 """
 
 import logging
@@ -34,7 +36,7 @@ class WeightLoaderExtension:
             self.reload_weights(weights_iterator=iter_safetensors(files))
             size = sum(map(len, files.values()))
         else:
-            with local_snapshot(location) as path:
+            with local_snapshot(location, float(timeout)) as path:
                 self.reload_weights(weights_path=path)
             size = None
         took = time.perf_counter() - start

@@ -24,6 +24,11 @@ class WeightPublisher(ABC):
     def publish(self, state_dict: dict[str, torch.Tensor], step: int) -> str:
         """Make `state_dict` available as policy `step`; returns where inference finds it."""
 
+    def republish(self, state_dict: dict[str, torch.Tensor], step: int) -> None:
+        """Make policy `step` available again for a trainer resuming from its checkpoint (the
+        orchestrator loads it from the location it saved, so nothing is returned)."""
+        self.publish(state_dict, step)
+
     def close(self) -> None:
         """Release servers and connections."""
 
@@ -38,6 +43,15 @@ class StoragePublisher(WeightPublisher):
         location = write_snapshot(self.root, step, snapshot_files(state_dict, step, self.model_dir))
         prune(self.root, self.keep_last)
         return location
+
+    def republish(self, state_dict, step):
+        """Snapshots after `step` are dropped; `step`'s own is written only if it is missing
+        (pruned), since inference may be loading a complete one at this very moment."""
+        from rlkube.transport.weights_storage import discard_after, list_steps
+
+        discard_after(self.root, step)
+        if not list_steps(self.root).get(step):
+            self.publish(state_dict, step)
 
 
 class GrpcPublisher(WeightPublisher):

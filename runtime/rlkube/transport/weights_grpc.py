@@ -1,7 +1,8 @@
 """Weight snapshots over gRPC (the proto's `Weights` service): no shared storage needed.
 
 The trainer's rank 0 keeps the newest snapshots in memory and streams them file by file in
-chunks; each inference replica pulls the step it was told to load.
+chunks; each inference replica pulls the step it was told to load, waiting up to its deadline
+for a trainer that is still starting or has not published that step yet.
 """
 
 import logging
@@ -30,21 +31,34 @@ class WeightsServicer(rlkube_pb2_grpc.WeightsServicer):
     def __init__(self, keep_last: int | None):
         self.keep_last = keep_last
         self._snapshots: dict[int, dict[str, bytes]] = {}
-        self._lock = threading.Lock()
+        self._added = threading.Condition()
 
     def add(self, step: int, files: dict[str, bytes]) -> None:
-        with self._lock:
+        with self._added:
             self._snapshots[step] = files
             if self.keep_last is not None:
                 for old in sorted(self._snapshots)[: -self.keep_last]:
                     del self._snapshots[old]
+            self._added.notify_all()
 
     def steps(self) -> list[int]:
-        with self._lock:
+        with self._added:
             return sorted(self._snapshots)
 
+    def _pending(self, step: int) -> bool:
+        """Whether `step` (-1: any) may still be added: nothing newer is held yet."""
+        return not self._snapshots or (step != -1 and step > max(self._snapshots))
+
     def Fetch(self, request, context) -> Iterator[rlkube_pb2.WeightsChunk]:
-        with self._lock:
+        # A step not published yet is waited for until the caller's deadline (a resumed run
+        # asks for its checkpoint's policy while this trainer is still republishing it); one
+        # older than a held step was pruned and is refused at once. The wait ends just before
+        # the deadline, so the caller gets NOT_FOUND with the steps held, not a bare timeout.
+        remaining = context.time_remaining()
+        with self._added:
+            self._added.wait_for(
+                lambda: not self._pending(request.step), timeout=None if remaining is None else max(0, remaining - 0.5)
+            )
             step = max(self._snapshots, default=-1) if request.step == -1 else request.step
             files = self._snapshots.get(step)
         if files is None:
@@ -77,7 +91,8 @@ def fetch_snapshot(address: str, step: int, timeout: float) -> dict[str, bytes]:
     with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
         stub = rlkube_pb2_grpc.WeightsStub(channel)
         try:
-            for chunk in stub.Fetch(rlkube_pb2.WeightsRequest(step=step), timeout=timeout):
+            request = rlkube_pb2.WeightsRequest(step=step)
+            for chunk in stub.Fetch(request, timeout=timeout, wait_for_ready=True):
                 parts.setdefault(chunk.file, []).append(chunk.data)
         except grpc.RpcError as e:
             raise ConnectionError(

@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import tempfile
+import time
 from collections.abc import Iterator
 
 import fsspec
@@ -72,9 +73,21 @@ def prune(root: str, keep_last: int | None) -> list[int]:
     return sorted(doomed)
 
 
+def discard_after(root: str, step: int) -> list[int]:
+    """Delete the snapshots newer than `step`: when a run resumes from `step`, they belong to
+    the continuation it abandons, and left in place they would outrank (and get pruned in favour
+    of) the snapshots it writes. Returns the deleted steps."""
+    fs, root_path = _fs(root)
+    doomed = sorted(s for s in list_steps(root) if s > step)
+    for newer in doomed:
+        fs.rm(step_dir(root_path, newer), recursive=True)
+    return doomed
+
+
 def read_marker(location: str) -> dict:
     """The snapshot's `COMPLETE` marker; a clear error when the snapshot is missing or partial."""
     fs, path = _fs(location)
+    fs.invalidate_cache(path)  # object-store listings are cached; a marker written since counts
     marker = f"{path.rstrip('/')}/{COMPLETE}"
     if not fs.exists(marker):
         what = "is incomplete (no COMPLETE marker yet)" if fs.exists(path) else "does not exist"
@@ -82,11 +95,26 @@ def read_marker(location: str) -> dict:
     return json.loads(fs.cat_file(marker))
 
 
+def wait_for_marker(location: str, timeout_s: float, poll_s: float = 0.2) -> dict:
+    """`read_marker`, waiting up to `timeout_s` for a snapshot that is still being written:
+    a resumed run asks inference for its checkpoint's policy while the trainer, still
+    starting, may be republishing it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return read_marker(location)
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(poll_s)
+
+
 @contextlib.contextmanager
-def local_snapshot(location: str) -> Iterator[str]:
-    """A local directory holding the snapshot at `location`: the path itself when it is local,
-    else a temporary download that is deleted afterwards."""
-    marker = read_marker(location)
+def local_snapshot(location: str, timeout_s: float = 0) -> Iterator[str]:
+    """A local directory holding the snapshot at `location` (waiting up to `timeout_s` for it
+    to be complete): the path itself when it is local, else a temporary download that is
+    deleted afterwards."""
+    marker = wait_for_marker(location, timeout_s)
     fs, path = _fs(location)
     if isinstance(fs, LocalFileSystem):
         yield path

@@ -19,6 +19,7 @@ from rlkube.trainer.rl.setup import build_training_env
 from rlkube.trainer.rl.trainer import RLTrainer
 from rlkube.transport.client import RolloutClient
 from rlkube.transport.server import start_server, stop_server
+from rlkube.transport.weights import WeightPublisher
 
 SEQ_LEN = 24
 
@@ -84,7 +85,7 @@ class Server:
         self.thread.join(10)
 
 
-class RecordingPublisher:
+class RecordingPublisher(WeightPublisher):
     def __init__(self):
         self.published = {}
 

@@ -57,16 +57,16 @@ class RLTrainer:
         logger.info("finished at step %d", self.step)
 
     def resume(self) -> None:
-        """Restore step `resume_step` and publish its weights again (not reported: the
-        orchestrator restores its own policy step and loads the same location), so they are
-        there even if a later step's publish had pruned them, or served by this process for
-        gRPC transfer."""
+        """Restore step `resume_step` and republish its weights (not reported: the
+        orchestrator restores its own policy step and loads the same location, waiting for
+        them), so they are there even if a later step's publish had pruned them, or served by
+        this process for gRPC transfer."""
         ckpt = self.config.ckpt
         if ckpt is None or ckpt.resume_step is None:
             return
         self.step = self.checkpointer.load(ckpt.resume_step, self.model, self.optimizer, self.scheduler)
         logger.info("resumed from step %d", self.step)
-        self.publish_policy(self.step, report=False)
+        self.publish_policy(self.step, resumed=True)
 
     def train_step(self, step: int) -> None:
         self.timings = {}
@@ -134,14 +134,15 @@ class RLTrainer:
         self.scheduler.step()
         return float(grad_norm)
 
-    def publish_policy(self, step: int, report: bool = True) -> None:
+    def publish_policy(self, step: int, resumed: bool = False) -> None:
         """Every rank helps gather the full weights; rank 0 publishes them and tells the
-        orchestrator where they are."""
+        orchestrator where they are (a resumed step is only republished)."""
         state_dict = self.env.full_state_dict()
         if self.env.rank == 0:
-            location = self.publisher.publish(state_dict, step)
-            if report:
-                self.client.report_policy(step, location)
+            if resumed:
+                self.publisher.republish(state_dict, step)
+            else:
+                self.client.report_policy(step, self.publisher.publish(state_dict, step))
         self.env.barrier()
 
     def maybe_save_checkpoint(self, step: int) -> None:

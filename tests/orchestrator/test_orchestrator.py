@@ -4,6 +4,7 @@ batches per rank, policy reports -> pause/load/resume -> clock, checkpoints and 
 import asyncio
 import contextlib
 import json
+import shutil
 import threading
 import urllib.request
 
@@ -122,10 +123,13 @@ def test_resume_restores_unconsumed_batches_and_samplers(tmp_path):
     # "latest" needs the trainer's part too; here only the orchestrator's exists
     with pytest.raises(ValueError, match="no complete checkpoint"):
         checkpoint.resolve_step(tmp_path / "checkpoints", "latest")
+    abandoned = tmp_path / "checkpoints" / "step_6" / "orchestrator"  # from a run that got further
+    shutil.copytree(tmp_path / "checkpoints" / "step_2" / "orchestrator", abandoned)
     resumed_runner, pool = FakeRunner(), FakePool()
     resumed = Orchestrator(config, [resumed_runner], pool, lambda m, s: None)
     results = asyncio.run(run_with_trainer(resumed, config, start_step=3, resume_step=2))
     assert sorted(results) == [3, 4]
+    assert not (abandoned / "COMPLETE").exists() and (abandoned / "state.json").exists(), "unmarked, kept"
     assert pool.loads[0] == (2, "/w/step_2"), "policy 2 is pushed to inference before generating"
     assert resumed_runner.sampler.state_dict()["cursor"] > runner.sampler.state_dict()["cursor"]
 

@@ -30,6 +30,18 @@ def complete_steps(root: Path, processes: tuple[str, ...] = ("trainer", "orchest
     return sorted(s for s in steps if all(is_complete(root, s, p) for p in processes))
 
 
+def unmark_after(root: Path, step: int, process: str) -> list[int]:
+    """Resuming from `step` abandons the steps after it: unmark `process`'s parts of them (the
+    files stay). Otherwise a second crash, after the resumed run wrote one process's part of a
+    later step but before it replaced the other's, would leave that step looking complete with
+    halves from two different runs. Returns the unmarked steps."""
+    root = Path(root)
+    later = [s for s in complete_steps(root, (process,)) if s > step]
+    for later_step in later:
+        (part_dir(root, later_step, process) / MARKER).unlink()
+    return later
+
+
 def latest_run_checkpoint(root: Path, processes: tuple[str, ...] = ("trainer", "orchestrator")) -> int | None:
     steps = complete_steps(root, processes)
     return steps[-1] if steps else None

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from rlkube.config import OrchestratorConfig
+from rlkube.launch.checkpoints import unmark_after
 from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.advantage import make_advantage_fn
 from rlkube.orchestrator.buffer import RolloutBuffer
@@ -224,6 +225,7 @@ class Orchestrator:
         """Until the trainer reports policy `max_steps` (and its checkpoint is written)."""
         if resume_step is not None:
             self.load_state_dict(checkpoint.load(self.checkpoints_dir, resume_step))
+            unmark_after(self.checkpoints_dir, resume_step, "orchestrator")  # abandoned steps
             self.last_checkpoint_step = resume_step
             if self.policy_location is not None:
                 await self.pool.load_policy(resume_step, self.policy_location, self.config.weights.timeout_s)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from rlkube.config import TrainerConfig
+from rlkube.launch.checkpoints import is_complete
 from rlkube.trainer.dist import close_distributed
 from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
 from rlkube.trainer.rl.loss import token_logprobs
@@ -165,6 +166,8 @@ def test_rl_steps_move_logprobs_with_the_advantage_and_publish_each_policy(train
     resumed = make_trainer(trainer_config.model_copy(update={"ckpt": trainer_config.ckpt.model_copy(update={"resume_step": 2})}), batch)
     resumed.resume()
     assert resumed.step == 2
+    root = trainer_config.output_dir / "checkpoints"
+    assert is_complete(root, 2, "trainer") and not is_complete(root, 4, "trainer"), "step 4 is abandoned"
     assert 2 in resumed.publisher.published, "the resumed policy is published again"
     for name, tensor in resumed.env.full_state_dict().items():
         assert torch.equal(tensor, trainer.publisher.published[2][name]), name

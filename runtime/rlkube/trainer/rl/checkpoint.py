@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rlkube.config import CheckpointConfig
-from rlkube.launch.checkpoints import MARKER, complete_steps, is_complete, part_dir
+from rlkube.launch.checkpoints import MARKER, complete_steps, is_complete, part_dir, unmark_after
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,11 @@ class TrainerCheckpointer:
         progress = json.loads((path / "progress.json").read_text())
         scheduler.load_state_dict(progress["scheduler"])
         return int(progress["step"])
+
+    def abandon_after(self, step: int) -> None:
+        """A run resumed from `step` abandons the later steps: unmark their trainer parts."""
+        if self.rank == 0:
+            unmark_after(self.root, step, PROCESS)
 
     def prune(self, newest: int) -> None:
         """Keep the newest `keep_last` trainer parts (and multiples of `keep_interval`)."""

@@ -65,6 +65,7 @@ class RLTrainer:
         if ckpt is None or ckpt.resume_step is None:
             return
         self.step = self.checkpointer.load(ckpt.resume_step, self.model, self.optimizer, self.scheduler)
+        self.checkpointer.abandon_after(self.step)
         logger.info("resumed from step %d", self.step)
         self.publish_policy(self.step, resumed=True)
 

@@ -67,21 +67,22 @@ def prune(root: str, keep_last: int | None) -> list[int]:
     doomed = [s for s, done in steps.items() if not done and s < complete[-1]]
     if keep_last is not None:
         doomed += complete[:-keep_last]
-    fs, root_path = _fs(root)
-    for step in sorted(doomed):
-        fs.rm(step_dir(root_path, step), recursive=True)
-    return sorted(doomed)
+    return _delete(root, doomed)
 
 
 def discard_after(root: str, step: int) -> list[int]:
     """Delete the snapshots newer than `step`: when a run resumes from `step`, they belong to
     the continuation it abandons, and left in place they would outrank (and get pruned in favour
     of) the snapshots it writes. Returns the deleted steps."""
+    return _delete(root, [s for s in list_steps(root) if s > step])
+
+
+def _delete(root: str, steps: list[int]) -> list[int]:
+    """Delete the snapshots of `steps` under `root`; returns them sorted."""
     fs, root_path = _fs(root)
-    doomed = sorted(s for s in list_steps(root) if s > step)
-    for newer in doomed:
-        fs.rm(step_dir(root_path, newer), recursive=True)
-    return doomed
+    for step in sorted(steps):
+        fs.rm(step_dir(root_path, step), recursive=True)
+    return sorted(steps)
 
 
 def read_marker(location: str) -> dict:

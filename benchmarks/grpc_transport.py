@@ -26,6 +26,7 @@ def make_micro_batches(rows: int, seq_len: int, micro_batch_rows: int) -> list[d
                 "input_ids": torch.randint(0, 150_000, shape),
                 "position_ids": torch.arange(seq_len).expand(shape).contiguous(),
                 "sample_ids": torch.zeros(shape, dtype=torch.int32),
+                "prefix_ids": torch.full(shape, -1, dtype=torch.int32),
                 "loss_mask": torch.rand(shape) > 0.5,
                 "advantages": torch.randn(shape),
                 "inference_logprobs": -torch.rand(shape),

@@ -1,6 +1,7 @@
 import pytest
 import torch
 from rlkube.orchestrator.packing import pack_batch, pack_rows
+from rlkube.orchestrator.types import Sample
 
 from tests.orchestrator.helpers import make_sample
 
@@ -8,7 +9,8 @@ from tests.orchestrator.helpers import make_sample
 def test_first_fit_decreasing_rows():
     samples = [make_sample(2, 3), make_sample(4, 4), make_sample(1, 1), make_sample(3, 3)]  # 5, 8, 2, 6 tokens
     rows = pack_rows(samples, seq_len=10)
-    assert [[len(s.token_ids) for s in row] for row in rows] == [[8, 2], [6], [5]]
+    assert [[block.num_tokens for block in row] for row in rows] == [[8, 2], [6], [5]]
+    assert all(block.prefix_len == 0 for row in rows for block in row), "distinct prompts share nothing"
 
 
 def test_row_layout():
@@ -20,6 +22,7 @@ def test_row_layout():
     assert mb["input_ids"][0, :8].tolist() == a.token_ids + b.token_ids
     assert mb["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0, 0]
     assert mb["sample_ids"][0].tolist() == [0] * 5 + [1] * 3 + [-1] * 2
+    assert mb["prefix_ids"][0].tolist() == [-1] * 10
     assert mb["loss_mask"][0].tolist() == [False, False, True, True, True, False, True, True, False, False]
     assert mb["advantages"][0].tolist() == [0, 0, 0.5, 0.5, 0.5, 0, -1.0, -1.0, 0, 0]
     assert mb["inference_logprobs"][0].tolist() == [0, 0, -0.5, -0.5, -0.5, 0, -0.5, -0.5, 0, 0]
@@ -37,11 +40,12 @@ def test_long_sample_is_truncated_to_seq_len():
 def test_ranks_get_equal_row_counts_and_balanced_tokens(world_size, micro_batch_rows):
     lengths = [(3, 5), (2, 9), (1, 1), (4, 4), (2, 2), (6, 1), (1, 7), (5, 5), (2, 3)]
     samples = [make_sample(p, c) for p, c in lengths]
-    ranks = pack_batch(samples, seq_len=12, world_size=world_size, micro_batch_rows=micro_batch_rows)
+    ranks = pack_batch(samples, seq_len=12, world_size=world_size, micro_batch_rows=micro_batch_rows, share_prompts=False)
     assert len(ranks) == world_size
     counts = {len(r) for r in ranks}
     assert len(counts) == 1, "every rank must run the same number of micro-batches"
-    assert all(mb["input_ids"].shape == (micro_batch_rows, 12) for r in ranks for mb in r)
+    assert len({sum(mb["input_ids"].shape[0] for mb in r) for r in ranks}) == 1, "and the same number of rows"
+    assert all(mb["input_ids"].shape[0] <= micro_batch_rows and mb["input_ids"].shape[1] == 12 for r in ranks for mb in r)
     # every sample lands exactly once
     tokens = torch.cat([mb["input_ids"][mb["sample_ids"] >= 0] for r in ranks for mb in r])
     assert sorted(tokens.tolist()) == sorted(t for s in samples for t in s.token_ids)
@@ -57,3 +61,53 @@ def test_no_samples_still_gives_every_rank_one_padding_micro_batch():
     ranks = pack_batch([], seq_len=6, world_size=2)
     assert [len(r) for r in ranks] == [1, 1]
     assert all(not mb["loss_mask"].any() and mb["global_loss_tokens"] == 0 for r in ranks for mb in r)
+
+
+def make_group(prompt: list[int], completions: list[list[int]], first_advantage: float = 0.1) -> list[Sample]:
+    return [
+        Sample(
+            token_ids=prompt + c, loss_mask=[False] * len(prompt) + [True] * len(c),
+            logprobs=[0.0] * len(prompt) + [-0.25] * len(c), temperature=0.7, advantage=first_advantage * (i + 1),
+        )
+        for i, c in enumerate(completions)
+    ]
+
+
+def test_a_group_shares_one_copy_of_its_prompt():
+    group = make_group([1, 2, 3], [[10, 11], [20, 21, 22]])
+    alone = make_sample(2, 1)  # another prompt: not shared
+    (rank0,) = pack_batch(group + [alone], seq_len=12, world_size=1)
+    (mb,) = rank0
+    assert mb["input_ids"][0].tolist() == [1, 2, 3, 20, 21, 22, 10, 11, 100, 101, 102, 0]
+    # segments: the two samples (0, 1), the lone sample (2), the shared prompt after all samples (3)
+    assert mb["sample_ids"][0].tolist() == [3, 3, 3, 0, 0, 0, 1, 1, 2, 2, 2, -1]
+    assert mb["prefix_ids"][0].tolist() == [-1, -1, -1, 3, 3, 3, 3, 3, -1, -1, -1, -1]
+    assert mb["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 5, 3, 4, 0, 1, 2, 0]
+    assert mb["loss_mask"][0].tolist() == [False] * 3 + [True] * 5 + [False, False, True, False]
+    assert mb["advantages"][0, 3:8].tolist() == pytest.approx([0.2] * 3 + [0.1] * 2)
+    assert mb["global_loss_tokens"] == 6
+
+
+def test_a_group_too_long_for_one_row_repeats_its_prompt_in_each():
+    completions = [[10 * i + j for j in range(4)] for i in range(1, 6)]  # 5 samples of 3 + 4 tokens
+    (rank0,) = pack_batch(make_group([1, 2, 3], completions), seq_len=12, world_size=1, micro_batch_rows=4)
+    (mb,) = rank0
+    rows = [row[row_ids >= 0].tolist() for row, row_ids in zip(mb["input_ids"], mb["sample_ids"])]
+    assert [row[:3] for row in rows] == [[1, 2, 3]] * 3, "each row starts with the prompt"
+    assert sorted(t for row in rows for t in row[3:]) == sorted(t for c in completions for t in c)
+    assert int(mb["loss_mask"].sum()) == mb["global_loss_tokens"] == 20
+
+
+def test_prompts_are_not_shared_when_off_or_when_nothing_is_gained():
+    group = make_group([1, 2, 3], [[10, 11], [20, 21, 22]])
+    (rank0,) = pack_batch(group, seq_len=12, world_size=1, share_prompts=False)
+    assert (rank0[0]["prefix_ids"] == -1).all() and int((rank0[0]["sample_ids"] >= 0).sum()) == 11
+    untrained = Sample(token_ids=[1, 2, 3], loss_mask=[False] * 3, logprobs=[0.0] * 3, temperature=1.0)
+    (blocks,) = pack_rows([untrained, *make_group([1, 2, 3], [[9]])], seq_len=12)
+    assert [b.prefix_len for b in blocks] == [0, 0], "a sample with nothing after the prompt shares nothing"
+
+
+def test_a_ranks_last_micro_batch_is_not_padded_to_full_size():
+    samples = [make_sample(1, 5) for _ in range(5)]  # 6 tokens each, one per row of 8
+    (rank0,) = pack_batch(samples, seq_len=8, world_size=1, micro_batch_rows=2, share_prompts=False)
+    assert [mb["input_ids"].shape[0] for mb in rank0] == [2, 2, 1]

@@ -25,6 +25,7 @@ def random_micro_batch(rows: int, seq_len: int, seed: int) -> dict:
         "input_ids": torch.randint(0, 2**62, (rows, seq_len), generator=g),
         "position_ids": torch.randint(0, seq_len, (rows, seq_len), generator=g),
         "sample_ids": torch.randint(-1, 100, (rows, seq_len), generator=g, dtype=torch.int32),
+        "prefix_ids": torch.randint(-1, 100, (rows, seq_len), generator=g, dtype=torch.int32),
         "loss_mask": torch.rand(rows, seq_len, generator=g) > 0.5,
         # Random bit patterns, NaNs and denormals included: the transport must not touch values.
         "advantages": torch.randint(-(2**31), 2**31 - 1, (rows, seq_len), generator=g, dtype=torch.int32).view(torch.float32),

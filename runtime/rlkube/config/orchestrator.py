@@ -102,6 +102,10 @@ class OrchestratorSection(Config):
     seq_len: int = Field(default=2048, ge=8)
     """Tokens per packed training row."""
 
+    share_prompts: bool = True
+    """Pack the samples of a group after ONE copy of their common prompt, so the trainer
+    computes it once per group instead of once per sample (same result, fewer tokens)."""
+
     max_off_policy_steps: int = Field(default=8, ge=0)
     """Drop a rollout whose oldest contributing policy is more than this many steps old."""
 

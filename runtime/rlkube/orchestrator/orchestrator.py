@@ -118,7 +118,9 @@ class Orchestrator:
         await self.batch_ready[step].wait()
         if step not in self.packed:  # the first rank to ask packs for all (off the event loop)
             samples = self.batches[step].samples(self.config.filter_zero_advantage)
-            packing = asyncio.to_thread(pack_batch, samples, self.config.seq_len, world_size, micro_batch_rows)
+            packing = asyncio.to_thread(
+                pack_batch, samples, self.config.seq_len, world_size, micro_batch_rows, self.config.share_prompts
+            )
             self.packed[step] = (world_size, micro_batch_rows, asyncio.ensure_future(packing))
         packed_world, packed_rows, packing = self.packed[step]
         ranks = await asyncio.shield(packing)

@@ -9,6 +9,7 @@ TENSOR_FIELDS = {
     "input_ids": torch.int64,
     "position_ids": torch.int64,
     "sample_ids": torch.int32,
+    "prefix_ids": torch.int32,
     "loss_mask": torch.bool,
     "advantages": torch.float32,
     "inference_logprobs": torch.float32,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drlkube/transport/rlkube.proto\x12\trlkube.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xfd\x02\n\nMicroBatch\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\x12$\n\tinput_ids\x18\x05 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\'\n\x0cposition_ids\x18\x06 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12%\n\nsample_ids\x18\x07 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12$\n\tloss_mask\x18\x08 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12%\n\nadvantages\x18\t \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12-\n\x12inference_logprobs\x18\n \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\'\n\x0ctemperatures\x18\x0b \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\x1a\n\x12global_loss_tokens\x18\x0c \x01(\x03\"[\n\x0fGetBatchRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x18\n\x10micro_batch_rows\x18\x04 \x01(\x05\".\n\x0cPolicyReport\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08location\x18\x02 \x01(\t\"\"\n\tPolicyAck\x12\x15\n\raccepted_step\x18\x01 \x01(\x03\"\x0f\n\rStatusRequest\"q\n\x06Status\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x13\n\x0bpolicy_step\x18\x02 \x01(\x03\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x11\n\tmax_steps\x18\x05 \x01(\x03\x12\x12\n\nhas_reward\x18\x06 \x01(\x08\"\x1e\n\x0eWeightsRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\"N\n\x0cWeightsChunk\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x14\n\x0clast_of_file\x18\x04 \x01(\x08\x32\xc4\x01\n\x08Rollouts\x12?\n\x08GetBatch\x12\x1a.rlkube.v1.GetBatchRequest\x1a\x15.rlkube.v1.MicroBatch0\x01\x12=\n\x0cReportPolicy\x12\x17.rlkube.v1.PolicyReport\x1a\x14.rlkube.v1.PolicyAck\x12\x38\n\tGetStatus\x12\x18.rlkube.v1.StatusRequest\x1a\x11.rlkube.v1.Status2H\n\x07Weights\x12=\n\x05\x46\x65tch\x12\x19.rlkube.v1.WeightsRequest\x1a\x17.rlkube.v1.WeightsChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drlkube/transport/rlkube.proto\x12\trlkube.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xa4\x03\n\nMicroBatch\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\x12$\n\tinput_ids\x18\x05 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\'\n\x0cposition_ids\x18\x06 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12%\n\nsample_ids\x18\x07 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12$\n\tloss_mask\x18\x08 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12%\n\nadvantages\x18\t \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12-\n\x12inference_logprobs\x18\n \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\'\n\x0ctemperatures\x18\x0b \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\x1a\n\x12global_loss_tokens\x18\x0c \x01(\x03\x12%\n\nprefix_ids\x18\r \x01(\x0b\x32\x11.rlkube.v1.Tensor\"[\n\x0fGetBatchRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x18\n\x10micro_batch_rows\x18\x04 \x01(\x05\".\n\x0cPolicyReport\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08location\x18\x02 \x01(\t\"\"\n\tPolicyAck\x12\x15\n\raccepted_step\x18\x01 \x01(\x03\"\x0f\n\rStatusRequest\"q\n\x06Status\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x13\n\x0bpolicy_step\x18\x02 \x01(\x03\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x11\n\tmax_steps\x18\x05 \x01(\x03\x12\x12\n\nhas_reward\x18\x06 \x01(\x08\"\x1e\n\x0eWeightsRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\"N\n\x0cWeightsChunk\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x14\n\x0clast_of_file\x18\x04 \x01(\x08\x32\xc4\x01\n\x08Rollouts\x12?\n\x08GetBatch\x12\x1a.rlkube.v1.GetBatchRequest\x1a\x15.rlkube.v1.MicroBatch0\x01\x12=\n\x0cReportPolicy\x12\x17.rlkube.v1.PolicyReport\x1a\x14.rlkube.v1.PolicyAck\x12\x38\n\tGetStatus\x12\x18.rlkube.v1.StatusRequest\x1a\x11.rlkube.v1.Status2H\n\x07Weights\x12=\n\x05\x46\x65tch\x12\x19.rlkube.v1.WeightsRequest\x1a\x17.rlkube.v1.WeightsChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,23 +34,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSOR']._serialized_start=44
   _globals['_TENSOR']._serialized_end=96
   _globals['_MICROBATCH']._serialized_start=99
-  _globals['_MICROBATCH']._serialized_end=480
-  _globals['_GETBATCHREQUEST']._serialized_start=482
-  _globals['_GETBATCHREQUEST']._serialized_end=573
-  _globals['_POLICYREPORT']._serialized_start=575
-  _globals['_POLICYREPORT']._serialized_end=621
-  _globals['_POLICYACK']._serialized_start=623
-  _globals['_POLICYACK']._serialized_end=657
-  _globals['_STATUSREQUEST']._serialized_start=659
-  _globals['_STATUSREQUEST']._serialized_end=674
-  _globals['_STATUS']._serialized_start=676
-  _globals['_STATUS']._serialized_end=789
-  _globals['_WEIGHTSREQUEST']._serialized_start=791
-  _globals['_WEIGHTSREQUEST']._serialized_end=821
-  _globals['_WEIGHTSCHUNK']._serialized_start=823
-  _globals['_WEIGHTSCHUNK']._serialized_end=901
-  _globals['_ROLLOUTS']._serialized_start=904
-  _globals['_ROLLOUTS']._serialized_end=1100
-  _globals['_WEIGHTS']._serialized_start=1102
-  _globals['_WEIGHTS']._serialized_end=1174
+  _globals['_MICROBATCH']._serialized_end=519
+  _globals['_GETBATCHREQUEST']._serialized_start=521
+  _globals['_GETBATCHREQUEST']._serialized_end=612
+  _globals['_POLICYREPORT']._serialized_start=614
+  _globals['_POLICYREPORT']._serialized_end=660
+  _globals['_POLICYACK']._serialized_start=662
+  _globals['_POLICYACK']._serialized_end=696
+  _globals['_STATUSREQUEST']._serialized_start=698
+  _globals['_STATUSREQUEST']._serialized_end=713
+  _globals['_STATUS']._serialized_start=715
+  _globals['_STATUS']._serialized_end=828
+  _globals['_WEIGHTSREQUEST']._serialized_start=830
+  _globals['_WEIGHTSREQUEST']._serialized_end=860
+  _globals['_WEIGHTSCHUNK']._serialized_start=862
+  _globals['_WEIGHTSCHUNK']._serialized_end=940
+  _globals['_ROLLOUTS']._serialized_start=943
+  _globals['_ROLLOUTS']._serialized_end=1139
+  _globals['_WEIGHTS']._serialized_start=1141
+  _globals['_WEIGHTS']._serialized_end=1213
 # @@protoc_insertion_point(module_scope)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 from rlkube.config import LossConfig
-from rlkube.trainer.rl.loss import LossInputs, compute_loss, sequence_mean, token_logprobs
+from rlkube.trainer.rl.loss import LossInputs, compute_loss, sequence_mean
 
 
 def make_inputs(p_policy, p_inference, advantages, loss_mask=None, sample_ids=None):
@@ -152,16 +152,3 @@ def test_custom_loss_bad_path_names_it():
     with pytest.raises(ValueError, match="loss.custom_loss: cannot import .no_such_module_xyz:fn"):
         compute_loss(make_inputs([0.5], [0.5], [1.0]), cfg, global_loss_tokens=1)
 
-
-def test_token_logprobs_shift_and_per_token_temperature():
-    logits = torch.tensor([[[0.0, 2.0], [1.0, 0.0], [0.0, 0.0]]])
-    ids = torch.tensor([[0, 1, 0]])
-    temps = torch.tensor([[1.0, 2.0, 0.5]])
-    lp, ent = token_logprobs(logits, ids, temps)
-    # token 1 at position 1 is predicted by logits[0] / 2 = [0, 1]
-    assert lp[0, 1].item() == pytest.approx(math.log(math.e / (1 + math.e)))
-    # token 0 at position 2 is predicted by logits[1] / 0.5 = [2, 0]
-    assert lp[0, 2].item() == pytest.approx(math.log(math.exp(2) / (math.exp(2) + 1)))
-    assert lp[0, 0].item() == 0
-    p = 1 / (1 + math.e)
-    assert ent[0, 1].item() == pytest.approx(-(p * math.log(p) + (1 - p) * math.log(1 - p)))

@@ -15,7 +15,7 @@ from rlkube.config import TrainerConfig
 from rlkube.launch.checkpoints import is_complete
 from rlkube.trainer.dist import close_distributed
 from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
-from rlkube.trainer.rl.loss import token_logprobs
+from rlkube.trainer.rl.packed import policy_logprobs
 from rlkube.trainer.rl.setup import build_training_env
 from rlkube.trainer.rl.trainer import RLTrainer
 from rlkube.transport.client import RolloutClient
@@ -40,7 +40,8 @@ def synthetic_batch(generator: torch.Generator) -> dict:
     loss_mask = (positions >= 6)
     advantages = torch.where(sample_ids == 0, 1.0, -1.0) * loss_mask
     return {
-        "input_ids": ids, "position_ids": positions, "sample_ids": sample_ids, "loss_mask": loss_mask,
+        "input_ids": ids, "position_ids": positions, "sample_ids": sample_ids,
+        "prefix_ids": torch.full_like(sample_ids, -1), "loss_mask": loss_mask,
         "advantages": advantages.float(), "temperatures": torch.ones(1, SEQ_LEN),
         "global_loss_tokens": int(loss_mask.sum()),
     }
@@ -105,8 +106,7 @@ class RecordingMetrics:
 
 def sample_logprob(model, batch, sample):
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
-        lp, _ = token_logprobs(logits, batch["input_ids"], batch["temperatures"])
+        lp, _ = policy_logprobs(model, batch)
     keep = batch["loss_mask"] & (batch["sample_ids"] == sample)
     return lp[keep].mean().item()
 
@@ -142,8 +142,7 @@ def test_rl_steps_move_logprobs_with_the_advantage_and_publish_each_policy(train
     batch = synthetic_batch(torch.Generator().manual_seed(0))
     trainer = make_trainer(trainer_config, batch)
     with torch.no_grad():
-        logits = trainer.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
-        batch["inference_logprobs"] = token_logprobs(logits, batch["input_ids"], batch["temperatures"])[0].float()
+        batch["inference_logprobs"] = policy_logprobs(trainer.model, batch)[0].float()
     before = [sample_logprob(trainer.model, batch, s) for s in (0, 1)]
     source = SyntheticSource(batch)
     with Server(source, trainer_config.rollouts.port):

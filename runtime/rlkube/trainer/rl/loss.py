@@ -170,19 +170,3 @@ def compute_loss(
             stats["entropy/mean"] = (entropy.detach() * mask).sum() / denom
     return loss, stats
 
-
-def token_logprobs(logits: Tensor, input_ids: Tensor, temperatures: Tensor) -> tuple[Tensor, Tensor]:
-    """Log-prob and entropy of each token of `input_ids` under `logits / temperature`.
-
-    Logits at position t predict token t + 1, so the result is aligned with `input_ids` (the
-    log-prob of token t sits at t, like the inference log-probs) and position 0 is zero.
-    Each token uses the temperature it was sampled with.
-    """
-    temps = temperatures[:, 1:].clamp(min=1e-6).unsqueeze(-1)
-    log_probs = torch.log_softmax(logits[:, :-1].float() / temps, dim=-1)
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    picked = log_probs.gather(-1, targets).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
-    pad = picked.new_zeros(picked.shape[0], 1)
-    return torch.cat([pad, picked], dim=1), torch.cat([pad, entropy], dim=1)

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from rlkube.config import TrainerConfig
-from rlkube.trainer.rl.loss import LossInputs, compute_loss, resolve_loss_fn, token_logprobs
+from rlkube.trainer.rl.loss import LossInputs, compute_loss, resolve_loss_fn
+from rlkube.trainer.rl.packed import policy_logprobs
 
 if TYPE_CHECKING:
     from rlkube.trainer.rl.setup import TrainingEnv
@@ -104,8 +105,7 @@ class RLTrainer:
 
     def micro_batch_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Recompute log-probs with each token's sampling temperature, then the loss."""
-        logits = self.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
-        logprobs, entropy = token_logprobs(logits, batch["input_ids"], batch["temperatures"])
+        logprobs, entropy = policy_logprobs(self.model, batch)
         inputs = LossInputs(
             logprobs=logprobs,
             inference_logprobs=batch["inference_logprobs"],

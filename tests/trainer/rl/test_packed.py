@@ -1,0 +1,103 @@
+"""Packed rows in the trainer: masks, predictors and log-probs, and that sharing a group's
+prompt changes the cost but not the log-probs or the gradients."""
+
+import math
+import random
+
+import pytest
+import torch
+from rlkube.orchestrator.packing import pack_batch
+from rlkube.orchestrator.types import Sample
+from rlkube.trainer.rl.packed import attention_mask, policy_logprobs, predictor_positions, token_logprobs
+
+
+def test_mask_and_predictors_of_a_shared_prompt_a_plain_sample_and_padding():
+    # prompt (segment 5), two samples continuing it (0, 1), a plain sample (2), padding
+    sample_ids = torch.tensor([[5, 5, 0, 0, 1, 1, 2, 2, -1, -1]], dtype=torch.int32)
+    prefix_ids = torch.tensor([[-1, -1, 5, 5, 5, 5, -1, -1, -1, -1]], dtype=torch.int32)
+    mask = attention_mask(sample_ids, prefix_ids)
+    assert mask.shape == (1, 1, 10, 10)
+    visible = [torch.nonzero(row).flatten().tolist() for row in mask[0, 0]]
+    assert visible == [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3], [0, 1, 4], [0, 1, 4, 5], [6], [6, 7], [8], [8, 9]]
+    # sample 1's first token is predicted by the prompt's last token, not by sample 0's
+    assert predictor_positions(mask).tolist() == [[-1, 0, 1, 2, 1, 4, -1, 6, -1, 8]]
+
+
+def test_token_logprobs_use_the_predictor_and_each_tokens_temperature():
+    logits = torch.tensor([[[0.0, 2.0], [1.0, 0.0], [0.0, 0.0]]])
+    ids = torch.tensor([[0, 1, 0]])
+    temps = torch.tensor([[1.0, 2.0, 0.5]])
+    lp, ent = token_logprobs(logits, ids, temps, torch.tensor([[-1, 0, 1]]))
+    # token 1 at position 1 is predicted by logits[0] / 2 = [0, 1]
+    assert lp[0, 1].item() == pytest.approx(math.log(math.e / (1 + math.e)))
+    # token 0 at position 2 is predicted by logits[1] / 0.5 = [2, 0]
+    assert lp[0, 2].item() == pytest.approx(math.log(math.exp(2) / (math.exp(2) + 1)))
+    assert lp[0, 0].item() == 0 and ent[0, 0].item() == 0
+    p = 1 / (1 + math.e)
+    assert ent[0, 1].item() == pytest.approx(-(p * math.log(p) + (1 - p) * math.log(1 - p)))
+    # a shared prompt: position 2 is ALSO predicted by position 0, now at temperature 0.5: [0, 4]
+    lp, _ = token_logprobs(logits, ids, temps, torch.tensor([[-1, 0, 0]]))
+    assert lp[0, 2].item() == pytest.approx(math.log(1 / (1 + math.exp(4))))
+
+
+def grouped_samples(groups: int, group_size: int, seed: int = 0) -> list[Sample]:
+    """GRPO-shaped samples; each has its own advantage, which identifies it after packing."""
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(groups):
+        prompt = [rng.randrange(256) for _ in range(rng.randint(8, 20))]
+        for _ in range(group_size):
+            completion = [rng.randrange(256) for _ in range(rng.randint(2, 16))]
+            samples.append(Sample(
+                token_ids=prompt + completion,
+                loss_mask=[False] * len(prompt) + [True] * len(completion),
+                logprobs=[0.0] * len(prompt) + [-1.0] * len(completion),
+                temperature=0.7,
+                advantage=(len(samples) + 1) / 100,
+            ))
+    return samples
+
+
+def logprobs_and_grads(model, micro_batches) -> tuple[dict[float, torch.Tensor], dict[str, torch.Tensor], int]:
+    """Per sample (keyed by advantage) its loss tokens' log-probs; the gradients of
+    sum(A * logp); the tokens computed."""
+    model.zero_grad(set_to_none=True)
+    per_sample, tokens = {}, 0
+    for batch in micro_batches:
+        logprobs, _ = policy_logprobs(model, batch)
+        (logprobs * batch["advantages"])[batch["loss_mask"]].sum().backward()
+        mask = batch["loss_mask"]
+        for advantage in batch["advantages"][mask].unique().tolist():
+            per_sample[round(advantage, 4)] = logprobs.detach()[mask & (batch["advantages"] == advantage)]
+        tokens += int((batch["sample_ids"] >= 0).sum())
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return per_sample, grads, tokens
+
+
+def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    samples = grouped_samples(groups=5, group_size=4)
+    # rows of 64 tokens: most groups do not fit one row, so they split and repeat the prompt
+    plain = pack_batch(samples, 64, world_size=1, micro_batch_rows=3, share_prompts=False)[0]
+    shared = pack_batch(samples, 64, world_size=1, micro_batch_rows=3, share_prompts=True)[0]
+    lp_plain, grads_plain, tokens_plain = logprobs_and_grads(model, plain)
+    lp_shared, grads_shared, tokens_shared = logprobs_and_grads(model, shared)
+
+    assert tokens_shared < 0.8 * tokens_plain
+    assert sorted(lp_shared) == sorted(lp_plain) == [round((i + 1) / 100, 4) for i in range(len(samples))]
+    for advantage, expected in lp_plain.items():
+        torch.testing.assert_close(lp_shared[advantage], expected, rtol=0, atol=1e-5)
+    assert grads_shared.keys() == grads_plain.keys()
+    for name, expected in grads_plain.items():
+        torch.testing.assert_close(grads_shared[name], expected, rtol=1e-4, atol=1e-6, msg=name)
+
+    # and both are the log-probs of each sample run alone, unpacked
+    sample = samples[7]
+    n = sum(sample.loss_mask)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([sample.token_ids])).logits[0, -n - 1 : -1]
+    alone = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(sample.token_ids[-n:])[:, None])[:, 0]
+    torch.testing.assert_close(lp_shared[0.08], alone, rtol=0, atol=1e-5)

@@ -75,21 +75,20 @@ def pack_rows(samples: list[Sample], seq_len: int, share_prompts: bool = True) -
         pending = sorted(group, key=lambda s: -len(s.token_ids))
         while pending:
             need = len(pending[0].token_ids)  # the prompt and the longest pending sample
-            r = next((r for r, room in enumerate(free) if need <= room), None)
-            if r is None:
+            r = next((r for r, room in enumerate(free) if need <= room), len(rows))
+            if r == len(rows):
                 rows.append([])
                 free.append(seq_len)
-                r = len(rows) - 1
-            block = Block(prefix_len, [])
-            room = free[r] - prefix_len
-            for sample in list(pending):
+            block, rest, room = Block(prefix_len, []), [], free[r] - prefix_len
+            for sample in pending:
                 n = len(sample.token_ids) - prefix_len
                 if n <= room:
                     block.samples.append(sample)
-                    pending.remove(sample)
                     room -= n
+                else:
+                    rest.append(sample)
             rows[r].append(block)
-            free[r] = room
+            free[r], pending = room, rest
     return rows
 
 

@@ -105,6 +105,10 @@ def test_prompts_are_not_shared_when_off_or_when_nothing_is_gained():
     untrained = Sample(token_ids=[1, 2, 3], loss_mask=[False] * 3, logprobs=[0.0] * 3, temperature=1.0)
     (blocks,) = pack_rows([untrained, *make_group([1, 2, 3], [[9]])], seq_len=12)
     assert [b.prefix_len for b in blocks] == [0, 0], "a sample with nothing after the prompt shares nothing"
+    hot, cold = make_group([1, 2, 3], [[10, 11], [20, 21]])
+    cold.temperature = 1.0
+    (blocks,) = pack_rows([hot, cold], seq_len=12)
+    assert [b.prefix_len for b in blocks] == [0, 0], "samples drawn at different temperatures share nothing"
 
 
 def test_a_ranks_last_micro_batch_is_not_padded_to_full_size():

@@ -51,14 +51,17 @@ def prompt_len(sample: Sample) -> int:
 
 
 def group_by_prompt(samples: list[Sample], share_prompts: bool) -> list[tuple[int, list[Sample]]]:
-    """(prefix_len, samples) per prompt: samples that can share one copy of it, else alone."""
+    """(prefix_len, samples) per prompt: samples that can share one copy of it, else alone.
+    Only samples drawn at the same temperature share: the prompt's last token predicts the
+    first token of each, and the trainer applies one temperature per position."""
     if not share_prompts:
         return [(0, [s]) for s in samples]
-    groups: dict[tuple[int, ...], list[Sample]] = {}
+    groups: dict[tuple[float, tuple[int, ...]], list[Sample]] = {}
     for sample in samples:
-        groups.setdefault(tuple(sample.token_ids[: prompt_len(sample)]), []).append(sample)
+        key = (sample.temperature, tuple(sample.token_ids[: prompt_len(sample)]))
+        groups.setdefault(key, []).append(sample)
     out: list[tuple[int, list[Sample]]] = []
-    for prompt, group in groups.items():
+    for (_, prompt), group in groups.items():
         if len(group) > 1 and 0 < len(prompt) < min(len(s.token_ids) for s in group):
             out.append((len(prompt), group))
         else:

@@ -35,9 +35,17 @@ def test_token_logprobs_use_the_predictor_and_each_tokens_temperature():
     assert lp[0, 0].item() == 0 and ent[0, 0].item() == 0
     p = 1 / (1 + math.e)
     assert ent[0, 1].item() == pytest.approx(-(p * math.log(p) + (1 - p) * math.log(1 - p)))
-    # a shared prompt: position 2 is ALSO predicted by position 0, now at temperature 0.5: [0, 4]
+    # a shared prompt: position 2 is ALSO predicted by position 0, at token 1's temperature 2: [0, 1]
+    temps = torch.tensor([[1.0, 2.0, 2.0]])
     lp, _ = token_logprobs(logits, ids, temps, torch.tensor([[-1, 0, 0]]))
-    assert lp[0, 2].item() == pytest.approx(math.log(1 / (1 + math.exp(4))))
+    assert lp[0, 1].item() == pytest.approx(math.log(math.e / (1 + math.e)))
+    assert lp[0, 2].item() == pytest.approx(math.log(1 / (1 + math.e)))
+
+
+def test_tokens_of_one_predictor_at_two_temperatures_are_refused():
+    logits = torch.zeros(1, 3, 2)
+    with pytest.raises(ValueError, match="share one temperature"):
+        token_logprobs(logits, torch.tensor([[0, 1, 0]]), torch.tensor([[1.0, 2.0, 0.5]]), torch.tensor([[-1, 0, 0]]))
 
 
 def grouped_samples(groups: int, group_size: int, seed: int = 0) -> list[Sample]:

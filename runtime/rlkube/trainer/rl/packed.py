@@ -35,14 +35,24 @@ def predictor_positions(mask: Tensor) -> Tensor:
 def token_logprobs(logits: Tensor, input_ids: Tensor, temperatures: Tensor, predictors: Tensor) -> tuple[Tensor, Tensor]:
     """Log-prob and entropy of each token of `input_ids` under its predictor's
     `logits / temperature`, aligned with `input_ids` (like the inference log-probs); zero
-    where no position predicts the token. Each token uses the temperature it was sampled with."""
-    source = predictors.clamp(min=0).unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-    temps = temperatures.clamp(min=1e-6).unsqueeze(-1)
-    log_probs = torch.log_softmax(logits.gather(1, source).float() / temps, dim=-1)
-    picked = log_probs.gather(-1, input_ids.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    where no position predicts the token. Each token uses the temperature it was sampled with.
+
+    The log-softmax runs once per position, not once per token, so no copy of the logits is
+    made per token (that would double the largest tensor of a big-vocabulary model). A position
+    that predicts several tokens (a shared prompt's last one) therefore needs them all sampled
+    at one temperature, which the orchestrator guarantees by sharing prompts only then.
+    """
+    rows, seq_len = input_ids.shape
     predicted = predictors >= 0
+    source = predictors.clamp(min=0)
+    spill = torch.where(predicted, predictors, seq_len)  # tokens nothing predicts write past the end
+    position_temps = temperatures.new_ones(rows, seq_len + 1).scatter(1, spill, temperatures)[:, :seq_len]
+    if not torch.equal(position_temps.gather(1, source)[predicted], temperatures[predicted]):
+        raise ValueError("tokens predicted by the same position must share one temperature")
+    log_probs = torch.log_softmax(logits.float() / position_temps.clamp(min=1e-6).unsqueeze(-1), dim=-1)
+    picked = log_probs[torch.arange(rows, device=logits.device).unsqueeze(-1), source, input_ids]
+    with torch.no_grad():
+        entropy = -(log_probs.exp() * log_probs).sum(-1).gather(1, source)
     return torch.where(predicted, picked, 0.0), torch.where(predicted, entropy, 0.0)
 
 

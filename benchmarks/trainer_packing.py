@@ -65,10 +65,9 @@ def main() -> None:
     import torch
     from rich.console import Console
     from rich.table import Table
-    from transformers import AutoModelForCausalLM
-
     from rlkube.models.tiny import init_tiny_model
     from rlkube.orchestrator.packing import pack_batch
+    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="rlkube-bench-packing-") as tmp:

@@ -15,7 +15,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from rlkube.config import WandbConfig
 
@@ -59,7 +59,7 @@ class MetricsSink:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", buffering=1)  # line-buffered
+        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - line-buffered; close() closes it
         if wandb is not None:
             self._wandb_run = _init_wandb(wandb, Path(output_dir), process, run_config)
 
@@ -82,7 +82,7 @@ class MetricsSink:
             self._wandb_run.finish()
             self._wandb_run = None
 
-    def __enter__(self) -> "MetricsSink":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

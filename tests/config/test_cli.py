@@ -4,7 +4,6 @@ import subprocess
 import sys
 
 import pytest
-
 from rlkube.config import ConfigError, RLConfig, SFTConfig, load_config, parse_cli, to_toml
 
 

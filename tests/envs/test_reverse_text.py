@@ -4,9 +4,6 @@ import asyncio
 
 import pytest
 import verifiers.v1 as vf
-from verifiers.v1.graph import MessageNode
-from verifiers.v1.trace import AgentInfo, TraceTask
-
 from rlkube.config import EnvConfig
 from rlkube.envs import load_env
 from rlkube.envs.reverse_text import (
@@ -18,6 +15,8 @@ from rlkube.envs.reverse_text import (
     sft_examples,
     split_of,
 )
+from verifiers.v1.graph import MessageNode
+from verifiers.v1.trace import AgentInfo, TraceTask
 
 
 def test_generation_is_deterministic_and_seeded():

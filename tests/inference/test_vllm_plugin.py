@@ -8,7 +8,7 @@ import pytest
 shm_broadcast = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")
 zmq = pytest.importorskip("zmq")
 
-from rlkube.inference import vllm_plugin  # noqa: E402
+from rlkube.inference import vllm_plugin
 
 
 @pytest.fixture

@@ -104,7 +104,7 @@ def test_rl_learns_survives_a_killed_trainer_and_resumes(inference_server, tmp_p
         # The worst case, forced: the trainer got further than the orchestrator's checkpoints
         # and its newer publishes pruned the snapshot of the step the run resumes from.
         shutil.rmtree(out / "weights" / f"step_{resume_from}", ignore_errors=True)
-        resumed = subprocess.run([*cmd, "--ckpt.resume-step", "latest"], timeout=600,
+        resumed = subprocess.run([*cmd, "--ckpt.resume-step", "latest"], timeout=600, check=False,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert resumed.returncode == 0, f"the resumed run failed:\n{log_tails(out)}"
     finally:

@@ -1,6 +1,13 @@
 """Which run checkpoints `latest` may resume from, and what a resume abandons."""
 
-from rlkube.launch.checkpoints import MARKER, complete_steps, is_complete, latest_run_checkpoint, part_dir, unmark_after
+from rlkube.launch.checkpoints import (
+    MARKER,
+    complete_steps,
+    is_complete,
+    latest_run_checkpoint,
+    part_dir,
+    unmark_after,
+)
 
 
 def write_part(root, step, process):

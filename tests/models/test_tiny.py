@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from rlkube.entrypoints.model import main as model_main
 from rlkube.models.renderer import renderer_config_for, renderer_name_for
 from rlkube.models.tiny import QWEN3_ADDED_TOKENS, qwen3_chat_template

@@ -1,7 +1,6 @@
 """Which checkpoints resume can see: complete `step_N` directories only."""
 
 import pytest
-
 from rlkube.config import CheckpointConfig
 from rlkube.trainer.ckpt import CheckpointManager, complete_steps
 

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from rlkube.trainer.packing import Sample, collate, empty_row_batch, pack
 
 

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from rlkube.config import SFTDataConfig
 from rlkube.trainer.sft.data import ChatTokenizer, SFTBatches, load_rows, row_messages
 
@@ -90,7 +89,7 @@ def test_builtin_generator_rows_and_bad_args():
 
 
 def _batches(rows, **kwargs):
-    defaults = dict(batch_size=4, seq_len=64, rank=0, world_size=1, seed=0, shuffle=True)
+    defaults = {"batch_size": 4, "seq_len": 64, "rank": 0, "world_size": 1, "seed": 0, "shuffle": True}
     return SFTBatches(rows, lambda r: r, **(defaults | kwargs))
 
 

@@ -118,9 +118,8 @@ def test_republish_on_resume_drops_newer_snapshots_and_keeps_a_complete_one(tmp_
 def test_loading_waits_for_a_snapshot_still_being_published(tmp_path, model_dir):
     root = str(tmp_path / "weights")
     location = str(tmp_path / "weights" / "step_1")
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        with local_snapshot(location, timeout_s=0.3):
-            pass
+    with pytest.raises(FileNotFoundError, match="does not exist"), local_snapshot(location, timeout_s=0.3):
+        pass
     writer = threading.Timer(0.5, write_snapshot, (root, 1, snapshot_files(state(1), 1, model_dir)))
     writer.start()
     try:

@@ -1,6 +1,6 @@
 """`rlkube orchestrator`: environments, rollouts, advantages, batches for the trainer."""
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 

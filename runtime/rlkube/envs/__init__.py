@@ -31,8 +31,8 @@ def load_env(env_config: "EnvConfig") -> "Env":
 def load_verifiers_env(taskset_id: str, args: dict[str, Any]) -> "Env":
     """An installed verifiers taskset package as an environment (its own `Env` subclass,
     else `SingleAgentEnv`), `args` validated against the taskset's config."""
-    from verifiers.v1 import EnvConfig as VfEnvConfig
     from verifiers.v1 import Env as VfEnv
+    from verifiers.v1 import EnvConfig as VfEnvConfig
     from verifiers.v1.utils.generic import concrete_type
     from verifiers.v1.utils.loaders import environment_class
 

@@ -72,7 +72,7 @@ def close_distributed() -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_sum(value: float | int, device: torch.device) -> float:
+def all_reduce_sum(value: float, device: torch.device) -> float:
     """Sum a Python number over all ranks."""
     tensor = torch.tensor(float(value), dtype=torch.float64, device=device)
     dist.all_reduce(tensor)

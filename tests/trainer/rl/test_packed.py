@@ -8,7 +8,12 @@ import pytest
 import torch
 from rlkube.orchestrator.packing import pack_batch
 from rlkube.orchestrator.types import Sample
-from rlkube.trainer.rl.packed import attention_mask, policy_logprobs, predictor_positions, token_logprobs
+from rlkube.trainer.rl.packed import (
+    attention_mask,
+    policy_logprobs,
+    predictor_positions,
+    token_logprobs,
+)
 
 
 def test_mask_and_predictors_of_a_shared_prompt_a_plain_sample_and_padding():

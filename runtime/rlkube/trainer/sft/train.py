@@ -23,7 +23,13 @@ from rlkube.logs import get_logger, setup_logging
 from rlkube.metrics import MetricsSink
 from rlkube.trainer.ckpt import CheckpointManager
 from rlkube.trainer.dist import all_reduce_max, all_reduce_sum, close_distributed, init_distributed
-from rlkube.trainer.model import count_parameters, load_model, load_tokenizer, parallelize, resolve_dtype
+from rlkube.trainer.model import (
+    count_parameters,
+    load_model,
+    load_tokenizer,
+    parallelize,
+    resolve_dtype,
+)
 from rlkube.trainer.optim import build_optimizer, build_scheduler, clip_grad_norm
 from rlkube.trainer.packing import collate, empty_row_batch
 from rlkube.trainer.sft.data import ChatTokenizer, FakeBatches, SFTBatches, load_rows
@@ -196,7 +202,13 @@ class SFTTrainer:
     def _progress_bar(self):
         if not self.dist.is_main:
             return None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         progress = Progress(
             TextColumn("sft"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),

@@ -1,7 +1,6 @@
 """Learning-rate schedules and checkpoint pruning rules."""
 
 import pytest
-
 from rlkube.config import SchedulerConfig
 from rlkube.trainer.ckpt import steps_to_delete
 from rlkube.trainer.optim import lr_factor
@@ -24,6 +23,27 @@ def test_decays_reach_min_lr_ratio_at_max_steps(kind):
     assert lr_factor(110, config, 110) == pytest.approx(0.1)
     factors = [lr_factor(s, config, 110) for s in range(10, 111)]
     assert factors == sorted(factors, reverse=True)
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine"])
+def test_decay_steps_hold_the_peak_then_decay_over_the_last_steps(kind):
+    config = SchedulerConfig(type=kind, warmup_steps=5, decay_steps=40)
+    assert [lr_factor(s, config, 140) for s in (5, 50, 100)] == [1.0, 1.0, 1.0]
+    assert lr_factor(120, config, 140) == pytest.approx(0.5)  # halfway through the decay
+    assert lr_factor(140, config, 140) == pytest.approx(0.0)
+    factors = [lr_factor(s, config, 140) for s in range(100, 141)]
+    assert factors == sorted(factors, reverse=True) and factors[1] < 1.0
+
+
+def test_decay_steps_longer_than_the_run_decay_from_the_end_of_warmup():
+    whole_run = SchedulerConfig(type="linear", warmup_steps=10)
+    config = SchedulerConfig(type="linear", warmup_steps=10, decay_steps=500)
+    assert lr_factor(60, config, 110) == pytest.approx(lr_factor(60, whole_run, 110)) == 0.5
+
+
+def test_decay_steps_on_a_constant_schedule_is_refused():
+    with pytest.raises(ValueError, match="decay_steps"):
+        SchedulerConfig(type="constant", decay_steps=10)
 
 
 def test_cosine_is_above_linear_early_on():

@@ -31,6 +31,16 @@ class SchedulerConfig(Config):
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     """For `linear` and `cosine`: the final learning rate as a fraction of the peak."""
 
+    decay_steps: int | None = Field(default=None, ge=1)
+    """For `linear` and `cosine`: decay over only the last this-many steps and hold the peak
+    until then (warm-up-stable-decay). None decays over every step after warm-up."""
+
+    @model_validator(mode="after")
+    def _decay_needs_a_decaying_type(self):
+        if self.decay_steps is not None and self.type == "constant":
+            raise ValueError("decay_steps: a 'constant' schedule does not decay; use 'linear' or 'cosine'")
+        return self
+
 
 class ParallelConfig(Config):
     """FSDP2 data parallelism over all ranks of the `torchrun` job (the world size)."""

@@ -17,13 +17,16 @@ def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Ad
 
 def lr_factor(step: int, config: SchedulerConfig, max_steps: int) -> float:
     """The multiplier of the peak lr for optimizer step `step` (0-based): linear warm-up to
-    1 over `warmup_steps`, then constant, or linear/cosine decay to `min_lr_ratio` at `max_steps`."""
+    1 over `warmup_steps`, then constant, or linear/cosine decay to `min_lr_ratio` at `max_steps`
+    (over the last `decay_steps` steps when set, at the peak before)."""
     if step < config.warmup_steps:
         return (step + 1) / config.warmup_steps
     if config.type == "constant":
         return 1.0
-    decay_steps = max(1, max_steps - config.warmup_steps)
-    progress = min(1.0, (step - config.warmup_steps) / decay_steps)
+    decay_start = config.warmup_steps
+    if config.decay_steps is not None:
+        decay_start = max(decay_start, max_steps - config.decay_steps)
+    progress = min(1.0, max(0.0, step - decay_start) / max(1, max_steps - decay_start))
     if config.type == "linear":
         shape = 1.0 - progress
     else:

@@ -8,6 +8,8 @@ from rlkube.entrypoints.rl import main
 from rlkube.launch.checkpoints import MARKER, latest_run_checkpoint, part_dir
 from rlkube.launch.local import child_stages, resolve_resume_step, write_process_configs
 
+from tests.fixtures.inference import free_port
+
 
 def test_dry_run_writes_each_process_config(tmp_path):
     out = tmp_path / "run"
@@ -53,7 +55,9 @@ def test_latest_needs_both_trainer_and_orchestrator_parts_complete(tmp_path):
 
 
 def test_latest_without_checkpoints_is_a_clear_error(tmp_path, capsys):
-    assert main(["--output-dir", str(tmp_path), "--ckpt.resume-step", "latest"]) == 2
+    # A free port: the default 8000 may be taken on a shared machine, and that is refused first.
+    argv = ["--output-dir", str(tmp_path), "--inference.port", str(free_port()), "--ckpt.resume-step", "latest"]
+    assert main(argv) == 2
     assert "ckpt.resume_step" in capsys.readouterr().err
 
 

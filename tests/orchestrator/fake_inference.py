@@ -7,10 +7,11 @@ Serves `/inference/v1/generate` (the route verifiers' training client calls), `/
 """
 
 import asyncio
-import socket
 import threading
 
 from aiohttp import web
+
+from tests.fixtures.inference import free_port
 
 
 class FakeInference:
@@ -54,12 +55,6 @@ class FakeInference:
         body = await request.json() if request.can_read_body else {}
         self.calls.append((request.match_info["route"], body))
         return web.json_response({})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeInferenceThread:

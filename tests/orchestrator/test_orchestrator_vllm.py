@@ -13,7 +13,7 @@ from rlkube.metrics import read_metrics
 from rlkube.orchestrator.app import serve
 from rlkube.transport.client import RolloutClient
 
-from tests.orchestrator.fake_inference import free_port
+from tests.fixtures.inference import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,6 @@
 """The Rollouts gRPC service over loopback: bit-exact batches, per-rank delivery, retries."""
 
 import asyncio
-import socket
 import threading
 import time
 
@@ -12,11 +11,7 @@ from rlkube.transport.microbatch import TENSOR_FIELDS
 from rlkube.transport.server import start_server, stop_server
 from rlkube.transport.tensors import from_proto, to_proto
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.fixtures.inference import free_port
 
 
 def random_micro_batch(rows: int, seq_len: int, seed: int) -> dict:

@@ -3,7 +3,6 @@
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -22,13 +21,9 @@ from rlkube.transport.client import RolloutClient
 from rlkube.transport.server import start_server, stop_server
 from rlkube.transport.weights import WeightPublisher
 
+from tests.fixtures.inference import free_port
+
 SEQ_LEN = 24
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def synthetic_batch(generator: torch.Generator) -> dict:

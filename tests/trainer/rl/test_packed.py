@@ -105,7 +105,11 @@ def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_model):
         torch.testing.assert_close(lp_shared[advantage], expected, rtol=0, atol=1e-5)
     assert grads_shared.keys() == grads_plain.keys()
     for name, expected in grads_plain.items():
-        torch.testing.assert_close(grads_shared[name], expected, rtol=1e-4, atol=1e-6, msg=name)
+        # Sharing changes the order of float32 sums: an entry that is a near-cancelling sum
+        # (an embedding row) moves by ~1e-6 while the gradients reach ~1; a wrong mask moves
+        # whole rows by far more than this.
+        atol = 1e-5 * float(expected.abs().max())
+        torch.testing.assert_close(grads_shared[name], expected, rtol=1e-4, atol=atol, msg=name)
 
     # and both are the log-probs of each sample run alone, unpacked
     sample = samples[7]

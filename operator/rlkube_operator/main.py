@@ -60,6 +60,10 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     # only from warnings up, or every timer pass would post "succeeded".
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    # On exit (or deletion) kopf gives a timer a few loop cycles to stop, then orphans it: a sync
+    # reconcile pass still in its worker thread would go on writing after the operator is gone.
+    # Let the pass in flight finish instead; a pass is a few API calls and a 3 s status read.
+    settings.background.instant_exit_timeout = 10.0
 
 
 def build_registry(reconciler: Reconciler, *, interval: float, login=kopf.login_via_client) -> kopf.OperatorRegistry:

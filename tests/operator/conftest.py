@@ -27,9 +27,15 @@ class OrchestratorStatus:
         self.body = {"phase": "starting", "step": 0, "max_steps": 0, "reward": None,
                      "policy_step": 0, "off_policy_lag": 0, "last_checkpoint_step": None}
         self.code = 200
+        self.delay = 0.0
         self.url = ""
+        self.requests = 0
+        self.answered = 0
 
     async def handle(self, request):
+        self.requests += 1
+        await asyncio.sleep(self.delay)
+        self.answered += 1
         return web.json_response(self.body, status=self.code)
 
 
@@ -71,10 +77,15 @@ async def cluster(kmock, orchestrator_status):
                       stop_flag=stop, ready_flag=ready, liveness_endpoint=liveness)
     )
     await asyncio.wait_for(ready.wait(), 20)
+
+    async def stop_operator():
+        stop.set()
+        # kopf ends the operator task by cancelling it once the stop flag is seen.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 20)
+
     cluster = Cluster(kmock)
     cluster.liveness_url = liveness
+    cluster.stop_operator = stop_operator
     yield cluster
-    stop.set()
-    # kopf ends the operator task by cancelling it once the stop flag is seen.
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.wait_for(task, 20)
+    await stop_operator()

@@ -337,6 +337,19 @@ async def test_liveness_endpoint_and_operator_metrics(cluster):
     assert 'rlkube_operator_reconciles_total{kind="RLRun",result="ok"}' in text
 
 
+async def test_stopping_the_operator_lets_the_reconcile_pass_in_flight_finish(cluster, orchestrator_status, caplog):
+    """kopf orphans a timer that has not stopped after a few loop cycles: its sync pass would go
+    on writing to the API server after the operator has exited."""
+    await cluster.create(rlrun())
+    await start_everything(cluster)
+    orchestrator_status.delay = 1.0
+    reads = orchestrator_status.requests
+    await cluster.until(lambda: orchestrator_status.requests > reads, what="a status read in flight")
+    await cluster.stop_operator()
+    assert orchestrator_status.answered == orchestrator_status.requests
+    assert "orphaned" not in caplog.text
+
+
 async def test_storage_scheduling_and_rendezvous_reach_the_running_children(cluster):
     """What test_manifests checks on the pure builders, through the running operator: a PVC
     from `storage.pvc` owned by the run, object-store credentials by reference, scheduling

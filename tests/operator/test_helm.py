@@ -45,6 +45,21 @@ def test_rendered_objects_validate(name):
     assert "Secret" not in {o["kind"] for o in objects}
 
 
+@pytest.mark.parametrize(("values", "field"), [
+    ({"watch": {"allNamespaces": "yes"}}, "/watch/allNamespaces"),
+    ({"watch": {"namespaces": ["Team_A"]}}, "/watch/namespaces/0"),
+    ({"reconcileInterval": 0}, "/reconcileInterval"),
+    ({"metrics": {"port": 0}}, "/metrics/port"),
+    ({"logLevel": "verbose"}, "/logLevel"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"watchNamespaces": ["team-a"]}, "'watchNamespaces' not allowed"),  # a typo is not ignored
+])
+def test_bad_values_are_refused_naming_the_field(values, field):
+    with pytest.raises(Exception, match="schema") as error:
+        render(values)
+    assert field in str(error.value)
+
+
 def test_rbac_scope_follows_the_watch_mode():
     kinds = lambda objs: sorted((o["kind"], o["metadata"].get("namespace")) for o in objs if "Role" in o["kind"])
     assert kinds(render({})) == [("Role", "rlkube-system"), ("RoleBinding", "rlkube-system")]

@@ -13,6 +13,7 @@ descriptions), so the stored object says only what the user wrote, exactly as in
 
 import argparse
 import copy
+import json
 import sys
 from pathlib import Path
 
@@ -66,6 +67,12 @@ def _collapse_any_of(node: dict, defs: dict, where: str) -> dict:
     raise SchemaError(f"{where}: union of {[o.get('type') for o in options]} is not structural")
 
 
+def _unwrap(text: str) -> str:
+    """A field docstring's source line breaks removed (kubectl explain wraps by itself);
+    its paragraphs kept."""
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in text.split("\n\n"))
+
+
 def structural(node: dict, defs: dict, *, keep_defaults: bool, where: str = "spec") -> dict:
     """One pydantic JSON-schema node as a structural OpenAPI v3.0 node (pure)."""
     node = copy.deepcopy(_resolve(node, defs))
@@ -83,11 +90,14 @@ def structural(node: dict, defs: dict, *, keep_defaults: bool, where: str = "spe
     if "prefixItems" in node:
         items = node.pop("prefixItems")
         node.update(items=items[0], minItems=len(items), maxItems=len(items))
+    if "description" in node:
+        node["description"] = _unwrap(node["description"])
     if "default" in node:
         default = node.pop("default")
         if not keep_defaults:
-            if default is not None and default != {} and "description" in node:
-                node["description"] += f" (default: {yaml.safe_dump(default, default_flow_style=True).strip()})"
+            # An object's fields say their own defaults; only a leaf (or a list) says its own.
+            if default is not None and "description" in node and "properties" not in node:
+                node["description"] += f" (default: {json.dumps(default)})"
         elif default is not None:
             node["default"] = {} if isinstance(default, dict) and "properties" in node else default
     extra = node.get("additionalProperties")

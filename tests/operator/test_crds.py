@@ -64,6 +64,28 @@ def test_crd_schema_is_structural(name):
     _assert_structural(CRDS[name]["spec"]["versions"][0]["schema"]["openAPIV3Schema"], "root")
 
 
+def _descriptions(node: dict, where: str):
+    if "description" in node:
+        yield where, node["description"]
+    for key, sub in node.get("properties", {}).items():
+        yield from _descriptions(sub, f"{where}.{key}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            yield from _descriptions(node[key], f"{where}.{key}")
+
+
+@pytest.mark.parametrize("name", sorted(CRDS))
+def test_descriptions_read_as_prose_in_kubectl_explain(name):
+    """No source line breaks of the docstrings, no YAML document markers in the defaults."""
+    described = dict(_descriptions(CRDS[name]["spec"]["versions"][0]["schema"]["openAPIV3Schema"], "root"))
+    assert len(described) > 50
+    for where, text in described.items():
+        assert "\n" not in text.replace("\n\n", ""), where
+        assert "..." not in text, where
+    output_dir = described["root.spec.config.output_dir"]
+    assert output_dir.endswith('(default: "outputs/run")'), output_dir
+
+
 def _to_jsonschema(node):
     """OpenAPI v3.0 (Kubernetes flavour) → JSON Schema, to validate like the API server does."""
     if isinstance(node, list):

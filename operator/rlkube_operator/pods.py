@@ -72,12 +72,19 @@ def container(
         "env": env,
         "resources": resources(res, gpus),
         "volumeMounts": volume_mounts(spec),
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": container_security(spec),
         **(probes or {}),
     }
     if store and store.secret_name:
         # Credentials stay in the user's Secret; the pod reads them, the operator never does.
         out["envFrom"] = [{"secretRef": {"name": store.secret_name}}]
+    return out
+
+
+def container_security(spec: RunSpecBase) -> dict:
+    out = {"allowPrivilegeEscalation": False}
+    if spec.security_context and spec.security_context.run_as_non_root:
+        out["capabilities"] = {"drop": ["ALL"]}
     return out
 
 
@@ -96,6 +103,8 @@ def pod_spec(run: RunRef, spec: RunSpecBase, containers: list[dict], config_file
         "schedulerName": sched.scheduler_name,
         "serviceAccountName": spec.service_account_name,
         "imagePullSecrets": [{"name": s} for s in spec.image_pull_secrets] or None,
+        "securityContext": spec.security_context.model_dump(by_alias=True, exclude_none=True)
+        if spec.security_context else None,
     }
     out.update({k: v for k, v in optional.items() if v is not None})
     return out

@@ -165,6 +165,35 @@ class SchedulingSpec(K8sModel):
     """A gang scheduler (Volcano, Kueue's, …) instead of the default scheduler."""
 
 
+class SeccompProfile(K8sModel):
+    type: Literal["RuntimeDefault", "Unconfined"]
+    """`RuntimeDefault`: the container runtime's default profile (the restricted Pod Security
+    Standard requires it)."""
+
+
+class PodSecurityContext(K8sModel):
+    """The security context of every pod of the run (Kubernetes' PodSecurityContext, in part).
+    The rlkube runtime images run as uid 1000."""
+
+    run_as_non_root: bool | None = None
+    """Refuse to start a container whose user is root. When true, the containers also drop
+    every capability (a non-root process has none in effect anyway), so the pods meet the
+    `restricted` Pod Security Standard."""
+
+    run_as_user: int | None = Field(default=None, ge=0)
+    """User id of the processes; the image's `USER` when unset."""
+
+    run_as_group: int | None = Field(default=None, ge=0)
+    """Primary group id of the processes."""
+
+    fs_group: int | None = Field(default=None, ge=0)
+    """Group that owns the pods' volumes. Set it (1000 for the rlkube images) where the storage
+    class creates root-owned volumes, or the pods cannot write checkpoints."""
+
+    seccomp_profile: SeccompProfile | None = None
+    """Seccomp profile of every container."""
+
+
 class RunSpecBase(K8sModel):
     """What RLRun and SFTRun share."""
 
@@ -195,6 +224,9 @@ class RunSpecBase(K8sModel):
 
     scheduling: SchedulingSpec = SchedulingSpec()
     """Scheduling knobs for every pod."""
+
+    security_context: PodSecurityContext | None = None
+    """Security context of every pod; the cluster's defaults when unset."""
 
 
 class RLRunSpec(RunSpecBase):

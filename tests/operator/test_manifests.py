@@ -11,7 +11,7 @@ from rlkube.config import RLConfig, SFTConfig, load_config
 from rlkube_operator import builders
 from rlkube_operator.names import RunRef
 from rlkube_operator.reconcile import WORKLOADS
-from rlkube_operator.spec import RLRunSpec, SFTRunSpec
+from rlkube_operator.spec import PodSecurityContext, RLRunSpec, SFTRunSpec
 
 from tests.operator.test_operator_kmock import EXAMPLES, example
 
@@ -100,6 +100,61 @@ def test_gpus_scheduling_and_storage_pass_through():
     assert objs["PersistentVolumeClaim"]["spec"]["storageClassName"] == "fast"
     ports = {p["name"] for p in objs["Service"]["spec"]["ports"]}  # the trainer Service (last)
     assert ports == {"torchrun", "weights"}
+
+
+RESTRICTED = {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def restricted_violations(pod: dict) -> list[str]:
+    """What breaks the `restricted` Pod Security Standard (kubernetes.io/docs/concepts/security/
+    pod-security-standards), as the API server's admission checks it."""
+    volume_types = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                    "projected", "secret"}
+    pod_ctx = pod.get("securityContext", {})
+    out = [f"{key}" for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key)]
+    out += [f"volume {v['name']}" for v in pod.get("volumes", []) if not set(v) - {"name"} <= volume_types]
+    for c in pod["containers"] + pod.get("initContainers", []):
+        ctx = c.get("securityContext", {})
+        effective = lambda key: ctx.get(key, pod_ctx.get(key))  # noqa: E731
+        caps = ctx.get("capabilities", {})
+        checks = {
+            "privileged": not ctx.get("privileged"),
+            "allowPrivilegeEscalation": ctx.get("allowPrivilegeEscalation") is False,
+            "capabilities.drop": "ALL" in caps.get("drop", []),
+            "capabilities.add": set(caps.get("add", [])) <= {"NET_BIND_SERVICE"},
+            "runAsNonRoot": effective("runAsNonRoot") is True,
+            "runAsUser": effective("runAsUser") != 0,
+            "seccompProfile": (effective("seccompProfile") or {}).get("type") in ("RuntimeDefault", "Localhost"),
+            "hostPort": not any(port.get("hostPort") for port in c.get("ports", [])),
+        }
+        out += [f"{c['name']}: {check}" for check, ok in checks.items() if not ok]
+    return out
+
+
+def pod_templates(kind: str, spec) -> list[dict]:
+    return [o["spec"]["template"]["spec"] for o in manifests(kind, spec) if "template" in o.get("spec", {})]
+
+
+@pytest.mark.parametrize("name", ["example-rlrun", "example-sftrun", "gpu-rlrun"])
+def test_security_context_makes_every_pod_meet_the_restricted_standard(name):
+    kind, spec = SPECS[name]
+    plain = spec.model_copy(update={"security_context": None})
+    hardened = spec.model_copy(update={"security_context": PodSecurityContext.model_validate(RESTRICTED)})
+    assert all(restricted_violations(pod) for pod in pod_templates(kind, plain))  # the check bites
+    for pod in pod_templates(kind, plain):
+        assert "securityContext" not in pod and "capabilities" not in pod["containers"][0]["securityContext"]
+    pods = pod_templates(kind, hardened)
+    assert len(pods) == (3 if kind == "RLRun" else 1)
+    for pod in pods:
+        assert restricted_violations(pod) == []
+        assert pod["securityContext"] == RESTRICTED
+    for obj in manifests(kind, hardened):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_the_examples_run_as_the_images_user_on_a_group_owned_volume():
+    for name in ("rlrun.yaml", "sftrun.yaml"):
+        assert example(name)["spec"]["securityContext"] == RESTRICTED, name
 
 
 def test_cluster_wiring_of_the_process_configs():

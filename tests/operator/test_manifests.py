@@ -115,16 +115,16 @@ def restricted_violations(pod: dict) -> list[str]:
     out += [f"volume {v['name']}" for v in pod.get("volumes", []) if not set(v) - {"name"} <= volume_types]
     for c in pod["containers"] + pod.get("initContainers", []):
         ctx = c.get("securityContext", {})
-        effective = lambda key: ctx.get(key, pod_ctx.get(key))  # noqa: E731
+        effective = pod_ctx | ctx  # a container's own setting wins
         caps = ctx.get("capabilities", {})
         checks = {
             "privileged": not ctx.get("privileged"),
             "allowPrivilegeEscalation": ctx.get("allowPrivilegeEscalation") is False,
             "capabilities.drop": "ALL" in caps.get("drop", []),
             "capabilities.add": set(caps.get("add", [])) <= {"NET_BIND_SERVICE"},
-            "runAsNonRoot": effective("runAsNonRoot") is True,
-            "runAsUser": effective("runAsUser") != 0,
-            "seccompProfile": (effective("seccompProfile") or {}).get("type") in ("RuntimeDefault", "Localhost"),
+            "runAsNonRoot": effective.get("runAsNonRoot") is True,
+            "runAsUser": effective.get("runAsUser") != 0,
+            "seccompProfile": effective.get("seccompProfile", {}).get("type") in ("RuntimeDefault", "Localhost"),
             "hostPort": not any(port.get("hostPort") for port in c.get("ports", [])),
         }
         out += [f"{c['name']}: {check}" for check, ok in checks.items() if not ok]

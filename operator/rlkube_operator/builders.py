@@ -156,7 +156,8 @@ def trainer_command(run: RunRef, spec: RunSpecBase, module: str, config_file: st
 
 
 def build_trainer_job(
-    run: RunRef, spec: RunSpecBase, *, module: str, config_file: str, attempt: int, restarts: int, suspend: bool
+    run: RunRef, spec: RunSpecBase, *, module: str, config_file: str, attempt: int, restarts: int, suspend: bool,
+    status_port: int | None = None,
 ) -> dict:
     """A PyTorchJob-style indexed Job: pod i is torchrun node i, pod 0 is the master.
     The Job carries its attempt and the restart count so far: the reconciler reads them back.
@@ -172,7 +173,8 @@ def build_trainer_job(
         spec,
         "trainer",
         trainer_command(run, spec, module, config_file, attempt),
-        ports=[{"name": "torchrun", "containerPort": TORCHRUN_PORT}],
+        ports=[{"name": "torchrun", "containerPort": TORCHRUN_PORT}]
+        + ([{"name": "http", "containerPort": status_port}] if status_port else []),
         res=spec.trainer.resources,
         gpus=spec.trainer.gpus_per_node,
         env=[index_env, {"name": "MASTER_ADDR", "value": run.trainer_master(attempt)}],

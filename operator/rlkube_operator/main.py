@@ -90,9 +90,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off)")
     parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
     parser.add_argument(
-        "--orchestrator-url",
-        default=Settings.orchestrator_url_template,
-        help="template of the orchestrator status URL ({service}, {namespace}, {port})",
+        "--status-url",
+        default=Settings.status_url_template,
+        help="template of the progress URL: the orchestrator's (RLRun) or trainer pod 0's (SFTRun) "
+        "GET /status ({service}, {namespace}, {port})",
     )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
-    reconciler = Reconciler(Kube(api_client()), Settings(orchestrator_url_template=args.orchestrator_url))
+    reconciler = Reconciler(Kube(api_client()), Settings(status_url_template=args.status_url))
     kopf.run(
         registry=build_registry(reconciler, interval=args.interval),
         clusterwide=args.all_namespaces,

@@ -7,6 +7,7 @@ from rlkube_operator import API_VERSION
 
 CONFIG_MOUNT = "/etc/rlkube"
 TORCHRUN_PORT = 29500
+SFT_STATUS_PORT = 8080  # the SFT trainer's GET /status on pod 0 (the RLRun's is the orchestrator's)
 COMPONENTS = ("inference", "orchestrator", "trainer")
 
 
@@ -69,6 +70,11 @@ class RunRef:
         """Each trainer start (first, gang restart, resume) is a new Job: `<run>-trainer-<attempt>`."""
         return f"{self.child('trainer')}-{attempt}"
 
+    def trainer_pod0(self, attempt: int) -> str:
+        """Pod 0 of the attempt's indexed Job (its hostname is `<job>-0`) under the trainer's
+        headless Service, without the namespace: what the status URL template's {service} takes."""
+        return f"{self.trainer_job(attempt)}-0.{self.child('trainer')}"
+
     def trainer_master(self, attempt: int) -> str:
-        """Pod 0 of the attempt's indexed Job (its hostname is `<job>-0`), the torchrun master."""
-        return f"{self.trainer_job(attempt)}-0.{self.child('trainer')}.{self.namespace}.svc"
+        """Pod 0 of the attempt's indexed Job, the torchrun master."""
+        return f"{self.trainer_pod0(attempt)}.{self.namespace}.svc"

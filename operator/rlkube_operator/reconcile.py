@@ -19,7 +19,7 @@ from rlkube.config.cli import format_validation_error
 from rlkube_operator import builders, observe, progress
 from rlkube_operator.conditions import Conditions
 from rlkube_operator.kube import Kube
-from rlkube_operator.names import RunRef
+from rlkube_operator.names import SFT_STATUS_PORT, RunRef
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
 from rlkube_operator.wiring import rl_tomls, sft_tomls
 
@@ -35,19 +35,23 @@ class Workload:
     module: str
     config_file: str
     tomls: Callable[[RunRef, RunSpecBase, int], dict[str, str]]
+    trainer_status_port: int | None = None
+    """Where pod 0 of the trainer serves `GET /status`; None: progress is the orchestrator's."""
 
 
 WORKLOADS = {
     "RLRun": Workload(
         RLRunSpec, ("inference", "orchestrator", "trainer"), "rlkube.entrypoints.trainer", "trainer.toml", rl_tomls
     ),
-    "SFTRun": Workload(SFTRunSpec, ("trainer",), "rlkube.entrypoints.sft", "sft.toml", sft_tomls),
+    "SFTRun": Workload(
+        SFTRunSpec, ("trainer",), "rlkube.entrypoints.sft", "sft.toml", sft_tomls, trainer_status_port=SFT_STATUS_PORT
+    ),
 }
 
 
 @dataclass
 class Settings:
-    orchestrator_url_template: str = progress.DEFAULT_URL_TEMPLATE
+    status_url_template: str = progress.DEFAULT_URL_TEMPLATE
     """Where a run's progress is read; see `progress.py` for why the Service, not the proxy."""
 
 
@@ -130,7 +134,7 @@ class Reconciler:
         k.ensure(builders.build_trainer_service(run, spec))
         job = builders.build_trainer_job(
             run, spec, module=workload.module, config_file=workload.config_file,
-            attempt=attempt, restarts=restarts, suspend=spec.suspend,
+            attempt=attempt, restarts=restarts, suspend=spec.suspend, status_port=workload.trainer_status_port,
         )
         existing = k.ensure(job)
         if existing.get("spec", {}).get("suspend") != spec.suspend:
@@ -204,8 +208,7 @@ class Reconciler:
         health = self._health(workload, spec, attempt, pods, terminal)
         for comp, h in health.items():
             conditions.set(f"{comp.capitalize()}Ready", h.ready, h.reason, h.message)
-        if "orchestrator" in health and health["orchestrator"].ready:
-            self._read_progress(run, spec, status)
+        self._read_progress(run, workload, spec, attempt, health, status)
         phase, message = self._phase(spec, health, terminal, why)
         if terminal:
             status["completionTime"] = status.get("completionTime") or now
@@ -246,13 +249,16 @@ class Reconciler:
             return "Running", "training"
         return "Initializing", "; ".join(f"{c}: {h.message}" for c, h in health.items() if not h.ready)
 
-    def _read_progress(self, run: RunRef, spec: RLRunSpec, status: dict) -> None:
-        url = progress.status_url(
-            self.settings.orchestrator_url_template,
-            service=run.child("orchestrator"),
-            namespace=run.namespace,
-            port=spec.config.orchestrator.http_port,
-        )
+    def _read_progress(self, run: RunRef, workload: Workload, spec, attempt: int, health, status: dict) -> None:
+        """Step, reward and checkpoint from the orchestrator (RLRun) or trainer pod 0 (SFTRun)."""
+        if workload.trainer_status_port is None:
+            source, service, port = "orchestrator", run.child("orchestrator"), spec.config.orchestrator.http_port
+        else:
+            source, service, port = "trainer", run.trainer_pod0(attempt), workload.trainer_status_port
+        if not (source in health and health[source].ready):
+            return
+        url = progress.status_url(self.settings.status_url_template, service=service,
+                                  namespace=run.namespace, port=port)
         data = progress.read_progress(url)
         if data is None:
             return

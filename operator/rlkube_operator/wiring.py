@@ -11,7 +11,7 @@ from pathlib import PurePosixPath
 
 from rlkube.config import RLConfig, SFTConfig, to_toml
 
-from rlkube_operator.names import RunRef
+from rlkube_operator.names import SFT_STATUS_PORT, RunRef
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
 
 EMPTYDIR_OUTPUT = "/var/lib/rlkube"
@@ -58,5 +58,6 @@ def rl_tomls(run: RunRef, spec: RLRunSpec, attempt: int) -> dict[str, str]:
 def sft_tomls(run: RunRef, spec: SFTRunSpec, attempt: int) -> dict[str, str]:
     data = spec.config.model_dump()
     data["output_dir"] = output_dir(run, spec)
+    data |= {"status_port": SFT_STATUS_PORT, "status_host": "0.0.0.0"}
     _resume(data, attempt)
     return {"sft.toml": to_toml(SFTConfig.model_validate(data))}

@@ -21,7 +21,8 @@ def kmock_options():
 
 
 class OrchestratorStatus:
-    """What the orchestrator's GET /status answers; tests set `.body` (or `.code`)."""
+    """What GET /status answers (the orchestrator's, or an SFT trainer's); tests set `.body`
+    (or `.code`). `.asked` records the {service} and {port} the operator filled in."""
 
     def __init__(self):
         self.body = {"phase": "starting", "step": 0, "max_steps": 0, "reward": None,
@@ -31,9 +32,11 @@ class OrchestratorStatus:
         self.url = ""
         self.requests = 0
         self.answered = 0
+        self.asked: list[tuple[str, str]] = []
 
     async def handle(self, request):
         self.requests += 1
+        self.asked.append((request.query["service"], request.query["port"]))
         await asyncio.sleep(self.delay)
         self.answered += 1
         return web.json_response(self.body, status=self.code)
@@ -49,8 +52,8 @@ async def orchestrator_status():
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
-    # The operator formats {service}/{namespace}/{port}; a fixed local URL ignores them.
-    status.url = f"http://127.0.0.1:{port}/status"
+    # A local URL that still shows what the operator asks for: {service}, {port}, {namespace}.
+    status.url = f"http://127.0.0.1:{port}/status?service={{service}}.{{namespace}}&port={{port}}"
     yield status
     await runner.cleanup()
 
@@ -64,7 +67,7 @@ async def cluster(kmock, orchestrator_status):
     def login(**_):
         return kopf.ConnectionInfo(server=url, insecure=True, default_namespace=NS)
 
-    reconciler = Reconciler(Kube(api_client(url)), Settings(orchestrator_url_template=orchestrator_status.url))
+    reconciler = Reconciler(Kube(api_client(url)), Settings(status_url_template=orchestrator_status.url))
     registry = build_registry(reconciler, interval=0.3, login=login)
     settings = kopf.OperatorSettings()
     settings.watching.reconnect_backoff = 0.2

@@ -54,7 +54,8 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
     out += [
         builders.build_trainer_service(run, spec),
         builders.build_trainer_job(run, spec, module=workload.module, config_file=workload.config_file,
-                                   attempt=attempt, restarts=attempt, suspend=suspend),
+                                   attempt=attempt, restarts=attempt, suspend=suspend,
+                                   status_port=workload.trainer_status_port),
     ]
     return out
 
@@ -168,6 +169,12 @@ def test_cluster_wiring_of_the_process_configs():
     storage = RLRunSpec.model_validate(GPU_RLRUN | {"config": {"weights": {"type": "storage"}}})
     cm = manifests("RLRun", storage)[0]["data"]
     assert tomllib.loads(cm["orchestrator.toml"])["weights"]["url"] == "s3://bucket/rl/ml/big/weights"
+    # An SFT trainer serves its progress on 8080 (the operator reads it); an RL trainer does not.
+    (sft_job,) = [o for o in manifests("SFTRun", SPECS["example-sftrun"][1]) if o["kind"] == "Job"]
+    (rl_job,) = [o for o in manifests("RLRun", storage) if o["kind"] == "Job"]
+    ports = {kind: [p["name"] for p in job["spec"]["template"]["spec"]["containers"][0]["ports"]]
+             for kind, job in (("SFTRun", sft_job), ("RLRun", rl_job))}
+    assert ports == {"SFTRun": ["torchrun", "http"], "RLRun": ["torchrun"]}
 
 
 def test_no_manifest_carries_a_secret_value():

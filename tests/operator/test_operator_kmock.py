@@ -303,7 +303,7 @@ async def test_changes_that_cannot_apply_live_are_refused_with_a_condition(clust
     assert status["phase"] == "Running" and cluster.names("StatefulSet") == {"rt-inference"}
 
 
-async def test_sftrun_runs_the_trainer_alone_and_succeeds(cluster):
+async def test_sftrun_runs_the_trainer_alone_and_succeeds(cluster, orchestrator_status):
     run = example("sftrun.yaml")
     run["metadata"]["name"] = "sft"
     max_steps = run["spec"]["config"]["max_steps"]
@@ -315,9 +315,16 @@ async def test_sftrun_runs_the_trainer_alone_and_succeeds(cluster):
     assert cluster.names("Service") == {"sft-trainer"}
     sft = tomllib.loads(cluster.get("ConfigMap", "sft-config")["data"]["sft.toml"])
     assert sft["output_dir"] == "/data/sft" and sft["max_steps"] == max_steps
+    assert (sft["status_host"], sft["status_port"]) == ("0.0.0.0", 8080)
 
+    # Running: step and checkpoint come from the trainer's rank 0 (pod 0 of the Job).
+    orchestrator_status.body = {"phase": "running", "step": 12, "max_steps": max_steps, "loss": 0.5,
+                                "last_checkpoint_step": 10}
     await cluster.run_pods(job, 1)
-    await cluster.until(lambda: cluster.status("SFTRun", "sft").get("phase") == "Running", what="Running")
+    status = await cluster.until(lambda: cluster.status("SFTRun", "sft").get("step") == 12
+                                 and cluster.status("SFTRun", "sft"))
+    assert status["phase"] == "Running" and status["lastCheckpointStep"] == 10
+    assert orchestrator_status.asked[-1] == ("sft-trainer-0-0.sft-trainer.team-a", "8080")
     await cluster.patch("Job", "sft-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
     status = await cluster.until(lambda: cluster.status("SFTRun", "sft")["phase"] == "Succeeded"
                                  and cluster.status("SFTRun", "sft"))

@@ -127,3 +127,34 @@ def test_bench_mode_with_activation_checkpointing_prints_tokens_per_second(small
     result = run_sft(sft_args(small_model, tmp_path / "bench", 2, "--bench", "--parallel.activation-checkpointing"))
     assert "bench:" in result.stdout and "tokens/s" in result.stdout
     assert not (tmp_path / "bench" / "weights").exists()
+
+
+def test_rank0_serves_its_progress_while_it_trains(small_model, tmp_path):
+    """GET /status, what the operator shows in `kubectl get sftruns`, follows the run."""
+    import httpx
+
+    from tests.fixtures.inference import free_port
+
+    port = free_port()
+    out = tmp_path / "status"
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    args = sft_args(small_model, out, 20, "--ckpt.interval", "10", "--status-port", str(port))
+    proc = subprocess.Popen([PY, "-m", "rlkube.entrypoints.sft", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen = []
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            seen.append(httpx.get(f"http://127.0.0.1:{port}/status", timeout=2).json())
+        except httpx.HTTPError:
+            pass  # not serving yet, or already closed
+        time.sleep(0.02)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-4000:]
+    steps = [s["step"] for s in seen]
+    assert steps == sorted(steps) and len(set(steps)) >= 3 and max(steps) <= 20, steps
+    assert {s["max_steps"] for s in seen} == {20} and {s["phase"] for s in seen} <= {"running", "finished"}
+    assert all(isinstance(s["loss"], float) for s in seen if s["step"] > 0)
+    assert {s["last_checkpoint_step"] for s in seen} & {10, 20}
+    # a checkpoint is reported once saved: at most the step, and one of the interval's
+    assert all(s["last_checkpoint_step"] in (None, *range(10, s["step"] + 1, 10)) for s in seen), seen

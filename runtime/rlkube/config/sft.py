@@ -50,5 +50,12 @@ class SFTConfig(RunConfig, TrainerCommonConfig):
     metrics_interval: int = Field(default=1, ge=1)
     """Print and record metrics every N steps."""
 
+    status_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve `GET /status` (phase, step, max_steps, loss, last_checkpoint_step) from rank 0 on
+    this port, for the operator's progress columns; off when unset, 0 picks a free port."""
+
+    status_host: str = "127.0.0.1"
+    """Address the status endpoint binds (the operator sets `0.0.0.0`)."""
+
     bench: bool = False
     """Benchmark mode: fake data, no checkpoints; prints tokens/s."""

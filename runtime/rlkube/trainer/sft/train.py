@@ -33,6 +33,7 @@ from rlkube.trainer.model import (
 from rlkube.trainer.optim import build_optimizer, build_scheduler, clip_grad_norm
 from rlkube.trainer.packing import collate, empty_row_batch
 from rlkube.trainer.sft.data import ChatTokenizer, FakeBatches, SFTBatches, load_rows
+from rlkube.trainer.sft.status import StatusServer
 from rlkube.trainer.weights import export_hf_weights
 
 logger = get_logger(__name__)
@@ -79,6 +80,9 @@ class SFTTrainer:
         )
         self.step = 0
         self.tokens_per_s: list[float] = []
+        self.status = None
+        if self.dist.is_main and config.status_port is not None:
+            self.status = StatusServer(config.status_host, config.status_port, step=0, max_steps=config.max_steps)
 
     def _prepare_output_dir(self) -> None:
         config = self.config
@@ -111,6 +115,7 @@ class SFTTrainer:
             return
         state = self.ckpt.load(step, self.model, self.optimizer, self.scheduler)
         self.step = int(state["step"])
+        self._report(step=self.step, last_checkpoint_step=self.step)
         self.batches.load_state_dict(state["data"])
 
     def micro_batches(self) -> list[dict[str, torch.Tensor]]:
@@ -166,11 +171,13 @@ class SFTTrainer:
         if not math.isfinite(metrics["loss"]):
             raise FloatingPointError(f"step {self.step}: loss is {metrics['loss']}")
         self.tokens_per_s.append(metrics["tokens_per_s"])
+        self._report(step=self.step, loss=metrics["loss"])
         if self.step % c.metrics_interval == 0 or self.step == c.max_steps:
             self.metrics.log(self.step, metrics)
         if self.ckpt is not None and self.ckpt.should_save(self.step, c.max_steps):
             train_state = {"step": self.step, "data": self.batches.state_dict()}
             self.ckpt.save(self.step, self.model, self.optimizer, self.scheduler, train_state)
+            self._report(last_checkpoint_step=self.step)
         if not c.bench and (self.step == c.max_steps or (c.weights_interval and self.step % c.weights_interval == 0)):
             out = c.output_dir / "weights" / f"step_{self.step}"
             export_hf_weights(self.model, self.tokenizer, out, is_main=self.dist.is_main)
@@ -191,9 +198,13 @@ class SFTTrainer:
         try:
             while self.step < c.max_steps:
                 self.after_step(self.train_step(), progress)
+        except BaseException:
+            self._report(phase="failed")
+            raise
         finally:
             if progress is not None:
                 progress.stop()
+        self._report(phase="finished")
         if c.bench and self.dist.is_main:
             rates = self.tokens_per_s[1:] or self.tokens_per_s
             print(f"bench: {sum(rates) / len(rates):,.0f} tokens/s over {len(rates)} steps "
@@ -218,6 +229,12 @@ class SFTTrainer:
         progress.start()
         return progress
 
+    def _report(self, **fields) -> None:
+        if self.status is not None:
+            self.status.update(**fields)
+
     def close(self) -> None:
+        if self.status is not None:
+            self.status.close()
         self.metrics.close()
         close_distributed()

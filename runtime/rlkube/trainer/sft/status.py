@@ -1,0 +1,60 @@
+"""The SFT trainer's `GET /status` on rank 0, read by the operator for an SFTRun's progress
+columns: the SFT counterpart of the orchestrator's (orchestrator/status.py), with the keys an
+SFT run has: `{"phase": "running|finished|failed", "step": int, "max_steps": int,
+"loss": float|null, "last_checkpoint_step": int|null}`.
+
+The standard library's threaded HTTP server, on a daemon thread: the training loop is
+synchronous, and a request only copies a small dict under a lock.
+"""
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+logger = logging.getLogger(__name__)
+
+
+class StatusServer:
+    def __init__(self, host: str, port: int, *, step: int, max_steps: int):
+        self._lock = threading.Lock()
+        self._status = {"phase": "running", "step": step, "max_steps": max_steps, "loss": None,
+                        "last_checkpoint_step": None}
+        self._http = ThreadingHTTPServer((host, port), self._handler())
+        self._http.daemon_threads = True
+        self.port = self._http.server_address[1]
+        self._thread = threading.Thread(target=self._http.serve_forever, name="sft-status", daemon=True)
+        self._thread.start()
+        logger.info("SFT status (GET /status) on %s:%d", host, self.port)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path != "/status":
+                    self.send_error(404)
+                    return
+                body = json.dumps(server.snapshot()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args) -> None:  # one request per reconcile: no access log
+                pass
+
+        return Handler
+
+    def update(self, **fields) -> None:
+        with self._lock:
+            self._status.update(fields)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return dict(self._status)
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()

@@ -249,7 +249,10 @@ class Reconciler:
             return "Running", "training"
         return "Initializing", "; ".join(f"{c}: {h.message}" for c, h in health.items() if not h.ready)
 
-    def _read_progress(self, run: RunRef, workload: Workload, spec, attempt: int, health, status: dict) -> None:
+    def _read_progress(
+        self, run: RunRef, workload: Workload, spec: RLRunSpec | SFTRunSpec, attempt: int,
+        health: dict[str, observe.Health], status: dict,
+    ) -> None:
         """Step, reward and checkpoint from the orchestrator (RLRun) or trainer pod 0 (SFTRun)."""
         if workload.trainer_status_port is None:
             source, service, port = "orchestrator", run.child("orchestrator"), spec.config.orchestrator.http_port

@@ -20,7 +20,10 @@ class StatusServer:
         self._lock = threading.Lock()
         self._status = {"phase": "running", "step": step, "max_steps": max_steps, "loss": None,
                         "last_checkpoint_step": None}
-        self._http = ThreadingHTTPServer((host, port), self._handler())
+        try:
+            self._http = ThreadingHTTPServer((host, port), self._handler())
+        except OSError as e:
+            raise OSError(e.errno, f"status_port: cannot serve on {host}:{port}: {e.strerror}") from e
         self._http.daemon_threads = True
         self.port = self._http.server_address[1]
         self._thread = threading.Thread(target=self._http.serve_forever, name="sft-status", daemon=True)

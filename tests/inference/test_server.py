@@ -128,7 +128,7 @@ async def test_reload_over_grpc(inference_server):
         # A step the trainer never published (waited for until the timeout) or no longer holds
         # is a clear error, and the server lives on and takes the next update.
         with pytest.raises(client.InferenceError, match=r"step 99.*NOT_FOUND.*held: \[5\]"):
-            await client.update_weights(base_url, 99, location, timeout=2)
+            await client.update_weights(base_url, 99, location, timeout=6)
         with pytest.raises(client.InferenceError, match="step 4.*NOT_FOUND"):
             await client.update_weights(base_url, 4, location, timeout=30)
         assert await client.is_healthy(base_url)

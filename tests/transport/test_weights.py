@@ -159,6 +159,8 @@ def test_grpc_publish_and_fetch(model_dir):
         assert fetch_snapshot(address, -1, timeout=30) == files
         with pytest.raises(ConnectionError, match="NOT_FOUND"):
             fetch_snapshot(address, 1, timeout=30)  # pruned by keep_last=1
+        with pytest.raises(ConnectionError, match=r"NOT_FOUND.*held: \[2\]"):
+            fetch_snapshot(address, 99, timeout=4)  # never published: waited for, refused before the deadline
     finally:
         publisher.close()
 

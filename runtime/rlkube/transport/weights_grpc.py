@@ -52,13 +52,13 @@ class WeightsServicer(rlkube_pb2_grpc.WeightsServicer):
     def Fetch(self, request, context) -> Iterator[rlkube_pb2.WeightsChunk]:
         # A step not published yet is waited for until the caller's deadline (a resumed run
         # asks for its checkpoint's policy while this trainer is still republishing it); one
-        # older than a held step was pruned and is refused at once. The wait ends just before
-        # the deadline, so the caller gets NOT_FOUND with the steps held, not a bare timeout.
+        # older than a held step was pruned and is refused at once. The wait ends a grace period
+        # before the deadline (a quarter of it, 0.5-5 s: a loaded machine is slow to wake this
+        # thread and send), so the caller gets NOT_FOUND with the steps held, not a bare timeout.
         remaining = context.time_remaining()
+        wait = None if remaining is None else max(0.0, remaining - min(5.0, max(0.5, remaining / 4)))
         with self._added:
-            self._added.wait_for(
-                lambda: not self._pending(request.step), timeout=None if remaining is None else max(0, remaining - 0.5)
-            )
+            self._added.wait_for(lambda: not self._pending(request.step), timeout=wait)
             step = max(self._snapshots, default=-1) if request.step == -1 else request.step
             files = self._snapshots.get(step)
         if files is None:

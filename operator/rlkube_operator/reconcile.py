@@ -258,7 +258,7 @@ class Reconciler:
             source, service, port = "orchestrator", run.child("orchestrator"), spec.config.orchestrator.http_port
         else:
             source, service, port = "trainer", run.trainer_pod0(attempt), workload.trainer_status_port
-        if not (source in health and health[source].ready):
+        if not health[source].ready:  # every component of the workload has a health
             return
         url = progress.status_url(self.settings.status_url_template, service=service,
                                   namespace=run.namespace, port=port)

@@ -139,8 +139,11 @@ def test_rank0_serves_its_progress_while_it_trains(small_model, tmp_path):
     out = tmp_path / "status"
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     args = sft_args(small_model, out, 20, "--ckpt.interval", "10", "--status-port", str(port))
-    proc = subprocess.Popen([PY, "-m", "rlkube.entrypoints.sft", *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # stderr to a file: a pipe nobody reads while polling could fill and stall the trainer
+    log = tmp_path / "sft.stderr"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen([PY, "-m", "rlkube.entrypoints.sft", *args], env=env,
+                                stdout=subprocess.DEVNULL, stderr=stderr)
     seen = []
     deadline = time.monotonic() + 240
     while proc.poll() is None and time.monotonic() < deadline:
@@ -149,8 +152,8 @@ def test_rank0_serves_its_progress_while_it_trains(small_model, tmp_path):
         except httpx.HTTPError:
             pass  # not serving yet, or already closed
         time.sleep(0.02)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0, stderr[-4000:]
+    proc.wait(timeout=60)
+    assert proc.returncode == 0, log.read_text()[-4000:]
     steps = [s["step"] for s in seen]
     assert steps == sorted(steps) and len(set(steps)) >= 3 and max(steps) <= 20, steps
     assert {s["max_steps"] for s in seen} == {20} and {s["phase"] for s in seen} <= {"running", "finished"}

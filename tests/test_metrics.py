@@ -35,3 +35,48 @@ def test_wandb_offline_writes_a_local_run(tmp_path, monkeypatch):
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
     assert json.loads((tmp_path / "metrics" / "sft.jsonl").read_text().splitlines()[0])["loss"] == 1.0
+
+
+def wandb_history(run_file):
+    """The history rows of an offline W&B run file: W&B's LevelDB-style log (a 7-byte header,
+    then 32 KiB blocks of chunks `crc32 | length | type` holding protobuf `Record`s)."""
+    import struct
+
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B"
+    rows, pos, pending = [], 7, b""
+    while pos + 7 <= len(data):
+        if (left := 32768 - pos % 32768) < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last chunk of one
+            record = Record.FromString(pending)
+            pending = b""
+            if record.WhichOneof("record_type") == "history":
+                items = record.history.item
+                rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items})
+    return rows
+
+
+def test_wandb_keeps_records_logged_out_of_step_order(tmp_path, monkeypatch):
+    """The orchestrator logs batch n+1 before step n's policy update and eval (async_level 1):
+    W&B must keep them all, each at its own step."""
+    monkeypatch.setenv("WANDB_API_KEY", "")
+    with MetricsSink(tmp_path, "orchestrator", console=False, wandb=WandbConfig(project="t")) as sink:
+        sink.log(1, {"reward": 0.1})
+        sink.log(2, {"reward": 0.2})
+        sink.log(1, {"eval/avg@1": 0.5, "policy_step": 1.0})
+        sink.log(3, {"reward": 0.3})
+    (run_file,) = (tmp_path / "wandb").glob("offline-run-*/*.wandb")
+    rows = [{k: v for k, v in row.items() if not k.startswith("_")} for row in wandb_history(run_file)]
+    assert rows == [
+        {"reward": 0.1, "step": 1},
+        {"reward": 0.2, "step": 2},
+        {"eval/avg@1": 0.5, "policy_step": 1.0, "step": 1},
+        {"reward": 0.3, "step": 3},
+    ]

@@ -5,6 +5,11 @@ JSON line `{"step": N, "time": unix_seconds, **metrics}` in `<output_dir>/metric
 flushed at once so a crash loses nothing already logged. W&B is optional and defaults to
 offline mode, which needs no network (`wandb sync <output_dir>/wandb/...` later).
 
+Records may arrive out of step order: the orchestrator logs batch n+1 before the policy update
+and eval of step n when it runs ahead (`async_level` >= 1). W&B drops a `log(..., step=s)` whose
+`s` is below one it has seen, so the step goes to W&B as a metric (`step`, the x-axis of every
+chart via `define_metric`) and W&B's own `_step` just counts records.
+
     sink = MetricsSink(output_dir, "sft", wandb=config.wandb, run_config=config.model_dump(mode="json"))
     sink.log(step, {"loss": 1.2, "lr": 1e-3})
     sink.close()
@@ -72,7 +77,7 @@ class MetricsSink:
         if self.console:
             self.console_out.print(format_metrics(step, metrics))
         if self._wandb_run is not None:
-            self._wandb_run.log(metrics, step=step)
+            self._wandb_run.log({**metrics, "step": step})
 
     def close(self) -> None:
         if self._file is not None:
@@ -94,7 +99,7 @@ def _init_wandb(config: WandbConfig, output_dir: Path, process: str, run_config:
 
     os.environ.setdefault("WANDB_SILENT", "true")
     (output_dir / "wandb").mkdir(parents=True, exist_ok=True)
-    return wandb.init(
+    run = wandb.init(
         project=config.project,
         entity=config.entity,
         name=f"{config.name or output_dir.name}-{process}",
@@ -104,6 +109,9 @@ def _init_wandb(config: WandbConfig, output_dir: Path, process: str, run_config:
         config=run_config,
         reinit="create_new",
     )
+    run.define_metric("step")
+    run.define_metric("*", step_metric="step")
+    return run
 
 
 def read_metrics(output_dir: str | Path, process: str) -> list[dict]:

@@ -1,0 +1,1 @@
+"""End-to-end scenarios and the local cluster they can run on."""

@@ -1,0 +1,1 @@
+"""An executing local cluster for tests: an emulated API server, controllers and a kubelet."""

@@ -1,0 +1,505 @@
+"""The local cluster's kubelet: every Pod in the API runs as real processes on this machine.
+
+There is one node, `local`, and no scheduler: the kubelet takes every Pod, sets `spec.nodeName`,
+gives it a network namespace and an IP (network.py), makes its volumes (volumes.py), and starts
+each container's `command` + `args` (podenv.py) through launch.py, inside the pod's network
+namespace and a private mount namespace where the volumes sit at their mountPath. The "image" is
+the project's virtualenv: `<venv>/bin` leads PATH (`<repo>/.venv`, or `$RLKUBE_LOCALCLUSTER_VENV`);
+the default working directory is a per-pod scratch directory.
+
+Reported in `status`: phase (Pending, Running, Succeeded, Failed), hostIP, podIP(s), startTime,
+conditions PodScheduled/Initialized/ContainersReady/Ready, containerStatuses (state
+waiting/running/terminated with reason ContainerCreating, CreateContainerConfigError,
+CrashLoopBackOff, Completed, Error; lastState, restartCount, ready, started). Restarts follow
+`restartPolicy` with exponential back-off (`backoff_s` doubling up to `backoff_cap_s`, reset
+after a container ran ten minutes). Probes: probes.py.
+
+Deletion: a Pod with `metadata.deletionTimestamp` gets SIGTERM to each container's process
+group, `deletionGracePeriodSeconds` (else `terminationGracePeriodSeconds`, else 30 s) to exit,
+then SIGKILL; its namespace is removed and the kubelet deletes the object with
+`gracePeriodSeconds=0` (preconditions: its uid). A Pod gone from the API is killed at once.
+Every container runs in its own session, so its children die with it, and whatever is left in
+the pod's network namespace is killed when the pod ends.
+
+Logs: `<state_dir>/logs/<namespace>_<pod>_<container>.log` (see `log_path`), stdout and stderr
+together, restarts appended, a new pod of the same name starting afresh.
+
+Not emulated: init and ephemeral containers, lifecycle hooks, resource limits (no OOMKilled),
+images (every container runs from the venv), securityContext, the Binding API.
+"""
+
+import asyncio
+import datetime
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from e2e.localcluster import probes, volumes
+from e2e.localcluster.network import Endpoint, Network, PodNet, hosts_file, write_in_place
+from e2e.localcluster.podenv import ConfigError, command_line, container_env
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCH = Path(__file__).with_name("launch.py")
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# What an image would bake in: the kubelet's own caches and offline switches pass through.
+PASSED_ENV_PREFIXES = ("LANG", "LC_", "TZ", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "VLLM_", "TORCH")
+BACKOFF_RESET_S = 600
+
+
+def log_path(state_dir: Path, namespace: str, pod: str, container: str) -> Path:
+    return Path(state_dir) / "logs" / f"{namespace}_{pod}_{container}.log"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Api:
+    """The few calls a kubelet makes, over HTTP."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self.session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+
+    async def close(self) -> None:
+        if self.session:
+            await self.session.close()
+
+    async def list(self, plural: str) -> list[dict]:
+        async with self.session.get(f"{self.url}/api/v1/{plural}") as r:
+            r.raise_for_status()
+            return (await r.json()).get("items") or []
+
+    async def get(self, plural: str, ns: str, name: str) -> dict | None:
+        async with self.session.get(f"{self.url}/api/v1/namespaces/{ns}/{plural}/{name}") as r:
+            if r.status == 404:
+                return None
+            r.raise_for_status()
+            return await r.json()
+
+    async def patch_pod(self, pod: dict, body: dict, subresource: str = "") -> None:
+        url = f"{self.url}/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
+        headers = {"Content-Type": "application/merge-patch+json"}
+        async with self.session.patch(url + subresource, data=json.dumps(body), headers=headers) as r:
+            if r.status != 404:  # a pod deleted meanwhile has nothing left to report to
+                r.raise_for_status()
+
+    async def delete_pod(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        url = f"{self.url}/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                   "preconditions": {"uid": meta["uid"]}}
+        async with self.session.delete(url, params={"gracePeriodSeconds": "0"}, json=options) as r:
+            if r.status not in (404, 409):
+                r.raise_for_status()
+
+
+class Kubelet:
+    """Runs every Pod of the API server at `api_url` until cancelled; then `shutdown()`.
+
+    `state_dir` holds per-pod files, volumes, PVC directories and logs. `backoff_s`/`backoff_cap_s`
+    set the restart back-off (Kubernetes: 10 s doubling to 300 s)."""
+
+    def __init__(self, api_url: str, state_dir: Path, venv: Path | None = None, *,
+                 node_name: str = "local", poll_s: float = 0.3, backoff_s: float = 10.0,
+                 backoff_cap_s: float = 40.0, image_env: dict[str, str] | None = None):
+        self.api = Api(api_url)
+        self.state_dir = Path(state_dir)
+        venv = venv or os.environ.get("RLKUBE_LOCALCLUSTER_VENV") or REPO / ".venv"
+        self.venv = Path(venv).absolute()
+        self.node_name = node_name
+        self.poll_s = poll_s
+        self.backoff_s, self.backoff_cap_s = backoff_s, backoff_cap_s
+        self.image_env = image_env or {}
+        self.network: Network | None = None
+        self.pods: dict[str, PodRunner] = {}
+        self.ended: set[str] = set()
+        self.services: list[dict] = []
+        self.ready = asyncio.Event()  # set once the network is up and the first sync is done
+
+    async def run(self) -> None:
+        """Set up the network (raises NetworkUnavailable where it cannot be made), then sync
+        the pods with the API every `poll_s` until cancelled."""
+        self.network = Network()
+        await self.api.open()
+        while True:
+            try:
+                await self.sync()
+                self.ready.set()
+            except (aiohttp.ClientError, OSError) as e:
+                log.warning("kubelet sync failed: %s", e)
+            await asyncio.sleep(self.poll_s)
+
+    async def sync(self) -> None:
+        pods = await self.api.list("pods")
+        self.services = await self.api.list("services")
+        present = set()
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            present.add(uid)
+            runner = self.pods.get(uid)
+            if runner is None:
+                if uid in self.ended or pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                    continue  # a pod runs once; one that ended before this kubelet stays ended
+                runner = self.pods[uid] = PodRunner(self, pod)
+                runner.task.add_done_callback(lambda _, uid=uid: self._ended(uid))
+            runner.pod = pod
+            if pod["metadata"].get("deletionTimestamp"):
+                runner.request_stop(_grace(pod))
+        for uid, runner in self.pods.items():
+            if uid not in present:
+                runner.request_stop(0, vanished=True)
+        self.update_dns()
+
+    def _ended(self, uid: str) -> None:
+        self.ended.add(uid)
+        runner = self.pods.pop(uid)
+        if not runner.task.cancelled() and runner.task.exception():
+            log.error("pod %s/%s: %r", runner.ns, runner.name, runner.task.exception())
+
+    def update_dns(self) -> None:
+        """Rewrite every running pod's hosts file from the current pods and Services."""
+        runners = [r for r in self.pods.values() if r.net and not r.finished and not r.stopping]
+        endpoints = [Endpoint(r.pod, r.net.ip, r.ready) for r in runners]
+        for r, own in zip(runners, endpoints):
+            hosts = hosts_file(own, endpoints, self.services)
+            if hosts != r.hosts:
+                r.hosts = hosts
+                write_in_place(r.net.hosts_file, hosts)
+
+    def env_for(self, hostname: str) -> dict[str, str]:
+        """The image's environment, before the container's own."""
+        env = {k: v for k, v in os.environ.items() if k.startswith(PASSED_ENV_PREFIXES)}
+        return env | {
+            "PATH": f"{self.venv}/bin:{SYSTEM_PATH}", "VIRTUAL_ENV": str(self.venv),
+            "HOME": "/root", "HOSTNAME": hostname, **self.image_env,
+        }
+
+    async def shutdown(self, grace_s: float = 2.0) -> None:
+        """Stop every pod (SIGTERM, `grace_s`, SIGKILL) and remove the network; no API calls."""
+        runners = list(self.pods.values())
+        for r in runners:
+            r.request_stop(grace_s, vanished=True)
+        await asyncio.gather(*(r.task for r in runners), return_exceptions=True)
+        self.pods.clear()
+        if self.network:
+            self.network.close()
+            self.network = None
+        await self.api.close()
+
+
+def _grace(pod: dict) -> float:
+    meta_grace = pod["metadata"].get("deletionGracePeriodSeconds")
+    return float(meta_grace if meta_grace is not None else pod["spec"].get("terminationGracePeriodSeconds", 30))
+
+
+class PodRunner:
+    """One pod from its first sync to its deletion."""
+
+    def __init__(self, kubelet: Kubelet, pod: dict):
+        self.kubelet = kubelet
+        self.pod = pod
+        self.ns, self.name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        self.dir = kubelet.state_dir / "pods" / f"{self.ns}_{self.name}_{pod['metadata']['uid'][:8]}"
+        self.net: PodNet | None = None
+        self.hosts = ""
+        self.start_time: str | None = None
+        self.containers = [ContainerRunner(self, c) for c in pod["spec"]["containers"]]
+        self.finished = False  # every container is done for good (Succeeded/Failed)
+        self.stopping = False
+        self.grace = 0.0
+        self.vanished = False
+        self.stop_requested = asyncio.Event()
+        self.kill_now = asyncio.Event()  # cuts a grace period short
+        self._transitions: dict[str, tuple[str, str]] = {}
+        self._reported: dict | None = None
+        self._report_lock = asyncio.Lock()
+        self.task = asyncio.create_task(self.run())
+
+    @property
+    def ready(self) -> bool:
+        return not self.finished and not self.stopping and all(c.ready for c in self.containers)
+
+    def request_stop(self, grace: float, vanished: bool = False) -> None:
+        self.vanished = self.vanished or vanished
+        if self.stopping and grace >= self.grace:
+            return
+        if self.stopping:
+            self.kill_now.set()
+        self.stopping, self.grace = True, grace
+        self.stop_requested.set()
+
+    async def run(self) -> None:
+        live = asyncio.create_task(self._live())
+        stop = asyncio.create_task(self.stop_requested.wait())
+        await asyncio.wait({live, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not live.done():
+            await asyncio.gather(*(c.terminate(self.grace) for c in self.containers))
+            live.cancel()
+        await asyncio.gather(live, return_exceptions=True)
+        await stop
+        self._teardown()
+        if not self.vanished:
+            await self.kubelet.api.delete_pod(self.pod)
+
+    async def _live(self) -> None:
+        """Start the pod and run its containers until each is done for good."""
+        await self.kubelet.api.patch_pod(self.pod, {"spec": {"nodeName": self.kubelet.node_name}})
+        self.net = self.kubelet.network.add_pod()
+        self.start_time = _now()
+        self.kubelet.update_dns()
+        await self.report()
+        await self._prepare()
+        await asyncio.gather(*(c.run() for c in self.containers))
+        self.finished = True
+        await self.report()
+        self._teardown()
+        self.kubelet.update_dns()
+
+    async def _prepare(self) -> None:
+        """Volumes, env, command lines and mount targets; retried while a ConfigMap, Secret or
+        claim is missing, as the kubelet does (CreateContainerConfigError)."""
+        while True:
+            try:
+                vols = await volumes.prepare(self.pod, self.dir, self.kubelet.state_dir / "pvcs", self._get)
+                for c in self.containers:
+                    await c.prepare(vols)
+                return
+            except ConfigError as e:
+                for c in self.containers:
+                    c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
+                await self.report()
+                await asyncio.sleep(1)
+
+    async def _get(self, plural: str, ns: str, name: str) -> dict | None:
+        return await self.kubelet.api.get(plural, ns, name)
+
+    def _teardown(self) -> None:
+        if self.net is not None:
+            self.kubelet.network.remove_pod(self.net)
+            self.net = None
+
+    # --- status --------------------------------------------------------------------------
+    def phase(self) -> str:
+        if not all(c.started_once for c in self.containers):
+            return "Pending"
+        if not self.finished:
+            return "Running"
+        return "Succeeded" if all(c.exit_code == 0 for c in self.containers) else "Failed"
+
+    def _condition(self, kind: str, ok: bool, reason: str | None = None) -> dict:
+        status = "True" if ok else "False"
+        if self._transitions.get(kind, ("",))[0] != status:
+            self._transitions[kind] = (status, _now())
+        out = {"type": kind, "status": status, "lastTransitionTime": self._transitions[kind][1]}
+        return out | ({"reason": reason} if reason else {})
+
+    def status(self) -> dict:
+        phase = self.phase()
+        reason = "PodCompleted" if self.finished else None
+        ready = self.ready
+        ip = self.net.ip if self.net else self.pod.get("status", {}).get("podIP")
+        out = {
+            "phase": phase,
+            "hostIP": self.kubelet.network.host_ip,
+            "hostIPs": [{"ip": self.kubelet.network.host_ip}],
+            "startTime": self.start_time,
+            "conditions": [
+                self._condition("PodScheduled", True),
+                self._condition("Initialized", True, reason),
+                self._condition("ContainersReady", ready, reason),
+                self._condition("Ready", ready, reason),
+            ],
+            "containerStatuses": [c.status() for c in self.containers],
+        }
+        return out | ({"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {})
+
+    async def report(self) -> None:
+        async with self._report_lock:
+            status = self.status()
+            if status != self._reported:
+                await self.kubelet.api.patch_pod(self.pod, {"status": status}, "/status")
+                self._reported = status
+
+
+class ContainerRunner:
+    """One container: its process, restarts and probes."""
+
+    def __init__(self, pod: PodRunner, spec: dict):
+        self.pod = pod
+        self.spec = spec
+        self.name = spec["name"]
+        self.launch_spec: Path | None = None
+        self.env: dict[str, str] = {}
+        self.proc: asyncio.subprocess.Process | None = None
+        self.state: dict = {"waiting": {"reason": "ContainerCreating"}}
+        self.last_state: dict = {}
+        self.restart_count = 0
+        self.started_once = False
+        self.started = False  # the startup probe passed
+        self.ready = False
+        self.exit_code: int | None = None
+
+    async def prepare(self, vols: dict[str, Path]) -> None:
+        # What the downward API reads is what this kubelet decided, whatever the cached object says.
+        pod = self.pod.pod | {"status": self.pod.status()}
+        pod["spec"] = pod["spec"] | {"nodeName": self.pod.kubelet.node_name}
+        env = await container_env(pod, self.spec, self.pod._get)
+        argv = command_line(self.spec, env)
+        mounts = volumes.mounts(self.spec, vols)
+        hostname = pod["spec"].get("hostname") or pod["metadata"]["name"]
+        cwd = self.spec.get("workingDir")
+        if not cwd:
+            cwd = str(self.pod.dir / "workdir")
+            os.makedirs(cwd, exist_ok=True)
+        footprint = self.pod.kubelet.network.footprint
+        for target, is_dir in [(m["target"], Path(m["source"]).is_dir()) for m in mounts] + [(cwd, True)]:
+            if not volumes.under_another(target, mounts) and not os.path.lexists(target):
+                footprint.create_path(Path(target), is_dir)
+        self.env = self.pod.kubelet.env_for(hostname) | env
+        self.launch_spec = self.pod.dir / f"{self.name}.json"
+        self.launch_spec.write_text(json.dumps(
+            {"argv": argv, "env": self.env, "cwd": cwd, "hostname": hostname, "mounts": mounts}, indent=1
+        ))
+
+    async def run(self) -> None:
+        """Run, and restart per restartPolicy, until the container is done for good."""
+        policy = self.pod.pod["spec"].get("restartPolicy", "Always")
+        crashes = 0
+        while True:
+            started = asyncio.get_running_loop().time()
+            await self._start()
+            watching = asyncio.create_task(self._probe())
+            code = await self.proc.wait()
+            watching.cancel()
+            _signal_group(self.proc.pid, signal.SIGKILL)  # what the process left in its group
+            self.exit_code = 128 - code if code < 0 else code
+            self.ready = self.started = False
+            self.state = {"terminated": {
+                "exitCode": self.exit_code, "reason": "Completed" if self.exit_code == 0 else "Error",
+                "startedAt": self.state.get("running", {}).get("startedAt"), "finishedAt": _now(),
+                "containerID": self._container_id(),
+            }}
+            if self.pod.stopping or policy == "Never" or (policy == "OnFailure" and self.exit_code == 0):
+                await self.pod.report()
+                return
+            if asyncio.get_running_loop().time() - started > BACKOFF_RESET_S:
+                crashes = 0
+            delay = min(self.pod.kubelet.backoff_s * 2**crashes, self.pod.kubelet.backoff_cap_s)
+            crashes += 1
+            self.last_state = self.state
+            self.state = {"waiting": {
+                "reason": "CrashLoopBackOff",
+                "message": f"back-off {delay:g}s restarting failed container={self.name} pod={self.pod.name}",
+            }}
+            await self.pod.report()
+            await asyncio.sleep(delay)
+            self.restart_count += 1
+
+    async def _start(self) -> None:
+        meta = self.pod.pod["metadata"]
+        logs = log_path(self.pod.kubelet.state_dir, meta["namespace"], meta["name"], self.name)
+        logs.parent.mkdir(parents=True, exist_ok=True)
+        with open(logs, "ab" if self.started_once else "wb") as out:  # noqa: ASYNC230 (a local file)
+            self.proc = await asyncio.create_subprocess_exec(
+                "ip", "netns", "exec", self.pod.net.netns, sys.executable, str(LAUNCH), str(self.launch_spec),
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started_once = True
+        self.exit_code = None
+        self.state = {"running": {"startedAt": _now()}}
+        if "startupProbe" not in self.spec:
+            self.started = True
+            self.ready = "readinessProbe" not in self.spec
+        await self.pod.report()
+
+    def _container_id(self) -> str:
+        return f"localcluster://{self.proc.pid}" if self.proc else ""
+
+    def status(self) -> dict:
+        return {
+            "name": self.name, "image": self.spec.get("image", ""), "imageID": "",
+            "containerID": self._container_id(), "ready": self.ready, "started": self.started,
+            "restartCount": self.restart_count, "state": self.state, "lastState": self.last_state,
+        }
+
+    # --- probes --------------------------------------------------------------------------
+    async def _probe(self) -> None:
+        ip = self.pod.net.ip
+
+        def check(kind: str):
+            return probes.make_check(self.spec[kind], self.spec, ip, self._exec_in)
+
+        async def on_startup(ok: bool) -> None:
+            if ok:
+                self.started = True
+                self.ready = "readinessProbe" not in self.spec
+                await self.pod.report()
+            else:
+                await self._kill("startup probe failed")
+
+        async def on_ready(ok: bool) -> None:
+            self.ready = ok
+            self.pod.kubelet.update_dns()
+            await self.pod.report()
+
+        async def on_alive(ok: bool) -> None:
+            if not ok:
+                await self._kill("liveness probe failed")
+
+        if "startupProbe" in self.spec:
+            await probes.watch(self.spec["startupProbe"], check("startupProbe"), on_startup, until_success=True)
+        watches = []
+        if "readinessProbe" in self.spec:
+            watches.append(probes.watch(self.spec["readinessProbe"], check("readinessProbe"), on_ready))
+        if "livenessProbe" in self.spec:
+            watches.append(probes.watch(self.spec["livenessProbe"], check("livenessProbe"), on_alive, state=True))
+        await asyncio.gather(*watches)
+
+    async def _kill(self, why: str) -> None:
+        log.info("pod %s/%s container %s: %s, restarting", self.pod.ns, self.pod.name, self.name, why)
+        await self.terminate(float(self.pod.pod["spec"].get("terminationGracePeriodSeconds", 30)))
+
+    async def _exec_in(self, argv: list[str], timeout: float) -> int:
+        proc = await asyncio.create_subprocess_exec(
+            "nsenter", "-t", str(self.proc.pid), "-m", "-n", "-u", "--", *argv, env=self.env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+        )
+        try:
+            return await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            _signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            return -1
+
+    async def terminate(self, grace: float) -> None:
+        """SIGTERM the process group, wait `grace` seconds (or until the pod's kill_now), SIGKILL."""
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        _signal_group(proc.pid, signal.SIGTERM)
+        exited = asyncio.create_task(proc.wait())
+        cut = asyncio.create_task(self.pod.kill_now.wait())
+        await asyncio.wait({exited, cut}, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+        cut.cancel()
+        _signal_group(proc.pid, signal.SIGKILL)
+        await exited

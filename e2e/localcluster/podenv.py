@@ -1,0 +1,104 @@
+"""A container's environment and command line, resolved as the kubelet does.
+
+Emulated: `envFrom` (configMapRef/secretRef, with `prefix`), then `env` in order (`value` with
+`$(VAR)` expansion from the variables defined before it, `valueFrom.fieldRef` for the downward-API
+fields below, `configMapKeyRef`/`secretKeyRef` with `optional`), then `$(VAR)` expansion of
+`command` and `args` from the whole environment (`$$` escapes, unknown names stay as written).
+Not emulated: `resourceFieldRef`, and the variables of `enableServiceLinks`.
+"""
+
+import base64
+import re
+from collections.abc import Awaitable, Callable
+
+# get(kind, namespace, name) -> the object or None; kind is "configmaps" or "secrets".
+Getter = Callable[[str, str, str], Awaitable[dict | None]]
+
+_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+_FIELD = re.compile(r"metadata\.(labels|annotations)\['([^']+)'\]")
+
+
+class ConfigError(Exception):
+    """The pod cannot start yet (a missing ConfigMap, key or unsupported field); the kubelet
+    reports it as CreateContainerConfigError and retries."""
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    def one(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+
+    return _REF.sub(one, text)
+
+
+def field_ref(pod: dict, path: str) -> str:
+    meta, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
+    simple = {
+        "metadata.name": meta.get("name"),
+        "metadata.namespace": meta.get("namespace"),
+        "metadata.uid": meta.get("uid"),
+        "spec.nodeName": spec.get("nodeName"),
+        "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
+        "status.podIP": status.get("podIP"),
+        "status.hostIP": status.get("hostIP"),
+        "status.podIPs": ",".join(ip["ip"] for ip in status.get("podIPs", [])),
+    }
+    if path in simple:
+        return simple[path] or ""
+    m = _FIELD.fullmatch(path)
+    if m:
+        return (meta.get(m.group(1)) or {}).get(m.group(2), "")
+    raise ConfigError(f"fieldRef.fieldPath {path!r} is not supported by the local kubelet")
+
+
+def _decoded(obj: dict, secret: bool) -> dict[str, str]:
+    if not secret:
+        return dict(obj.get("data") or {})
+    data = {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
+    return data | dict(obj.get("stringData") or {})
+
+
+async def _source(get: Getter, ns: str, ref: dict, secret: bool) -> dict[str, str] | None:
+    kind = "secrets" if secret else "configmaps"
+    obj = await get(kind, ns, ref["name"])
+    if obj is None:
+        if ref.get("optional"):
+            return None
+        raise ConfigError(f"{kind[:-1]} {ns}/{ref['name']} not found")
+    return _decoded(obj, secret)
+
+
+async def container_env(pod: dict, container: dict, get: Getter) -> dict[str, str]:
+    ns = pod["metadata"]["namespace"]
+    env: dict[str, str] = {}
+    for source in container.get("envFrom") or []:
+        secret = "secretRef" in source
+        data = await _source(get, ns, source["secretRef" if secret else "configMapRef"], secret)
+        prefix = source.get("prefix", "")
+        env.update({prefix + k: v for k, v in (data or {}).items()})
+    for var in container.get("env") or []:
+        name, value_from = var["name"], var.get("valueFrom")
+        if value_from is None:
+            env[name] = expand(var.get("value", ""), env)
+        elif "fieldRef" in value_from:
+            env[name] = field_ref(pod, value_from["fieldRef"]["fieldPath"])
+        elif "configMapKeyRef" in value_from or "secretKeyRef" in value_from:
+            secret = "secretKeyRef" in value_from
+            ref = value_from["secretKeyRef" if secret else "configMapKeyRef"]
+            data = await _source(get, ns, ref, secret)
+            if data is not None and ref["key"] in data:
+                env[name] = data[ref["key"]]
+            elif not ref.get("optional"):
+                raise ConfigError(f"key {ref['key']!r} not found in {ref['name']} (env {name})")
+        else:
+            raise ConfigError(f"env {name}: valueFrom {sorted(value_from)} is not supported")
+    return env
+
+
+def command_line(container: dict, env: dict[str, str]) -> list[str]:
+    """`command` + `args` expanded; the local cluster has no image ENTRYPOINT to fall back to."""
+    argv = [expand(a, env) for a in (container.get("command") or []) + (container.get("args") or [])]
+    if not argv:
+        raise ConfigError(f"container {container['name']}: no command (images have no entrypoint here)")
+    return argv

@@ -1,0 +1,260 @@
+"""The local cluster's kubelet against a kmock API server: pods are real processes in their own
+network namespaces, reachable at their IPs, resolving Services through their hosts files."""
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import kmock
+import pytest
+
+from e2e.localcluster.kubelet import Kubelet, log_path
+from e2e.localcluster.network import NETNS_ETC, unavailable_reason
+from tests.operator.cluster import NS, ApiServer, Cluster, declare_resources
+
+PY = sys.executable
+
+
+@pytest.fixture
+def kmock_options():
+    return {"cls": ApiServer}
+
+
+@pytest.fixture
+async def cluster(kmock, tmp_path):
+    """A kmock API server with a running kubelet; `cluster.kubelet`, `cluster.logs(pod)`."""
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    declare_resources(kmock)
+    kmock.resources["v1/secrets"] = kmock_resource("Secret")
+    kubelet = Kubelet(str(kmock.url), tmp_path, Path(PY).parents[1], backoff_s=0.5, backoff_cap_s=1)
+    task = asyncio.create_task(kubelet.run())
+    ready = asyncio.create_task(kubelet.ready.wait())
+    await asyncio.wait({task, ready}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()
+    cluster = Cluster(kmock)
+    cluster.kubelet = kubelet
+    cluster.logs = lambda pod, c="main": _read(log_path(tmp_path, NS, pod, c))
+    yield cluster
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await kubelet.shutdown()
+
+
+def kmock_resource(kind: str):
+    return kmock.ResourceInfo(kind=kind, namespaced=True, subresources=set(),
+                              verbs={"get", "list", "watch", "create", "patch", "update", "delete"})
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def pod(name: str, command: list[str], labels: dict | None = None, policy: str = "Never", **extra) -> dict:
+    container = {"name": "main", "image": "venv", "command": command}
+    container.update(extra.pop("container", {}))
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {"app": name}},
+        "spec": {"restartPolicy": policy, "containers": [container], **extra},
+    }
+
+
+def http_server(port: int = 8080) -> dict:
+    return {"ports": [{"name": "http", "containerPort": port}],
+            "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}}
+
+
+def service(name: str, selector: dict, headless: bool, **spec) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+        "spec": {"clusterIP": "None" if headless else "10.96.0.10", "selector": selector,
+                 "ports": [{"port": 8080, "targetPort": 8080}], **spec},
+    }
+
+
+def is_ready(c: Cluster, name: str) -> bool:
+    return any(x["type"] == "Ready" and x["status"] == "True" for x in c.status("Pod", name)["conditions"])
+
+
+def phase(c: Cluster, name: str) -> str | None:
+    return c.status("Pod", name).get("phase")
+
+
+def main_status(c: Cluster, name: str) -> dict:
+    return c.status("Pod", name)["containerStatuses"][0]
+
+
+def ip_out(*args: str) -> str:
+    return subprocess.run(["ip", *args], check=True, capture_output=True, text=True).stdout
+
+
+def http_get(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.status
+
+
+async def test_pod_serves_on_its_ip_and_pods_resolve_each_other(cluster):
+    labels = {"group": "peers"}
+    await cluster.create(service("peers", labels, headless=True, publishNotReadyAddresses=True))
+    await cluster.create(pod("a", ["python", "-m", "http.server", "8080"], labels,
+                             hostname="a", subdomain="peers", container=http_server()))
+    resolve = (
+        "import socket, time, urllib.request\n"
+        "time.sleep(1)\n"
+        "for name in ['a.peers', 'peers', 'peers.team-a.svc.cluster.local', 'b.peers.team-a.svc']:\n"
+        "    print(name, socket.gethostbyname(name), flush=True)\n"
+        "print('status', urllib.request.urlopen('http://a.peers:8080/', timeout=5).status, flush=True)\n"
+    )
+    await cluster.create(pod("b", ["python", "-c", resolve], labels, hostname="b", subdomain="peers"))
+
+    await cluster.until(lambda: is_ready(cluster, "a"), 30, "pod a ready")
+    ip_a = cluster.status("Pod", "a")["podIP"]
+    assert cluster.get("Pod", "a")["spec"]["nodeName"] == "local"
+    assert await asyncio.to_thread(http_get, f"http://{ip_a}:8080/") == 200  # from the host side
+
+    await cluster.until(lambda: phase(cluster, "b") in ("Succeeded", "Failed"), 30, "pod b to end")
+    out = cluster.logs("b")
+    assert phase(cluster, "b") == "Succeeded", out
+    lines = dict(line.split(" ", 1) for line in out.splitlines())
+    ip_b = cluster.status("Pod", "b")["podIP"]
+    assert lines["a.peers"] == ip_a
+    assert lines["peers"] in (ip_a, ip_b)
+    assert lines["b.peers.team-a.svc"] == ip_b
+    assert lines["status"] == "200"
+
+
+async def test_cluster_ip_service_follows_a_replaced_pod_in_a_running_process(cluster):
+    await cluster.create(service("api", {"app": "server"}, headless=False))
+    await cluster.create(pod("server-1", ["python", "-m", "http.server", "8080"], {"app": "server"},
+                             container=http_server()))
+    watch = (
+        "import socket, time\n"
+        "while True:\n"
+        "    try: print(socket.gethostbyname('api'), flush=True)\n"
+        "    except OSError as e: print('unresolved', e, flush=True)\n"
+        "    time.sleep(0.2)\n"
+    )
+    await cluster.create(pod("client", ["python", "-c", watch]))
+    await cluster.until(lambda: is_ready(cluster, "server-1"), 30, "server-1 ready")
+    ip_1 = cluster.status("Pod", "server-1")["podIP"]
+    await cluster.until(lambda: ip_1 in cluster.logs("client"), 30, "client resolving server-1")
+
+    await cluster.delete("Pod", "server-1")  # kmock deletes at once: the kubelet kills it
+    await cluster.create(pod("server-2", ["python", "-m", "http.server", "8080"], {"app": "server"},
+                             container=http_server()))
+    await cluster.until(lambda: is_ready(cluster, "server-2"), 30, "server-2 ready")
+    ip_2 = cluster.status("Pod", "server-2")["podIP"]
+    assert ip_2 != ip_1
+    await cluster.until(lambda: ip_2 in cluster.logs("client").splitlines()[-1], 30, "client following")
+    assert main_status(cluster, "client")["restartCount"] == 0
+
+
+async def test_volumes_and_env_and_cleanup(cluster, tmp_path):
+    await cluster.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"},
+                          "data": {"run.toml": "steps = 3\n", "unused": "x"}})
+    await cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "shared"},
+                          "spec": {"accessModes": ["ReadWriteOnce"]}})
+    volumes = [
+        {"name": "config", "configMap": {"name": "cfg", "items": [{"key": "run.toml", "path": "run.toml"}]}},
+        {"name": "data", "persistentVolumeClaim": {"claimName": "shared"}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts = [{"name": "config", "mountPath": "/etc/rlkube-kubelet-test", "readOnly": True},
+              {"name": "data", "mountPath": "/rlkube-kubelet-test/data"},
+              {"name": "tmp", "mountPath": "/tmp"}]
+    env = [
+        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "TEAM", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['team']"}}},
+        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "STEPS_FILE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "run.toml"}}},
+        {"name": "GREETING", "value": "hello $(POD) of $(TEAM), $$(POD) stays"},
+    ]
+    writer = (
+        "import os, pathlib, sys\n"
+        "print(sys.argv[1:], os.environ['GREETING'], os.environ['IP'], flush=True)\n"
+        "pathlib.Path('/tmp/kubelet-test-marker').write_text('private')\n"
+        "cfg = pathlib.Path('/etc/rlkube-kubelet-test/run.toml').read_text()\n"
+        "pathlib.Path('/rlkube-kubelet-test/data/copy.toml').write_text(cfg + os.environ['STEPS_FILE'])\n"
+        "try: pathlib.Path('/etc/rlkube-kubelet-test/x').write_text('no')\n"
+        "except OSError: print('read-only', flush=True)\n"
+    )
+    spec = {"env": env, "volumeMounts": mounts, "args": ["$(POD)", "--at", "$(IP)"]}
+    await cluster.create(pod("writer", ["python", "-c", writer], {"team": "rl"}, volumes=volumes, container=spec))
+    reader = "import pathlib; print(pathlib.Path('/rlkube-kubelet-test/data/copy.toml').read_text(), end='')"
+    await cluster.until(lambda: phase(cluster, "writer") in ("Succeeded", "Failed"), 30, "writer to end")
+    assert phase(cluster, "writer") == "Succeeded", cluster.logs("writer")
+    await cluster.create(pod("reader", ["python", "-c", reader], volumes=volumes, container={"volumeMounts": mounts}))
+    await cluster.until(lambda: phase(cluster, "reader") in ("Succeeded", "Failed"), 30, "reader to end")
+
+    ip = cluster.status("Pod", "writer")["podIP"]
+    assert cluster.logs("writer").splitlines() == [
+        f"['writer', '--at', '{ip}'] hello writer of rl, $(POD) stays {ip}", "read-only"]
+    assert cluster.logs("reader") == "steps = 3\nsteps = 3\n"
+    assert (tmp_path / "pvcs" / NS / "shared" / "copy.toml").exists()
+    assert not Path("/tmp/kubelet-test-marker").exists()  # the pod's /tmp was its emptyDir
+    assert Path("/etc/rlkube-kubelet-test").is_dir()  # a mount target the kubelet had to make
+
+    run_id = cluster.kubelet.network.footprint.run_id
+    await cluster.kubelet.shutdown()
+    assert not Path("/etc/rlkube-kubelet-test").exists()
+    assert not Path("/rlkube-kubelet-test").exists()
+    assert f"rlk-{run_id}" not in ip_out("netns", "list")
+    assert f"rlk{run_id}" not in ip_out("link")
+    assert not list(NETNS_ETC.glob(f"rlk-{run_id}-*"))
+
+
+async def test_crashing_container_backs_off_and_restarts(cluster):
+    await cluster.create(pod("crash", ["sh", "-c", "echo started; exit 3"], policy="Always"))
+    await cluster.create(pod("once", ["sh", "-c", "exit 3"], policy="Never"))
+    await cluster.until(
+        lambda: main_status(cluster, "crash")["state"].get("waiting", {}).get("reason") == "CrashLoopBackOff",
+        30, "CrashLoopBackOff")
+    await cluster.until(lambda: main_status(cluster, "crash")["restartCount"] >= 2, 30, "two restarts")
+    status = main_status(cluster, "crash")
+    assert status["lastState"]["terminated"]["exitCode"] == 3
+    assert phase(cluster, "crash") == "Running"
+    await cluster.until(lambda: cluster.logs("crash").count("started") >= 3, 30, "the third start's output")
+
+    await cluster.until(lambda: phase(cluster, "once") == "Failed", 30, "pod `once` Failed")
+    assert main_status(cluster, "once")["state"]["terminated"]["exitCode"] == 3
+    assert main_status(cluster, "once")["restartCount"] == 0
+
+
+async def test_failing_liveness_probe_restarts_the_container(cluster):
+    container = http_server() | {"livenessProbe": {"httpGet": {"path": "/missing", "port": 8080},
+                                                    "periodSeconds": 1, "failureThreshold": 2}}
+    await cluster.create(pod("sick", ["python", "-m", "http.server", "8080"], policy="Always",
+                             terminationGracePeriodSeconds=2, container=container))
+    await cluster.until(lambda: main_status(cluster, "sick")["restartCount"] >= 1, 60, "a liveness restart")
+    assert "terminated" in main_status(cluster, "sick")["lastState"]
+
+
+async def test_graceful_delete_sends_sigterm_then_the_kubelet_deletes_the_pod(cluster, kmock):
+    script = (
+        "import signal, sys, time\n"
+        "def bye(*_):\n"
+        "    print('got SIGTERM', flush=True); time.sleep(0.5); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "print('up', flush=True)\n"
+        "while True: time.sleep(1)\n"
+    )
+    # kmock removes a marked object at once unless a finalizer holds it (the real API server
+    # keeps a pod for its kubelet): the finalizer lets this test see the kubelet's own DELETE.
+    held = pod("graceful", ["python", "-c", script], terminationGracePeriodSeconds=20)
+    held["metadata"]["finalizers"] = ["rlkube.dev/test-hold"]
+    await cluster.create(held)
+    await cluster.until(lambda: "up" in cluster.logs("graceful"), 30, "process up")
+    netns = next(r.net.netns for r in cluster.kubelet.pods.values() if r.name == "graceful")
+
+    await cluster.delete("Pod", "graceful")  # marks it: deletionTimestamp
+    await cluster.until(lambda: any(r.params.get("gracePeriodSeconds") == "0" for r in kmock
+                                    if r.method == kmock.method.DELETE), 30, "the kubelet's final DELETE")
+    assert cluster.logs("graceful").splitlines() == ["up", "got SIGTERM"]
+    assert netns not in ip_out("netns", "list")

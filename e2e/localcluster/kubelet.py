@@ -133,10 +133,12 @@ class Kubelet:
         self.ended: set[str] = set()
         self.services: list[dict] = []
         self.ready = asyncio.Event()  # set once the network is up and the first sync is done
+        self._loop_task: asyncio.Task | None = None
 
     async def run(self) -> None:
         """Set up the network (raises NetworkUnavailable where it cannot be made), then sync
         the pods with the API every `poll_s` until cancelled."""
+        self._loop_task = asyncio.current_task()
         self.network = Network()
         await self.api.open()
         while True:
@@ -150,6 +152,8 @@ class Kubelet:
     async def sync(self) -> None:
         pods = await self.api.list("pods")
         self.services = await self.api.list("services")
+        for svc in self.services:
+            _warn_unproxied_ports(svc)
         present = set()
         for pod in pods:
             uid = pod["metadata"]["uid"]
@@ -172,7 +176,7 @@ class Kubelet:
         self.ended.add(uid)
         runner = self.pods.pop(uid)
         if not runner.task.cancelled() and runner.task.exception():
-            log.error("pod %s/%s: %r", runner.ns, runner.name, runner.task.exception())
+            log.error("pod %s/%s: kubelet error %r", runner.ns, runner.name, runner.task.exception())
 
     def update_dns(self) -> None:
         """Rewrite every running pod's hosts file from the current pods and Services."""
@@ -193,7 +197,11 @@ class Kubelet:
         }
 
     async def shutdown(self, grace_s: float = 2.0) -> None:
-        """Stop every pod (SIGTERM, `grace_s`, SIGKILL) and remove the network; no API calls."""
+        """Stop syncing, stop every pod (SIGTERM, `grace_s`, SIGKILL) and remove the network;
+        no API calls. Safe to call more than once."""
+        if self._loop_task and self._loop_task is not asyncio.current_task():
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
         runners = list(self.pods.values())
         for r in runners:
             r.request_stop(grace_s, vanished=True)
@@ -203,6 +211,22 @@ class Kubelet:
             self.network.close()
             self.network = None
         await self.api.close()
+
+
+_warned: set[str] = set()
+
+
+def _warn_unproxied_ports(svc: dict) -> None:
+    """Without kube-proxy a ClusterIP name resolves to a pod: `port` must be the pod's port."""
+    spec, uid = svc.get("spec", {}), svc["metadata"].get("uid", svc["metadata"]["name"])
+    if spec.get("clusterIP") == "None" or uid in _warned:
+        return
+    for port in spec.get("ports") or []:
+        if port.get("targetPort", port["port"]) != port["port"]:
+            _warned.add(uid)
+            log.warning("service %s/%s: port %s != targetPort %s; the local cluster has no "
+                        "kube-proxy, clients reach the pod on %s", svc["metadata"].get("namespace"),
+                        svc["metadata"]["name"], port["port"], port["targetPort"], port["port"])
 
 
 def _grace(pod: dict) -> float:
@@ -254,6 +278,8 @@ class PodRunner:
             await asyncio.gather(*(c.terminate(self.grace) for c in self.containers))
             live.cancel()
         await asyncio.gather(live, return_exceptions=True)
+        if not live.cancelled() and live.exception():
+            await self._fail(live.exception())
         await stop
         self._teardown()
         if not self.vanished:
@@ -261,7 +287,8 @@ class PodRunner:
 
     async def _live(self) -> None:
         """Start the pod and run its containers until each is done for good."""
-        await self.kubelet.api.patch_pod(self.pod, {"spec": {"nodeName": self.kubelet.node_name}})
+        if self.pod["spec"].get("nodeName") != self.kubelet.node_name:
+            await self.kubelet.api.patch_pod(self.pod, {"spec": {"nodeName": self.kubelet.node_name}})
         self.net = self.kubelet.network.add_pod()
         self.start_time = _now()
         self.kubelet.update_dns()
@@ -287,6 +314,16 @@ class PodRunner:
                     c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
                 await self.report()
                 await asyncio.sleep(1)
+
+    async def _fail(self, error: BaseException) -> None:
+        """A pod the kubelet itself could not run (a launch or network error) ends Failed."""
+        log.error("pod %s/%s: %r", self.ns, self.name, error)
+        self.finished = True
+        for c in self.containers:
+            c.terminate_now()
+        self._teardown()
+        status = {"phase": "Failed", "reason": "KubeletError", "message": repr(error)}
+        await self.kubelet.api.patch_pod(self.pod, {"status": status}, "/status")
 
     async def _get(self, plural: str, ns: str, name: str) -> dict | None:
         return await self.kubelet.api.get(plural, ns, name)
@@ -490,6 +527,10 @@ class ContainerRunner:
             _signal_group(proc.pid, signal.SIGKILL)
             await proc.wait()
             return -1
+
+    def terminate_now(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            _signal_group(self.proc.pid, signal.SIGKILL)
 
     async def terminate(self, grace: float) -> None:
         """SIGTERM the process group, wait `grace` seconds (or until the pod's kill_now), SIGKILL."""

@@ -3,6 +3,8 @@ network namespaces, reachable at their IPs, resolving Services through their hos
 
 import asyncio
 import contextlib
+import json
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -12,7 +14,7 @@ import kmock
 import pytest
 
 from e2e.localcluster.kubelet import Kubelet, log_path
-from e2e.localcluster.network import NETNS_ETC, unavailable_reason
+from e2e.localcluster.network import NETNS_ETC, RECORDS, Network, unavailable_reason
 from tests.operator.cluster import NS, ApiServer, Cluster, declare_resources
 
 PY = sys.executable
@@ -258,3 +260,63 @@ async def test_graceful_delete_sends_sigterm_then_the_kubelet_deletes_the_pod(cl
                                     if r.method == kmock.method.DELETE), 30, "the kubelet's final DELETE")
     assert cluster.logs("graceful").splitlines() == ["up", "got SIGTERM"]
     assert netns not in ip_out("netns", "list")
+
+
+async def test_startup_tcp_and_exec_readiness_probes_gate_readiness(cluster):
+    # The exec probe dials the pod's own loopback: it passes only inside the pod's namespace.
+    dial = ["python", "-c", "import socket; socket.create_connection(('127.0.0.1', 8765), timeout=1)"]
+    container = {
+        "startupProbe": {"tcpSocket": {"port": 8765}, "periodSeconds": 1, "failureThreshold": 30},
+        "readinessProbe": {"exec": {"command": dial}, "periodSeconds": 1},
+    }
+    await cluster.create(pod("slow", ["sh", "-c", "sleep 2; exec python -m http.server 8765"],
+                             policy="Always", container=container))
+    await cluster.until(lambda: main_status(cluster, "slow")["state"].get("running"), 30, "running")
+    assert not main_status(cluster, "slow")["started"]  # the server sleeps 2 s before listening
+    await cluster.until(lambda: is_ready(cluster, "slow"), 30, "ready through the probes")
+    assert main_status(cluster, "slow")["started"]
+    assert main_status(cluster, "slow")["restartCount"] == 0
+
+
+async def test_missing_config_map_holds_the_container_until_it_exists(cluster):
+    env = [{"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "late", "key": "mode"}}}]
+    await cluster.create(pod("waits", ["sh", "-c", "echo mode=$MODE"], container={"env": env}))
+    await cluster.until(
+        lambda: main_status(cluster, "waits")["state"]["waiting"]["reason"] == "CreateContainerConfigError",
+        30, "CreateContainerConfigError")
+    assert phase(cluster, "waits") == "Pending"
+    await cluster.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "late"},
+                          "data": {"mode": "fast"}})
+    await cluster.until(lambda: phase(cluster, "waits") == "Succeeded", 30, "the pod to run")
+    assert cluster.logs("waits") == "mode=fast\n"
+
+
+def test_leftovers_of_a_dead_run_are_removed_and_nothing_else(tmp_path):
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale, foreign = "dead001", "alien01"
+    stale_dir = Path("/rlkube-kubelet-stale")
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    (RECORDS / f"{stale}.json").write_text(json.dumps({"pid": dead.pid, "paths": [str(stale_dir)]}))
+    stale_dir.mkdir()
+    for run_id in (stale, foreign):
+        ip_out("netns", "add", f"rlk-{run_id}-1")
+        ip_out("link", "add", f"rlk{run_id}", "type", "bridge")
+    sleeper = subprocess.Popen(["ip", "netns", "exec", f"rlk-{stale}-1", "sleep", "300"], start_new_session=True)
+    try:
+        network = Network()
+        network.close()
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert f"rlk-{stale}-1" not in ip_out("netns", "list")
+        assert f"rlk{stale}" not in ip_out("link")
+        assert not stale_dir.exists()
+        assert not (RECORDS / f"{stale}.json").exists()
+        assert f"rlk-{foreign}-1" in ip_out("netns", "list")  # no record: not ours to touch
+        assert f"rlk{foreign}" in ip_out("link")
+    finally:
+        sleeper.kill()
+        ip_out("netns", "del", f"rlk-{foreign}-1")
+        ip_out("link", "del", f"rlk{foreign}")

@@ -174,8 +174,8 @@ class Kubelet:
 
     def _ended(self, uid: str) -> None:
         self.ended.add(uid)
-        runner = self.pods.pop(uid)
-        if not runner.task.cancelled() and runner.task.exception():
+        runner = self.pods.pop(uid, None)
+        if runner and not runner.task.cancelled() and runner.task.exception():
             log.error("pod %s/%s: kubelet error %r", runner.ns, runner.name, runner.task.exception())
 
     def update_dns(self) -> None:

@@ -51,12 +51,12 @@ def test_shm_spin_is_configurable_on_both():
     assert vllm_command(config, on_cpu=True).env[SPIN_ENV] == "0.5"
 
 
-def test_dry_run_prints_resolved_config(capsys):
+def test_dry_run_prints_resolved_config(capsys, tmp_path):
     from rlkube.entrypoints.inference import main
 
-    assert main(["--model.name", "/m", "--port", "9000", "--dry-run"]) == 0
+    assert main(["--model.name", str(tmp_path), "--port", "9000", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert 'name = "/m"' in out and "port = 9000" in out
+    assert f'name = "{tmp_path}"' in out and "port = 9000" in out
 
 
 def test_inference_process_refuses_a_taken_port(tmp_path):

@@ -261,7 +261,11 @@ def print_help(model: type[BaseModel], command: str) -> None:
 
 
 def parse_cli(model: type[Config], command: str, argv: list[str] | None = None) -> tuple[Config, bool]:
-    """(config, dry_run). Prints help or a field-level error and exits on bad input."""
+    """(config, dry_run). Prints help or a field-level error and exits on bad input, including
+    model directories and environments the config names that are not there
+    (`rlkube.config.checks`)."""
+    from rlkube.config.checks import check_references
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
         print_help(model, command)
@@ -269,7 +273,9 @@ def parse_cli(model: type[Config], command: str, argv: list[str] | None = None) 
     dry_run = "--dry-run" in argv
     argv = [a for a in argv if a != "--dry-run"]
     try:
-        return load_config(model, argv), dry_run
+        config = load_config(model, argv)
+        check_references(config)
+        return config, dry_run
     except ConfigError as e:
         print(f"rlkube {command}: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlkube.config.base import Config
 
@@ -23,14 +23,30 @@ class EnvConfig(Config):
 
 
 class SamplingConfig(Config):
+    """How inference samples. Training sampling must draw from the full tempered distribution
+    (temperature > 0, top_p = 1): the trainer recomputes each token's log-prob as
+    `log_softmax(logits / temperature)`, and a truncated distribution would make vLLM's
+    log-probs disagree with it."""
+
     temperature: float = Field(default=1.0, ge=0)
-    """Sampling temperature (0 is greedy)."""
+    """Sampling temperature (0 is greedy: eval only)."""
 
     top_p: float = Field(default=1.0, gt=0, le=1)
-    """Nucleus sampling."""
+    """Nucleus sampling (below 1: eval only)."""
 
     max_tokens: int = Field(default=256, ge=1)
     """Maximum completion tokens per turn."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_truncated_sampling(cls, data: Any) -> Any:
+        for name in ("top_k", "min_p"):
+            if isinstance(data, dict) and name in data:
+                raise ValueError(
+                    f"{name}: not supported: rlkube samples the full tempered distribution, whose "
+                    "log-probs the trainer recomputes; truncated sampling would make them disagree"
+                )
+        return data
 
 
 class AdvantageConfig(Config):
@@ -140,4 +156,26 @@ class OrchestratorSection(Config):
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})"
             )
+        if self.group_size == 1 and self.advantage.custom is None:
+            raise ValueError(
+                "group_size 1 with the group-mean baseline makes every advantage zero (each rollout "
+                "is its own group's mean): use group_size >= 2, or an advantage.custom function"
+            )
         return self
+
+    @field_validator("sampling")
+    @classmethod
+    def _honest_training_sampling(cls, sampling: SamplingConfig) -> SamplingConfig:
+        if sampling.temperature <= 0:
+            raise ValueError(
+                f"temperature ({sampling.temperature:g}) must be > 0 for training: the trainer "
+                "divides the logits by it to recompute the sampled tokens' log-probs (greedy "
+                "decoding is for eval.sampling)"
+            )
+        if sampling.top_p < 1:
+            raise ValueError(
+                f"top_p ({sampling.top_p:g}) must be 1 for training: vLLM's log-probs would come "
+                "from the truncated distribution and the trainer's from the full one, biasing the "
+                "importance ratio (eval.sampling may use top_p)"
+            )
+        return sampling

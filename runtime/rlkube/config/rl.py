@@ -73,6 +73,30 @@ class RLConfig(RunConfig):
             )
         return self
 
+    @model_validator(mode="after")
+    def _context_fits(self):
+        """Only an explicit `inference.max_model_len` is known here (the model's own needs its
+        config.json); the prompt is at least one token."""
+        max_model_len, orchestrator = self.inference.max_model_len, self.orchestrator
+        if max_model_len is None:
+            return self
+        if max_model_len < orchestrator.seq_len:
+            raise ValueError(
+                f"inference.max_model_len ({max_model_len}) is shorter than orchestrator.seq_len "
+                f"({orchestrator.seq_len}): the trainer's rows would be longer than the longest "
+                "sequence inference serves; raise max_model_len or lower seq_len"
+            )
+        samplings = {"orchestrator.sampling": orchestrator.sampling}
+        if orchestrator.eval is not None:
+            samplings["orchestrator.eval.sampling"] = orchestrator.eval.sampling
+        for field, sampling in samplings.items():
+            if sampling.max_tokens >= max_model_len:
+                raise ValueError(
+                    f"{field}.max_tokens ({sampling.max_tokens}) leaves no room for a prompt "
+                    f"within inference.max_model_len ({max_model_len})"
+                )
+        return self
+
     def inference_urls(self) -> list[str]:
         """The replicas' URLs: as given, or `host:port+i` for the local launcher."""
         if "base_urls" in self.orchestrator.client.model_fields_set:

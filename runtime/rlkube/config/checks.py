@@ -1,0 +1,88 @@
+"""Checks of what a config names outside itself, run by the CLI before anything starts
+(`--dry-run` included): every environment id must resolve and every local model directory
+must exist.
+
+Not pydantic validators: the operator validates the same models where neither the
+environments' packages nor the pods' volumes are, so only the runtime's CLI runs these.
+
+A model name is a local directory when one exists there. Otherwise it is taken for a
+Hugging Face hub id (`name` or `owner/name`) unless it reads as a path: it starts with `/`,
+`./`, `../` or `~`, it has more than one `/`, or its first component is a local directory
+(`outputs/tiny-model` while `outputs/` exists). Such a name is refused, rather than left for
+vLLM to fail on minutes later trying to download it.
+"""
+
+import importlib.util
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from rlkube.config.cli import ConfigError
+from rlkube.config.orchestrator import EnvConfig
+from rlkube.config.shared import ModelConfig
+
+HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
+
+
+def check_references(config: BaseModel) -> None:
+    """Raise a `ConfigError` naming each model path or environment id that cannot be used."""
+    problems = [f"  {path}: {reason}" for path, reason in _problems(config, "")]
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(problems))
+
+
+def _problems(node, path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(node, ModelConfig) and (reason := model_path_problem(node.name)):
+        yield f"{path}name", reason
+    if isinstance(node, EnvConfig) and (reason := env_id_problem(node.id)):
+        yield f"{path}id", reason
+    if isinstance(node, BaseModel):
+        for name in type(node).model_fields:
+            yield from _problems(getattr(node, name), f"{path}{name}.")
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _problems(item, f"{path}{i}.")
+
+
+def model_path_problem(name: str) -> str | None:
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return None
+    if path.exists():
+        return f"'{name}' is a file, not a model directory"
+    reads_as_path = (
+        name.startswith(("/", "./", "../", "~"))
+        or not HUB_ID.fullmatch(name)
+        or ("/" in name and Path(name.split("/")[0]).is_dir())
+    )
+    if reads_as_path:
+        return (
+            f"'{name}' does not exist (a local model directory; write one with `rlkube model "
+            "init --out DIR`, or name a Hugging Face hub id such as Qwen/Qwen3-0.6B)"
+        )
+    return None
+
+
+def env_id_problem(env_id: str) -> str | None:
+    """None when `rlkube.envs.load_env` will find the environment. An installed top-level
+    module of the id's name is found without importing anything; anything else goes through
+    verifiers' own loader (slow: it imports verifiers), which also explains a miss."""
+    from rlkube.envs import BUILTIN_ENVS
+
+    if env_id in BUILTIN_ENVS:
+        return None
+    module = env_id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
+    try:
+        if importlib.util.find_spec(module) is not None:
+            return None
+    except (ImportError, ValueError):
+        pass
+    from verifiers.v1.utils.loaders import import_taskset
+
+    try:
+        import_taskset(env_id)
+    except ImportError as e:
+        return f"environment '{env_id}' does not resolve: not built in ({', '.join(BUILTIN_ENVS)}), {e}"
+    return None

@@ -2,6 +2,7 @@
 network namespaces, reachable at their IPs, resolving Services through their hosts files."""
 
 import asyncio
+import base64
 import contextlib
 import json
 import signal
@@ -161,6 +162,10 @@ async def test_cluster_ip_service_follows_a_replaced_pod_in_a_running_process(cl
 async def test_volumes_and_env_and_cleanup(cluster, tmp_path):
     await cluster.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"},
                           "data": {"run.toml": "steps = 3\n", "unused": "x"}})
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": NS},
+              "data": {"ACCESS_KEY": base64.b64encode(b"key-1").decode()}}
+    async with cluster.server.post(f"/api/v1/namespaces/{NS}/secrets", json=secret) as response:
+        assert response.status < 300
     await cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "shared"},
                           "spec": {"accessModes": ["ReadWriteOnce"]}})
     volumes = [
@@ -180,14 +185,15 @@ async def test_volumes_and_env_and_cleanup(cluster, tmp_path):
     ]
     writer = (
         "import os, pathlib, sys\n"
-        "print(sys.argv[1:], os.environ['GREETING'], os.environ['IP'], flush=True)\n"
+        "print(sys.argv[1:], os.environ['GREETING'], os.environ['IP'], os.environ['S3_ACCESS_KEY'], flush=True)\n"
         "pathlib.Path('/tmp/kubelet-test-marker').write_text('private')\n"
         "cfg = pathlib.Path('/etc/rlkube-kubelet-test/run.toml').read_text()\n"
         "pathlib.Path('/rlkube-kubelet-test/data/copy.toml').write_text(cfg + os.environ['STEPS_FILE'])\n"
         "try: pathlib.Path('/etc/rlkube-kubelet-test/x').write_text('no')\n"
         "except OSError: print('read-only', flush=True)\n"
     )
-    spec = {"env": env, "volumeMounts": mounts, "args": ["$(POD)", "--at", "$(IP)"]}
+    spec = {"env": env, "envFrom": [{"secretRef": {"name": "creds"}, "prefix": "S3_"}],
+            "volumeMounts": mounts, "args": ["$(POD)", "--at", "$(IP)"]}
     await cluster.create(pod("writer", ["python", "-c", writer], {"team": "rl"}, volumes=volumes, container=spec))
     reader = "import pathlib; print(pathlib.Path('/rlkube-kubelet-test/data/copy.toml').read_text(), end='')"
     await cluster.until(lambda: phase(cluster, "writer") in ("Succeeded", "Failed"), 30, "writer to end")
@@ -197,7 +203,7 @@ async def test_volumes_and_env_and_cleanup(cluster, tmp_path):
 
     ip = cluster.status("Pod", "writer")["podIP"]
     assert cluster.logs("writer").splitlines() == [
-        f"['writer', '--at', '{ip}'] hello writer of rl, $(POD) stays {ip}", "read-only"]
+        f"['writer', '--at', '{ip}'] hello writer of rl, $(POD) stays {ip} key-1", "read-only"]
     assert cluster.logs("reader") == "steps = 3\nsteps = 3\n"
     assert (tmp_path / "pvcs" / NS / "shared" / "copy.toml").exists()
     assert not Path("/tmp/kubelet-test-marker").exists()  # the pod's /tmp was its emptyDir

@@ -326,3 +326,16 @@ def test_leftovers_of_a_dead_run_are_removed_and_nothing_else(tmp_path):
         sleeper.kill()
         ip_out("netns", "del", f"rlk-{foreign}-1")
         ip_out("link", "del", f"rlk{foreign}")
+
+
+async def test_a_process_ignoring_sigterm_is_killed_after_the_grace_period(cluster, kmock):
+    stubborn = pod("stubborn", ["sh", "-c", "trap '' TERM; echo up; sleep 300"], terminationGracePeriodSeconds=1)
+    stubborn["metadata"]["finalizers"] = ["rlkube.dev/test-hold"]  # see the graceful-delete test
+    await cluster.create(stubborn)
+    await cluster.until(lambda: "up" in cluster.logs("stubborn"), 30, "process up")
+    pid = int(main_status(cluster, "stubborn")["containerID"].removeprefix("localcluster://"))
+
+    await cluster.delete("Pod", "stubborn")
+    await cluster.until(lambda: any(r.params.get("gracePeriodSeconds") == "0" for r in kmock
+                                    if r.method == kmock.method.DELETE), 30, "the kubelet's final DELETE")
+    assert not Path(f"/proc/{pid}").exists()

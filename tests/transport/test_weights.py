@@ -165,6 +165,22 @@ def test_grpc_publish_and_fetch(model_dir):
         publisher.close()
 
 
+def test_grpc_server_binds_one_address_and_advertises_another(model_dir):
+    """In a pod the server binds every interface and inference dials the trainer's Service
+    name: the location names `grpc_host`, and fetching through that name works."""
+    config = WeightTransferConfig(type="grpc", grpc_host="localhost", grpc_bind_host="127.0.0.1", grpc_port=free_port())
+    publisher = make_publisher(config, "unused", str(model_dir))
+    try:
+        location = publisher.publish(state(1), 1)
+        assert location == f"grpc://localhost:{config.grpc_port}"
+        assert fetch_snapshot(location.removeprefix("grpc://"), 1, timeout=30) == snapshot_files(state(1), 1, model_dir)
+    finally:
+        publisher.close()
+    taken = WeightTransferConfig(type="grpc", grpc_host="localhost", grpc_bind_host="192.0.2.1", grpc_port=free_port())
+    with pytest.raises(OSError, match="weights.grpc_bind_host"):
+        make_publisher(taken, "unused", str(model_dir))  # not an address of this machine
+
+
 def test_grpc_fetch_waits_for_the_server_and_the_step(model_dir):
     """A resumed run asks for its checkpoint's policy before the trainer serves it."""
     config = WeightTransferConfig(type="grpc", grpc_port=free_port(), keep_last=2)

@@ -17,8 +17,13 @@ class WeightTransferConfig(Config):
     """`storage`: a path or fsspec URL (`s3://bucket/run/weights`); `<output_dir>/weights` when unset."""
 
     grpc_host: str = "127.0.0.1"
-    """`grpc`: address of the trainer's weight server (rank 0); `nccl`: the NCCL rendezvous
-    address (also the trainer's rank 0)."""
+    """The trainer's rank 0 as inference dials it (on Kubernetes, the run's stable trainer
+    master Service). `grpc`: the weight server's address, advertised in every policy location
+    (`grpc://<grpc_host>:<grpc_port>`); `nccl`: the NCCL rendezvous address."""
+
+    grpc_bind_host: str | None = None
+    """`grpc`: the address the trainer's weight server binds (`0.0.0.0`: every interface, as in
+    a pod, where `grpc_host` names a Service and not a local address); `grpc_host` when unset."""
 
     grpc_port: int = Field(default=50052, ge=1, le=65535)
     """`grpc`: port of the trainer's weight server."""

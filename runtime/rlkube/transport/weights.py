@@ -55,15 +55,16 @@ class StoragePublisher(WeightPublisher):
 
 
 class GrpcPublisher(WeightPublisher):
-    def __init__(self, host: str, port: int, model_dir: str, keep_last: int | None):
+    """Serves snapshots on `bind_host:port` (default `host`) and advertises `grpc://host:port`:
+    in a pod the server binds every interface while inference dials a stable Service name."""
+
+    def __init__(self, host: str, port: int, model_dir: str, keep_last: int | None, bind_host: str | None = None):
         from rlkube.transport.weights_grpc import WeightsServicer, serve_weights
 
         self.model_dir = model_dir
         self.address = f"{host}:{port}"
         self.servicer = WeightsServicer(keep_last)
-        # Reachable from other pods unless the config names a loopback address.
-        bind_host = host if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
-        self.server = serve_weights(self.servicer, f"{bind_host}:{port}")
+        self.server = serve_weights(self.servicer, f"{bind_host or host}:{port}")
 
     def publish(self, state_dict, step):
         self.servicer.add(step, snapshot_files(state_dict, step, self.model_dir))
@@ -81,7 +82,9 @@ def make_publisher(
         root = config.url or str(Path(output_dir) / "weights")
         return StoragePublisher(root, model_dir, config.keep_last)
     if config.type == "grpc":
-        return GrpcPublisher(config.grpc_host, config.grpc_port, model_dir, config.keep_last)
+        return GrpcPublisher(
+            config.grpc_host, config.grpc_port, model_dir, config.keep_last, bind_host=config.grpc_bind_host
+        )
     from rlkube.transport.weights_nccl import NcclPublisher
 
     return NcclPublisher(config)

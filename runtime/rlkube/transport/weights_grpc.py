@@ -78,8 +78,10 @@ def serve_weights(servicer: WeightsServicer, bind: str) -> grpc.Server:
     """Start a gRPC server for `servicer` on `bind` ("host:port")."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=CHANNEL_OPTIONS)
     rlkube_pb2_grpc.add_WeightsServicer_to_server(servicer, server)
-    if server.add_insecure_port(bind) == 0:
-        raise OSError(f"weights.grpc_port: cannot bind the weight server to {bind}")
+    try:
+        server.add_insecure_port(bind)  # grpcio raises RuntimeError when it cannot bind
+    except RuntimeError:
+        raise OSError(f"weights.grpc_bind_host/grpc_port: cannot bind the weight server to {bind}") from None
     server.start()
     logger.info("weight server listening on %s", bind)
     return server

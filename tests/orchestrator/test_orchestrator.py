@@ -204,3 +204,38 @@ def test_a_batch_of_only_failed_rollouts_stops_the_run(tmp_path):
     with pytest.raises(RuntimeError, match="all 4 rollouts of batch 1 failed, e.g. InferenceError"):
         asyncio.run(asyncio.wait_for(orchestrator.run(), timeout=30))
     assert orchestrator.status()["phase"] == "failed"
+
+
+def test_a_trainer_stops_when_the_orchestrator_restarts(tmp_path):
+    """A restarted orchestrator (no checkpoint: back at step 0, so batch 2 never comes while
+    the trainer waits for it) answers with another instance id: the trainer stops at once."""
+    from rlkube.transport.client import OrchestratorRestarted
+
+    from tests.fixtures.inference import free_port
+
+    config, port = make_config(tmp_path, ckpt=None), free_port()
+
+    async def serve_until(orchestrator, trainer_calls):
+        server = await start_server(orchestrator, "127.0.0.1", port)
+        run = asyncio.ensure_future(orchestrator.run())
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(trainer_calls), timeout=60)
+        finally:
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+            await stop_server(server, 1)
+
+    with RolloutClient(f"127.0.0.1:{port}", timeout_s=600) as client:
+        first = Orchestrator(config, [FakeRunner()], FakePool(), lambda m, s: None)
+        batch = asyncio.run(serve_until(first, lambda: client.get_batch(1, 0, 1)))
+        assert batch[0]["step"] == 1
+
+        def next_step():
+            with pytest.raises(OrchestratorRestarted, match=first.instance_id):
+                client.get_batch(2, 0, 1)
+            with pytest.raises(OrchestratorRestarted):
+                client.report_policy(1, "/w/step_1")
+
+        second = Orchestrator(config, [FakeRunner()], FakePool(), lambda m, s: None)
+        asyncio.run(serve_until(second, next_step))
+        assert second.status()["step"] == 0, "the report never reached the new orchestrator"

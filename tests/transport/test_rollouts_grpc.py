@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from rlkube.transport.client import RolloutClient, RolloutError
+from rlkube.transport.client import OrchestratorRestarted, RolloutClient, RolloutError
 from rlkube.transport.microbatch import TENSOR_FIELDS
 from rlkube.transport.server import start_server, stop_server
 from rlkube.transport.tensors import from_proto, to_proto
@@ -33,7 +33,8 @@ def random_micro_batch(rows: int, seq_len: int, seed: int) -> dict:
 class FakeSource:
     """Per (step, rank): 3 micro-batches; step 99 is a bad request; reports are recorded."""
 
-    def __init__(self):
+    def __init__(self, instance_id="orchestrator-a"):
+        self.instance_id = instance_id
         self.batches = {(1, r): [random_micro_batch(2, 64, 10 * r + i) for i in range(3)] for r in range(2)}
         self.reports = []
 
@@ -41,6 +42,8 @@ class FakeSource:
         if step == 99:
             raise ValueError("step 99 is past max_steps")
         await asyncio.sleep(0.05)  # the batch is "not ready yet" for a moment
+        if (step, rank) not in self.batches:
+            await asyncio.Event().wait()  # a restarted orchestrator: this step never comes
         return self.batches[(step, rank)]
 
     async def report_policy(self, step, location):
@@ -148,3 +151,30 @@ def test_deadline_when_nobody_answers():
         pytest.raises(RolloutError, match="no answer within|deadline"),
     ):
         client.get_batch(step=1, rank=0, world_size=1)
+
+
+def test_an_answer_from_a_restarted_orchestrator_stops_the_trainer():
+    """Orchestrator A serves step 1; B (a restart, back at its checkpoint, without step 2)
+    takes over the port. The trainer's next call fails at once instead of waiting for a batch
+    that will never come, and a trainer that reconnects through a retry is stopped too."""
+    port = free_port()
+    with RolloutClient(f"127.0.0.1:{port}", timeout_s=120, backoff_s=0.1) as client:
+        with ServerThread(FakeSource("orchestrator-a"), port):
+            assert len(client.get_batch(step=1, rank=0, world_size=2)) == 3
+            assert client.report_policy(1, "/w/step_1") == 1
+        restarted = FakeSource("orchestrator-b")
+        with ServerThread(restarted, port):
+            with pytest.raises(OrchestratorRestarted, match="orchestrator-b, not orchestrator-a"):
+                client.get_batch(step=2, rank=0, world_size=2)
+            with pytest.raises(OrchestratorRestarted):
+                client.report_policy(2, "/w/step_2")
+            with pytest.raises(OrchestratorRestarted):
+                client.status()
+        assert restarted.reports == [], "nothing reported to the new orchestrator"
+
+    with RolloutClient(f"127.0.0.1:{port}", timeout_s=120, backoff_s=0.1) as client:
+        with ServerThread(FakeSource("orchestrator-a"), port):
+            client.get_batch(step=1, rank=1, world_size=2)
+        # Nobody listens for a second: the call retries, and reaches B when it comes up.
+        with ServerThread(FakeSource("orchestrator-b"), port, delay_s=1.0), pytest.raises(OrchestratorRestarted):
+            client.get_batch(step=1, rank=1, world_size=2)

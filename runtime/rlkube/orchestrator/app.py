@@ -54,6 +54,7 @@ async def serve(config: OrchestratorConfig) -> None:
     evaluate = periodic_eval(config) if config.eval is not None else None
     orchestrator = Orchestrator(config, runners, pool, log_metrics, evaluate)
     host = config.rollouts.host
+    logger.info("orchestrator instance %s", orchestrator.instance_id)
     grpc_server = await start_server(orchestrator, host, config.rollouts.port)
     http, _ = await start_http(make_app(orchestrator.status, prometheus), host, config.http_port)
     try:

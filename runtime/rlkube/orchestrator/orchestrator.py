@@ -15,6 +15,7 @@ Batches are kept until the trainer reports the policy they produced (it consumed
 import asyncio
 import logging
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -39,6 +40,9 @@ EvalFn = Callable[[int], Awaitable[dict[str, float]]]
 class Orchestrator:
     def __init__(self, config: OrchestratorConfig, runners: list, pool, log_metrics: MetricsFn, evaluate: EvalFn | None = None):
         self.config = config
+        self.instance_id = uuid.uuid4().hex
+        """Random per process; every answer to the trainer carries it, so a trainer that
+        reaches a restarted orchestrator stops (`rlkube.transport.client.OrchestratorRestarted`)."""
         self.runners = {r.name: r for r in runners}
         self.pool = pool
         self.log_metrics = log_metrics

@@ -2,6 +2,13 @@
 
 The server knows nothing about rollouts: it adapts a `BatchSource` (the orchestrator) to the
 `Rollouts` service of rlkube.proto. It runs on the orchestrator's asyncio loop (`grpc.aio`).
+
+Every answer carries the orchestrator's `instance_id` (random per process) in the initial
+metadata under `rlkube-orchestrator-id`, sent before the call waits for anything: a trainer
+that reaches an orchestrator other than the one it started with learns it at once
+(`rlkube.transport.client.OrchestratorRestarted`). A request that names the instance it
+expects (same key) and reaches another is refused (FAILED_PRECONDITION) before it acts: a
+restarted orchestrator never takes a policy report meant for its predecessor.
 """
 
 import logging
@@ -15,6 +22,8 @@ from rlkube.transport.microbatch import to_message
 
 logger = logging.getLogger(__name__)
 
+INSTANCE_ID_KEY = "rlkube-orchestrator-id"
+
 MAX_MESSAGE_BYTES = 1 << 30
 """One micro-batch may be large (rows x seq_len x 33 bytes); gRPC's 4 MiB default is not."""
 
@@ -27,6 +36,9 @@ CHANNEL_OPTIONS = [
 class BatchSource(Protocol):
     """What the Rollouts service serves. Errors: ValueError for a bad request (answered
     INVALID_ARGUMENT), LookupError for a step that will never exist (NOT_FOUND)."""
+
+    instance_id: str
+    """Random per orchestrator process; a new one means the run's batch state started over."""
 
     async def get_batch(self, step: int, rank: int, world_size: int, micro_batch_rows: int) -> list[dict]:
         """The rank's micro-batches for `step`, waiting until the step's batch is ready."""
@@ -42,7 +54,17 @@ class RolloutsService(pb_grpc.RolloutsServicer):
     def __init__(self, source: BatchSource):
         self.source = source
 
+    async def _identify(self, context: grpc.aio.ServicerContext) -> None:
+        mine = self.source.instance_id
+        await context.send_initial_metadata(((INSTANCE_ID_KEY, mine),))
+        expected = dict(context.invocation_metadata() or ()).get(INSTANCE_ID_KEY)
+        if expected not in (None, mine):
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"this is orchestrator {mine}, not {expected}"
+            )
+
     async def GetBatch(self, request: pb.GetBatchRequest, context: grpc.aio.ServicerContext):
+        await self._identify(context)
         try:
             batches = await self.source.get_batch(
                 request.step, request.rank, request.world_size, request.micro_batch_rows or 1
@@ -55,6 +77,7 @@ class RolloutsService(pb_grpc.RolloutsServicer):
             yield to_message(micro_batch, request.step, request.rank, index, len(batches))
 
     async def ReportPolicy(self, request: pb.PolicyReport, context: grpc.aio.ServicerContext) -> pb.PolicyAck:
+        await self._identify(context)
         try:
             accepted = await self.source.report_policy(request.step, request.location)
         except ValueError as e:
@@ -62,6 +85,7 @@ class RolloutsService(pb_grpc.RolloutsServicer):
         return pb.PolicyAck(accepted_step=accepted)
 
     async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.Status:
+        await self._identify(context)
         status = self.source.status()
         reward = status.get("reward")
         return pb.Status(

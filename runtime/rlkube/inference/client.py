@@ -14,6 +14,7 @@ import httpx
 from rlkube.http import async_client
 
 PauseMode = Literal["keep", "wait", "abort"]
+NCCL_VERSION_POLL_S = 0.2
 
 
 class InferenceError(RuntimeError):
@@ -93,13 +94,18 @@ async def update_weights(base_url: str, step: int, location: str, timeout: float
     computed with the old weights) and tag new tokens with weight version `step`.
     Returns the worker's summary line.
 
-    An `nccl://` location means the trainer already broadcast the weights into the workers
-    (`weights.type = "nccl"`); this then only checks that the server serves version `step`."""
+    An `nccl://` location means the trainer broadcasts the weights into the workers itself,
+    pausing and resuming the server around it (`weights.type = "nccl"`); this then only waits,
+    up to `timeout`, until the server serves version `step` or a newer one (the trainer may
+    already have pushed the next). Do not pause around it: a resume could land in the middle of
+    the trainer's next broadcast."""
     if location.startswith("nccl://"):
-        version = await weight_version(base_url, timeout)
-        if version != str(step):
-            raise InferenceError(f"{base_url} serves weight version {version}, expected {step}")
-        return f"step {step} broadcast over NCCL"
+        deadline = time.monotonic() + timeout
+        while not _is_at_least(version := await weight_version(base_url, timeout), step):
+            if time.monotonic() > deadline:
+                raise InferenceError(f"{base_url} serves weight version {version} after {timeout:g}s, expected {step}")
+            await asyncio.sleep(NCCL_VERSION_POLL_S)
+        return f"step {step} broadcast over NCCL (serving {version})"
     # The worker gets `timeout` to obtain the snapshot, waiting for it included. vLLM's own RPC
     # deadline is only a backstop, with room for the load itself: it must not fire first, as
     # vLLM 0.32 then hands the worker's late answer to the next RPC (a later /pause fails).
@@ -120,6 +126,15 @@ async def update_weights(base_url: str, step: int, location: str, timeout: float
     return response.json()["results"][0]
 
 
+def _is_at_least(version: str | None, step: int) -> bool:
+    return version is not None and version.isdigit() and int(version) >= step
+
+
 async def weight_version(base_url: str, timeout: float = 10) -> str | None:
     """The weight version last set by `update_weights` ("default" before any update)."""
     return (await _get(base_url, "/weight_info", timeout))["weight_version"]
+
+
+async def set_weight_version(base_url: str, step: int, timeout: float = 60) -> None:
+    """Tag the weights served as policy `step` (what `weight_version` reads back)."""
+    await _post(base_url, "/update_weight_version", timeout, json={"new_version": str(step)})

@@ -18,10 +18,9 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from rlkube.config import OrchestratorConfig
-from rlkube.launch.checkpoints import unmark_after
+from rlkube.launch.checkpoints import checkpoint_root, unmark_after
 from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.advantage import make_advantage_fn
 from rlkube.orchestrator.buffer import RolloutBuffer
@@ -76,7 +75,7 @@ class Orchestrator:
         self.last_reward: float | None = None
         self.last_lag = 0
         self.last_checkpoint_step: int | None = None
-        self.checkpoints_dir = Path(config.output_dir) / "checkpoints"
+        self.checkpoints_dir = checkpoint_root(config.output_dir, config.ckpt)
         self.batch_started = time.perf_counter()
 
     # --- rollouts -------------------------------------------------------------------
@@ -144,6 +143,10 @@ class Orchestrator:
         await self.reports.put((step, location))
         return step
 
+    def current_policy(self) -> tuple[int, str | None]:
+        """The policy inference must serve: step and where its weights are (None: the base model)."""
+        return self.clock.policy_step, self.policy_location
+
     def status(self) -> dict:
         return {
             "phase": self.phase,
@@ -164,7 +167,7 @@ class Orchestrator:
             # One by one, in order, none skipped: each may be due a checkpoint or an eval.
             step, location = await self.reports.get()
             started = time.perf_counter()
-            await self.pool.load_policy(step, location, self.config.weights.timeout_s)
+            await self.load_policy(step, location)
             self.policy_location = location
             self.clock.advance(step)
             for old in [s for s in self.batches if s <= step]:
@@ -173,6 +176,41 @@ class Orchestrator:
                 self.batch_ready.pop(old, None)
             self.log_metrics({"time/update_weights": time.perf_counter() - started, "policy_step": float(step)}, step)
             await self.after_policy(step)
+
+    async def load_policy(self, step: int, location: str) -> None:
+        """Bring every replica to policy `step`. Over NCCL the trainer has already paused,
+        loaded and resumed them (`NcclPublisher.publish`), and pausing here could resume a
+        replica in the middle of its next broadcast: this only waits to see `step` served."""
+        timeout = self.config.weights.timeout_s
+        if not location.startswith("nccl://"):
+            await self.pool.load_policy(step, location, timeout)
+            return
+        from rlkube.inference.client import update_weights
+
+        await asyncio.gather(*(update_weights(url, step, location, timeout) for url in self.pool.base_urls))
+
+    async def load_resumed_policy(self, step: int) -> None:
+        """The policy of the checkpoint resumed from, before any rollout. Over NCCL there is
+        nothing to load from: the resuming trainer republishes `step`. Wait until every replica
+        serves exactly `step` (a replica that outlived the trainer may serve a later, abandoned
+        policy), or until the trainer reports a later one, which the policy loop waits for."""
+        timeout = self.config.weights.timeout_s
+        if not self.policy_location.startswith("nccl://"):
+            await self.pool.load_policy(step, self.policy_location, timeout)
+            return
+        from rlkube.inference.client import NCCL_VERSION_POLL_S, weight_version
+
+        deadline = time.monotonic() + timeout
+        while self.reports.empty():
+            versions = await asyncio.gather(*(weight_version(url) for url in self.pool.base_urls))
+            if all(version == str(step) for version in versions):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"resuming at policy {step}: the trainer did not republish it over NCCL within "
+                    f"weights.timeout_s ({timeout:g}s); the replicas serve versions {versions}"
+                )
+            await asyncio.sleep(NCCL_VERSION_POLL_S)
 
     async def after_policy(self, step: int) -> None:
         last = step == self.config.max_steps
@@ -234,13 +272,21 @@ class Orchestrator:
             unmark_after(self.checkpoints_dir, resume_step, "orchestrator")  # abandoned steps
             self.last_checkpoint_step = resume_step
             if self.policy_location is not None:
-                await self.pool.load_policy(resume_step, self.policy_location, self.config.weights.timeout_s)
+                await self.load_resumed_policy(resume_step)
             if resume_step >= self.config.max_steps:
                 logger.info("checkpoint %d is already at max_steps (%d): nothing to do", resume_step, self.config.max_steps)
                 self.phase = "finished"
                 return
+        # Replicas that started paused (or restarted) join the policy before any rollout, and
+        # the pool keeps watching for restarts (rlkube.orchestrator.inference).
+        timeout = self.config.weights.timeout_s
+        await self.pool.sync(self.current_policy(), timeout, fresh=resume_step is None)
         self.phase = "running"
-        tasks = [asyncio.ensure_future(self.scheduler.run()), asyncio.ensure_future(self.policy_loop())]
+        tasks = [
+            asyncio.ensure_future(self.scheduler.run()),
+            asyncio.ensure_future(self.policy_loop()),
+            asyncio.ensure_future(self.pool.watch(self.current_policy, timeout)),
+        ]
         finished = asyncio.ensure_future(self.finished.wait())
         try:
             while not self.finished.is_set():

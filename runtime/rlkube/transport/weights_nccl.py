@@ -2,10 +2,13 @@
 through vLLM's weight-transfer engine, with no disk and no copy through the host network stack.
 
 The trainer's rank 0 is NCCL rank 0; the workers of replica i take the ranks after those of
-replica i-1. vLLM's trainer-side engine drives each replica's RL routes
-(`/init_weight_transfer_engine`, `/start_weight_update`, `/update_weights`,
-`/finish_weight_update`) over HTTP while it broadcasts, so by the time `publish` returns every
-replica serves the new policy; the returned `nccl://` location tells the orchestrator so.
+replica i-1. The trainer drives every replica itself, in the order the storage and gRPC paths
+follow (`rlkube.orchestrator.inference.InferencePool.load_policy`): `/pause` (in-flight
+requests are kept, frozen) -> vLLM's `/start_weight_update`, `/update_weights` with the
+broadcast, `/finish_weight_update` -> `/reset_prefix_cache` (its KV came from the old weights)
+-> `/update_weight_version` -> `/resume`. No decode step runs on half-loaded layers, and by the
+time `publish` returns every replica serves the new policy; the returned `nccl://` location
+tells the orchestrator so, which then only waits to see that version served.
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -18,17 +21,29 @@ from rlkube.transport.weights import WeightPublisher
 
 
 class _ReplicasClient:
-    """vLLM's HTTP weight-sync client fanned out over several replicas."""
+    """vLLM's HTTP weight-sync client fanned out over several replicas, plus rlkube's calls
+    around a transfer."""
 
     def __init__(self, base_urls: list[str], world_sizes: list[int], timeout: float):
         from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 
+        self.base_urls, self.timeout = base_urls, timeout
         self.clients = [HTTPVLLMWeightSyncClient(url, timeout) for url in base_urls]
         self.rank_offsets = [1 + sum(world_sizes[:i]) for i in range(len(base_urls))]
 
     def _each(self, call) -> None:
         with ThreadPoolExecutor(len(self.clients)) as pool:
             list(pool.map(call, range(len(self.clients))))
+
+    def post(self, route: str, **kwargs) -> None:
+        """POST `route` to every replica at once; raises on any failure."""
+        import httpx
+
+        def one(i: int) -> None:
+            url = self.base_urls[i].rstrip("/") + route
+            httpx.post(url, timeout=self.timeout, **kwargs).raise_for_status()
+
+        self._each(one)
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self._each(lambda i: self.clients[i].init_weight_transfer_engine(
@@ -61,6 +76,7 @@ class NcclPublisher(WeightPublisher):
             raise ValueError("weights.type: 'nccl' needs CUDA GPUs; use 'storage' or 'grpc' on CPU")
         self.config = config
         self.state_dict: dict[str, torch.Tensor] = {}
+        self.replicas: _ReplicasClient | None = None
         self.engine = None
 
     def _connect(self):
@@ -83,26 +99,25 @@ class NcclPublisher(WeightPublisher):
 
         urls, timeout = self.config.inference_urls, self.config.timeout_s
         world_sizes = [_world_size(url, timeout) for url in urls]
-        self.client = _ReplicasClient(urls, world_sizes, timeout)
+        self.replicas = _ReplicasClient(urls, world_sizes, timeout)
         init_info = NCCLTrainerInitInfo(
             rank=0, master_address=self.config.grpc_host, master_port=self.config.nccl_port,
             world_size=1 + sum(world_sizes),
         )
-        return NCCLTrainerWeightTransferEngine.trainer_init(init_info, client=self.client, source=CurrentStateDict())
+        return NCCLTrainerWeightTransferEngine.trainer_init(init_info, client=self.replicas, source=CurrentStateDict())
 
     def publish(self, state_dict, step):
-        import httpx
-
+        """Pause, transfer, reset the prefix cache, tag version `step`, resume: each on every
+        replica before the next. A failure leaves the replicas paused on purpose: their weights
+        may be half-loaded, and the trainer's error ends the attempt."""
         self.state_dict = state_dict
         if self.engine is None:
             self.engine = self._connect()
+        self.replicas.post("/pause", params={"mode": "keep"})
         self.engine.send_weights()
-        for url in self.config.inference_urls:
-            response = httpx.post(
-                f"{url.rstrip('/')}/update_weight_version", json={"new_version": str(step)},
-                timeout=self.config.timeout_s,
-            )
-            response.raise_for_status()
+        self.replicas.post("/reset_prefix_cache", params={"reset_running_requests": "true"})
+        self.replicas.post("/update_weight_version", json={"new_version": str(step)})
+        self.replicas.post("/resume")
         self.state_dict = {}
         return f"nccl://{self.config.grpc_host}:{self.config.nccl_port}"
 

@@ -18,9 +18,10 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from rlkube.config import OrchestratorConfig
-from rlkube.launch.checkpoints import checkpoint_root, unmark_after
+from rlkube.launch.checkpoints import unmark_after
 from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.advantage import make_advantage_fn
 from rlkube.orchestrator.buffer import RolloutBuffer
@@ -75,7 +76,7 @@ class Orchestrator:
         self.last_reward: float | None = None
         self.last_lag = 0
         self.last_checkpoint_step: int | None = None
-        self.checkpoints_dir = checkpoint_root(config.output_dir, config.ckpt)
+        self.checkpoints_dir = Path(config.output_dir) / "checkpoints"
         self.batch_started = time.perf_counter()
 
     # --- rollouts -------------------------------------------------------------------
@@ -142,10 +143,6 @@ class Orchestrator:
         self.trained_step = max(self.trained_step, step)
         await self.reports.put((step, location))
         return step
-
-    def current_policy(self) -> tuple[int, str | None]:
-        """The policy inference must serve: step and where its weights are (None: the base model)."""
-        return self.clock.policy_step, self.policy_location
 
     def status(self) -> dict:
         return {
@@ -277,16 +274,8 @@ class Orchestrator:
                 logger.info("checkpoint %d is already at max_steps (%d): nothing to do", resume_step, self.config.max_steps)
                 self.phase = "finished"
                 return
-        # Replicas that started paused (or restarted) join the policy before any rollout, and
-        # the pool keeps watching for restarts (rlkube.orchestrator.inference).
-        timeout = self.config.weights.timeout_s
-        await self.pool.sync(self.current_policy(), timeout, fresh=resume_step is None)
         self.phase = "running"
-        tasks = [
-            asyncio.ensure_future(self.scheduler.run()),
-            asyncio.ensure_future(self.policy_loop()),
-            asyncio.ensure_future(self.pool.watch(self.current_policy, timeout)),
-        ]
+        tasks = [asyncio.ensure_future(self.scheduler.run()), asyncio.ensure_future(self.policy_loop())]
         finished = asyncio.ensure_future(self.finished.wait())
         try:
             while not self.finished.is_set():

@@ -440,9 +440,10 @@ async def collect_garbage(api: Api) -> None:
     for obj in objects:
         meta = obj["metadata"]
         refs = meta.get("ownerReferences") or []
-        orphaned = refs and not any(r["uid"] in uids for r in refs)
-        homeless = meta.get("namespace") and meta["namespace"] not in namespaces
-        if (orphaned or homeless) and not meta.get("deletionTimestamp") and await _really_gone(api, obj):
+        orphaned = refs and not any(r["uid"] in uids for r in refs) and await _owners_gone(api, obj)
+        homeless = meta.get("namespace") and meta["namespace"] not in namespaces and \
+            await api.get(api.kind("v1", "Namespace"), None, meta["namespace"]) is None
+        if (orphaned or homeless) and not meta.get("deletionTimestamp"):
             log.info("garbage collector: deleting %s %s/%s", obj["kind"], meta.get("namespace"), meta["name"])
             await api.delete(obj)
         finalizers = meta.get("finalizers") or []
@@ -450,12 +451,11 @@ async def collect_garbage(api: Api) -> None:
             await _finish_deletion(api, obj, owned_by(obj, objects))
 
 
-async def _really_gone(api: Api, obj: dict) -> bool:
-    """Check the owners (and the namespace) against the API itself: the lists the collector
-    works from were taken one after the other, an owner made meanwhile is in none of them."""
+async def _owners_gone(api: Api, obj: dict) -> bool:
+    """Check the owners against the API itself: the lists the collector works from were taken
+    one after the other, and an owner made meanwhile is in none of them. (Likewise for the
+    namespace, above.)"""
     meta = obj["metadata"]
-    if meta.get("namespace") and await api.get(api.kind("v1", "Namespace"), None, meta["namespace"]) is None:
-        return True
     for ref in meta.get("ownerReferences") or []:
         kind = api.kind(ref["apiVersion"], ref["kind"])
         owner = await api.get(kind, meta.get("namespace"), ref["name"]) if kind else None

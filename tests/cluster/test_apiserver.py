@@ -1,0 +1,143 @@
+"""The local API server as kubectl, kopf and the Python client see it."""
+
+import json
+import threading
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+RLRUN = REPO / "examples" / "reverse_text" / "rlrun.yaml"
+
+
+def rlrun_path(ns: str, name: str = "") -> str:
+    return f"/apis/rlkube.dev/v1alpha1/namespaces/{ns}/rlruns" + (f"/{name}" if name else "")
+
+
+def test_kubectl_apply_get_describe_delete_an_rlrun(local_api, ns):
+    out = local_api.kubectl("apply", "-n", ns, "-f", str(RLRUN))
+    assert "rlrun.rlkube.dev/reverse-text created" in out
+    header = local_api.kubectl("get", "rlruns", "-n", ns).splitlines()[0].split()
+    assert header == ["NAME", "PHASE", "STEP", "REWARD", "RESTARTS", "AGE"]
+
+    local_api.patch(rlrun_path(ns, "reverse-text") + "/status",
+                    {"status": {"phase": "Running", "step": 7, "reward": 0.625, "restarts": 1}})
+    row = local_api.kubectl("get", "rlr", "reverse-text", "-n", ns, "--no-headers").split()
+    assert row[:5] == ["reverse-text", "Running", "7", "0.625", "1"]
+    assert "Phase:" in local_api.kubectl("describe", "rlrun", "reverse-text", "-n", ns)
+    listed = local_api.request("GET", rlrun_path(ns)).json()
+    assert (listed["kind"], listed["apiVersion"]) == ("RLRunList", "rlkube.dev/v1alpha1")
+
+    # A second apply patches: the spec change bumps the generation, the status stays.
+    run = yaml.safe_load(RLRUN.read_text())
+    run["spec"]["suspend"] = True
+    assert "configured" in local_api.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(run))
+    stored = local_api.get(rlrun_path(ns, "reverse-text"))
+    assert stored["spec"]["suspend"] is True
+    assert stored["metadata"]["generation"] == 2
+    assert stored["status"]["step"] == 7
+
+    local_api.kubectl("delete", "rlrun", "reverse-text", "-n", ns)
+    assert local_api.get(rlrun_path(ns, "reverse-text")) is None
+    assert "NotFound" in local_api.kubectl("get", "rlrun", "reverse-text", "-n", ns, check=False)
+
+
+def test_status_subresource_generation_and_conflicts(local_api, ns):
+    cm = local_api.create(f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"generateName": "c-"}, "data": {}})
+    assert cm["metadata"]["name"].startswith("c-") and cm["metadata"]["uid"]
+    run = local_api.create(rlrun_path(ns), {"apiVersion": "rlkube.dev/v1alpha1", "kind": "RLRun",
+                                            "metadata": {"name": "r"}, "spec": {"image": "a"},
+                                            "status": {"phase": "Succeeded"}})
+    assert run["status"] == {}, "status is not set through the object"
+    patched = local_api.patch(rlrun_path(ns, "r"), {"spec": {"image": "b"}, "status": {"phase": "Failed"}})
+    assert patched["metadata"]["generation"] == 2 and patched["status"] == {}
+    labelled = local_api.patch(rlrun_path(ns, "r"), {"metadata": {"labels": {"a": "b"}}})
+    assert labelled["metadata"]["generation"] == 2
+    status = local_api.patch(rlrun_path(ns, "r") + "/status", {"spec": {"image": "c"}, "status": {"phase": "Running"}})
+    assert status["status"] == {"phase": "Running"} and status["spec"]["image"] == "b"
+    unchanged = local_api.patch(rlrun_path(ns, "r") + "/status", {"status": {"phase": "Running"}})
+    assert unchanged["metadata"]["resourceVersion"] == status["metadata"]["resourceVersion"]
+    stale = {"metadata": {"resourceVersion": run["metadata"]["resourceVersion"]}, "spec": {"image": "d"}}
+    response = local_api.request("PATCH", rlrun_path(ns, "r"), stale, ok=(409,))
+    assert response.json()["reason"] == "Conflict"
+    local_api.request("POST", "/api/v1/namespaces/nowhere/configmaps", {"metadata": {"name": "x"}}, ok=(404,))
+
+
+def test_finalizers_hold_deletion_as_kopf_expects(local_api, ns):
+    local_api.create(rlrun_path(ns), {"metadata": {"name": "r"}, "spec": {}})
+    local_api.patch(rlrun_path(ns, "r"), [{"op": "add", "path": "/metadata/finalizers", "value": ["kopf.zalando.org/x"]}],
+                    content_type="application/json-patch+json")
+    local_api.delete(rlrun_path(ns, "r"))
+    held = local_api.get(rlrun_path(ns, "r"))
+    assert held["metadata"]["deletionTimestamp"] and held["metadata"]["finalizers"] == ["kopf.zalando.org/x"]
+    local_api.patch(rlrun_path(ns, "r"), {"metadata": {"finalizers": None}})
+    assert local_api.get(rlrun_path(ns, "r")) is None
+
+
+def test_pod_deletion_is_graceful_until_the_kubelet_confirms(local_api, ns):
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    spec = {"containers": [{"name": "main", "image": "x"}], "terminationGracePeriodSeconds": 7}
+    local_api.create(pods, {"metadata": {"name": "unscheduled"}, "spec": spec})
+    local_api.delete(f"{pods}/unscheduled")
+    assert local_api.get(f"{pods}/unscheduled") is None, "nothing runs an unscheduled pod: deleted at once"
+
+    local_api.create(pods, {"metadata": {"name": "p"}, "spec": spec | {"nodeName": "local"}})
+    local_api.delete(f"{pods}/p")
+    pod = local_api.get(f"{pods}/p")
+    assert pod["metadata"]["deletionTimestamp"] and pod["metadata"]["deletionGracePeriodSeconds"] == 7
+    assert "Terminating" in local_api.kubectl("get", "pods", "-n", ns)
+    local_api.delete(f"{pods}/p", gracePeriodSeconds=3)
+    assert local_api.get(f"{pods}/p")["metadata"]["deletionGracePeriodSeconds"] == 3
+    local_api.delete(f"{pods}/p", ok=(409,), gracePeriodSeconds=0, preconditions={"uid": "someone-else"})
+    local_api.delete(f"{pods}/p", gracePeriodSeconds=0, preconditions={"uid": pod["metadata"]["uid"]})
+    assert local_api.get(f"{pods}/p") is None
+
+
+def test_selectors_tables_and_watches(local_api, ns):
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    for name, labels in (("a", {"app": "x", "tier": "1"}), ("b", {"app": "y"}), ("c", {"app": "x"})):
+        local_api.create(pods, {"metadata": {"name": name, "labels": labels}, "spec": {"containers": [{"name": "main"}]}})
+
+    def names(**params) -> list[str]:
+        return [p["metadata"]["name"] for p in local_api.items(pods, **params)]
+
+    assert names(labelSelector="app=x") == ["a", "c"]
+    assert names(labelSelector="app in (x,y),!tier") == ["b", "c"]
+    assert names(labelSelector="tier") == ["a"]
+    assert names(fieldSelector="metadata.name!=a") == ["b", "c"]
+    assert local_api.kubectl("get", "pods", "-n", ns, "-l", "app=y", "-o", "name").split() == ["pod/b"]
+
+    local_api.set_pod_status(ns, "a", "Running", ready=True)
+    table = local_api.kubectl("get", "pods", "-n", ns, "a").splitlines()
+    assert table[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert table[1].split()[1:4] == ["1/1", "Running", "0"]
+
+    since = local_api.request("GET", pods).json()["metadata"]["resourceVersion"]
+    events = []
+
+    def watch():
+        params = {"watch": "true", "resourceVersion": since, "labelSelector": "app=x", "timeoutSeconds": "5"}
+        with local_api.http.get(local_api.url + pods, params=params, stream=True, timeout=30) as response:
+            for line in response.iter_lines():
+                events.append(json.loads(line))
+                if events[-1]["type"] == "DELETED":
+                    return
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    local_api.patch(f"{pods}/b", {"metadata": {"annotations": {"k": "v"}}})  # not selected
+    local_api.patch(f"{pods}/c", {"metadata": {"annotations": {"k": "v"}}})
+    local_api.delete(f"{pods}/c")
+    watcher.join(30)
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("MODIFIED", "c"), ("DELETED", "c")]
+
+
+def test_discovery_and_openapi_come_from_the_crds(local_api):
+    resources = local_api.get("/apis/rlkube.dev/v1alpha1")["resources"]
+    rlruns = next(r for r in resources if r["name"] == "rlruns")
+    assert rlruns["shortNames"] == ["rlr"] and "rlkube" in rlruns["categories"] and rlruns["namespaced"]
+    assert any(r["name"] == "rlruns/status" for r in resources)
+    index = local_api.get("/openapi/v3")["paths"]
+    doc = local_api.get(index["apis/rlkube.dev/v1alpha1"]["serverRelativeURL"])
+    schema = doc["components"]["schemas"]["dev.rlkube.v1alpha1.RLRun"]
+    assert "spec" in schema["properties"] and schema["x-kubernetes-group-version-kind"][0]["kind"] == "RLRun"

@@ -24,13 +24,16 @@ clients rely on:
 - discovery, OpenAPI v3 and Table output (resources.py); `pods/<name>/log` from the kubelet's
   log files when `logs` is given.
 
-Not emulated: authentication and authorization, admission webhooks, server-side apply,
+Not emulated: protobuf (answered 415: kubectl's imperative generators such as
+`kubectl create configmap` send it; `kubectl apply`/`create -f` send JSON), authentication and
+authorization, admission webhooks, server-side apply,
 schema validation and defaulting, `limit`/`continue` paging (everything fits one page),
 the scale subresource, namespace finalization (a deleted namespace's objects are collected by
 the garbage collector).
 """
 
 import asyncio
+import base64
 import collections
 import copy
 import datetime
@@ -51,7 +54,7 @@ import kmock
 from e2e.localcluster import resources
 from e2e.localcluster.resources import Kind
 
-HISTORY = 20000  # watch events kept for watches that resume from a resourceVersion
+HISTORY = 2000  # watch events kept for watches that resume from a resourceVersion
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
@@ -326,6 +329,8 @@ class ApiServer(kmock.KubernetesEmulator):
                                                                  obj["metadata"]["resourceVersion"]))
             return aiohttp.web.json_response(obj)
         body = request.data
+        if "protobuf" in request.headers.get("Content-Type", ""):  # clients then retry with JSON
+            raise ApiError(415, "UnsupportedMediaType", "the local cluster speaks JSON only")
         if method == "POST" and name is None:
             return aiohttp.web.json_response(await self.create(kind, ns, body), status=201)
         if method == "PUT" and name:
@@ -425,7 +430,7 @@ class ApiServer(kmock.KubernetesEmulator):
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
             if "status" in kind.subresources:
                 obj["status"] = {"phase": "Pending"} if kind.kind == "Pod" else {}
-            return self._store(kind, obj, "ADDED")
+            return self._store(kind, _normalized(obj), "ADDED")
 
     async def update(self, kind: Kind, namespace: str | None, name: str, subresource: str | None,
                      change: Callable[[dict], dict]) -> dict:
@@ -453,6 +458,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 else:
                     meta.pop(key, None)
             new["apiVersion"], new["kind"] = kind.api_version, kind.kind
+            new = _normalized(new)
             if new == old:
                 return old
             if {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
@@ -490,6 +496,14 @@ class ApiServer(kmock.KubernetesEmulator):
                 meta.update(deletionTimestamp=now(grace), deletionGracePeriodSeconds=grace, finalizers=finalizers)
                 return self._store(kind, obj, "MODIFIED")
             return obj
+
+
+def _normalized(obj: dict) -> dict:
+    """What the real server stores: a Secret's `stringData` goes into `data`, base64-encoded."""
+    if obj["kind"] == "Secret" and "stringData" in obj:
+        encoded = {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()}
+        obj["data"] = {**(obj.get("data") or {}), **encoded}
+    return obj
 
 
 def _raise(error: Exception):

@@ -42,6 +42,18 @@ elseif ready ~= nil and stuck[ready.reason] then
   hs.status = "Degraded"
 end
 
+-- A running run whose component crash-loops or lost readiness stays Running; its Degraded
+-- condition names the component: Degraded when it is stuck, Progressing while it comes back.
+local degraded = condition("Degraded")
+if phase == "Running" and degraded ~= nil and degraded.status == "True" then
+  hs.message = degraded.message
+  if stuck[degraded.reason] then
+    hs.status = "Degraded"
+  else
+    hs.status = "Progressing"
+  end
+end
+
 local accepted = condition("SpecAccepted")
 if accepted ~= nil and accepted.status == "False" then
   hs.status = "Degraded"

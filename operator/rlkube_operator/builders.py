@@ -6,7 +6,7 @@ manifest carries the run's ownerReference, so deleting the run deletes its child
 
 import json
 
-from rlkube_operator.names import CONFIG_MOUNT, TORCHRUN_PORT, RunRef
+from rlkube_operator.names import COMPLETION_INDEX_LABEL, CONFIG_MOUNT, TORCHRUN_PORT, RunRef
 from rlkube_operator.pods import container, http_probes, pod_spec
 from rlkube_operator.spec import RLRunSpec, RunSpecBase
 
@@ -37,11 +37,12 @@ def build_pvc(run: RunRef, spec: RunSpecBase) -> dict | None:
     }
 
 
-def _service(run: RunRef, component: str, ports: list[dict], *, headless: bool, not_ready: bool = False) -> dict:
-    spec = {"selector": run.selector(component), "ports": ports}
+def _service(run: RunRef, component: str, ports: list[dict], *, headless: bool, not_ready: bool = False,
+             name: str | None = None, selector: dict[str, str] | None = None) -> dict:
+    spec = {"selector": selector or run.service_selector(component), "ports": ports}
     if headless:
         spec |= {"clusterIP": "None", "publishNotReadyAddresses": not_ready}
-    return {"apiVersion": "v1", "kind": "Service", "metadata": run.metadata(component), "spec": spec}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": run.metadata(component, name), "spec": spec}
 
 
 def _tcp(name: str, port: int) -> dict:
@@ -130,23 +131,30 @@ def build_orchestrator_deployment(run: RunRef, spec: RLRunSpec, replicas: int, a
     }
 
 
-def build_trainer_service(run: RunRef, spec: RunSpecBase) -> dict:
-    """Headless, publishing pods before they are ready: torchrun's rendezvous needs pod 0's
-    name while every pod is still starting."""
+def build_trainer_master_service(run: RunRef, spec: RunSpecBase, status_port: int | None = None) -> dict:
+    """`<run>-trainer-master`: pod 0 of the current trainer Job, whatever the attempt. Headless
+    and publishing pods before they are ready: torchrun's rendezvous, the gRPC weight server and
+    the NCCL rendezvous all need rank 0 while every pod is still starting."""
     ports = [_tcp("torchrun", TORCHRUN_PORT)]
     weights = getattr(spec.config, "weights", None)
     if weights is not None and weights.type == "grpc":
         ports.append(_tcp("weights", weights.grpc_port))
-    return _service(run, "trainer", ports, headless=True, not_ready=True)
+    if weights is not None and weights.type == "nccl":
+        ports.append(_tcp("nccl", weights.nccl_port))
+    if status_port:
+        ports.append(_tcp("http", status_port))
+    selector = run.service_selector("trainer") | {COMPLETION_INDEX_LABEL: "0"}
+    return _service(run, "trainer", ports, headless=True, not_ready=True,
+                    name=run.trainer_master_service, selector=selector)
 
 
-def trainer_command(run: RunRef, spec: RunSpecBase, module: str, config_file: str, attempt: int) -> list[str]:
+def trainer_command(run: RunRef, spec: RunSpecBase, module: str, config_file: str) -> list[str]:
     return [
         "torchrun",
         f"--nnodes={spec.trainer.nodes}",
         f"--nproc-per-node={spec.trainer.nproc_per_node()}",
         "--node-rank=$(NODE_RANK)",
-        f"--master-addr={run.trainer_master(attempt)}",
+        f"--master-addr={run.trainer_master}",
         f"--master-port={TORCHRUN_PORT}",
         "-m",
         module,
@@ -172,23 +180,16 @@ def build_trainer_job(
     main = container(
         spec,
         "trainer",
-        trainer_command(run, spec, module, config_file, attempt),
+        trainer_command(run, spec, module, config_file),
         ports=[{"name": "torchrun", "containerPort": TORCHRUN_PORT}]
         + ([{"name": "http", "containerPort": status_port}] if status_port else []),
         res=spec.trainer.resources,
         gpus=spec.trainer.gpus_per_node,
-        env=[index_env, {"name": "MASTER_ADDR", "value": run.trainer_master(attempt)}],
+        env=[index_env, {"name": "MASTER_ADDR", "value": run.trainer_master}],
     )
     template = {
         "metadata": {"labels": run.labels("trainer"), "annotations": {ATTEMPT_ANNOTATION: str(attempt)}},
-        "spec": pod_spec(
-            run,
-            spec,
-            [main],
-            [config_file],
-            restartPolicy="Never",
-            subdomain=run.child("trainer"),
-        ),
+        "spec": pod_spec(run, spec, [main], [config_file], restartPolicy="Never"),
     }
     nodes = spec.trainer.nodes
     metadata = run.metadata("trainer", name=run.trainer_job(attempt))

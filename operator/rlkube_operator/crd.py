@@ -20,16 +20,26 @@ from pathlib import Path
 import yaml
 
 from rlkube_operator import GROUP, VERSION
+from rlkube_operator.names import NAME_MAX_LENGTH, NAME_PATTERN
 from rlkube_operator.spec import KINDS, RunStatus
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUT_DIRS = [REPO / "crds", REPO / "helm" / "rlkube" / "files" / "crds"]
 
 SHORT_NAMES = {"RLRun": ["rlr"], "SFTRun": ["sftr"]}
-NAME_RULE = {
-    "rule": "size(self.metadata.name) <= 40",
-    "message": "metadata.name must be at most 40 characters (child names add up to 23 more)",
-}
+NAME_RULES = [
+    {
+        "rule": f"size(self.metadata.name) <= {NAME_MAX_LENGTH}",
+        "message": f"metadata.name must be at most {NAME_MAX_LENGTH} characters: the run's children and"
+        " their pods are named after it (`<name>-sft-trainer-master`, `<name>-inference-0`), and each"
+        " of those names must stay a DNS label of at most 63",
+    },
+    {
+        "rule": f"self.metadata.name.matches('{NAME_PATTERN}')",
+        "message": "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting"
+        " with a letter and ending with a letter or digit): the run's Services are named after it",
+    },
+]
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
@@ -171,7 +181,7 @@ def build_crd(kind: str) -> dict:
                                 "spec": spec_schema,
                                 "status": status_schema,
                             },
-                            "x-kubernetes-validations": [NAME_RULE],
+                            "x-kubernetes-validations": NAME_RULES,
                         }
                     },
                 }

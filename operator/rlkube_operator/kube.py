@@ -2,6 +2,9 @@
 
 `ensure` is idempotent: create, and when the object already exists, merge-patch it to the
 desired state (or leave it, for objects whose spec is immutable once made, like Jobs and PVCs).
+It touches only objects controlled by the same owner as the desired one: anything else under
+that name (a recreated run's predecessor awaiting garbage collection, someone else's object)
+raises `ForeignChild`, and is neither patched nor read further.
 Every verb used here is listed in the Helm chart's RBAC rules; nothing else is granted.
 """
 
@@ -11,6 +14,8 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+
+from rlkube_operator.names import controller_uid
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +28,22 @@ KINDS = {
     "StatefulSet": (client.AppsV1Api, "stateful_set"),
     "Deployment": (client.AppsV1Api, "deployment"),
     "Job": (client.BatchV1Api, "job"),
+    "Event": (client.CoreV1Api, "event"),
 }
 IMMUTABLE = {"Job", "PersistentVolumeClaim"}
 MERGE_PATCH = "application/merge-patch+json"
+
+
+class ForeignChild(Exception):
+    """A child's name is taken by an object this run does not control."""
+
+    def __init__(self, obj: dict):
+        meta = obj["metadata"]
+        self.kind, self.name = obj.get("kind", "object"), meta["name"]
+        refs = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
+        self.owner = refs[0] if refs else None
+        owner = f"{self.owner['kind']} {self.owner['name']} (uid {self.owner['uid']})" if self.owner else "no owner"
+        super().__init__(f"{self.kind} {self.name} belongs to {owner}")
 
 
 def api_client(host: str | None = None) -> client.ApiClient:
@@ -59,20 +77,28 @@ class Kube:
                 return None
             raise
 
-    def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict]:
+    def list(self, kind: str, namespace: str, labels: dict[str, str], fields: dict[str, str] | None = None) -> list[dict]:
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
-        response = self._method("list", kind)(namespace, label_selector=selector, _preload_content=False)
+        field_selector = ",".join(f"{k}={v}" for k, v in (fields or {}).items())
+        response = self._method("list", kind)(
+            namespace, label_selector=selector, field_selector=field_selector, _preload_content=False
+        )
         items = self._json(response).get("items", [])
-        # Some servers (and emulators) ignore the selector; filter again so callers can trust it.
-        return [i for i in items if labels.items() <= i.get("metadata", {}).get("labels", {}).items()]
+        # Some servers (and emulators) ignore the selectors; filter again so callers can trust them.
+        return [
+            i for i in items
+            if labels.items() <= (i.get("metadata", {}).get("labels") or {}).items()
+            and all(_field(i, k) == v for k, v in (fields or {}).items())
+        ]
 
     def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict:
         method = self._method("patch", kind)
         return self._json(method(name, namespace, patch, _content_type=MERGE_PATCH, _preload_content=False))
 
-    def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """Delete with background propagation (the Job's pods go too); False if already gone."""
-        body = {"propagationPolicy": "Background"}
+    def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
+        """Delete with background propagation (the Job's pods go too); False if already gone.
+        With `uid`, only that object: not one recreated under the same name meanwhile."""
+        body = {"propagationPolicy": "Background"} | ({"preconditions": {"uid": uid}} if uid else {})
         try:
             self._method("delete", kind)(name, namespace, body=body, _preload_content=False)
             return True
@@ -81,18 +107,38 @@ class Kube:
                 return False
             raise
 
+    def delete_owned(self, kind: str, namespace: str, name: str, owner_uid: str) -> bool:
+        """Delete the object if `owner_uid` controls it; False if it is gone or someone else's."""
+        obj = self.get(kind, namespace, name)
+        if obj is None or controller_uid(obj) != owner_uid:
+            return False
+        return self.delete(kind, namespace, name, uid=obj["metadata"]["uid"])
+
     def ensure(self, obj: dict) -> dict:
-        """Create `obj`, or bring the existing object to it. "Already exists" is success."""
+        """Create `obj`, or bring the existing object to it, if it has the same controller."""
         kind, meta = obj["kind"], obj["metadata"]
-        try:
-            created = self._method("create", kind)(meta["namespace"], obj, _preload_content=False)
-            log.info("created %s %s/%s", kind, meta["namespace"], meta["name"])
-            return self._json(created)
-        except ApiException as e:
-            if e.status != 409:
-                raise
+        existing = self.get(kind, meta["namespace"], meta["name"])
+        if existing is None:
+            try:
+                created = self._method("create", kind)(meta["namespace"], obj, _preload_content=False)
+                log.info("created %s %s/%s", kind, meta["namespace"], meta["name"])
+                return self._json(created)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+            existing = self.get(kind, meta["namespace"], meta["name"]) or {"metadata": meta}
+        if controller_uid(existing) != controller_uid(obj):
+            raise ForeignChild({"kind": kind} | existing)
         if kind in IMMUTABLE:
-            return self.get(kind, meta["namespace"], meta["name"]) or obj
+            return existing
         patch = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata", "status")}
         patch["metadata"] = {"labels": meta.get("labels"), "ownerReferences": meta.get("ownerReferences")}
         return self.patch(kind, meta["namespace"], meta["name"], patch)
+
+
+def _field(obj: dict, path: str):
+    """A field selector's value (`involvedObject.kind`) read from the object."""
+    value = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value

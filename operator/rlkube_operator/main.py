@@ -33,13 +33,10 @@ def reconcile_run(kind: str, reconciler: Reconciler, body: kopf.Body, patch: kop
     started = time.monotonic()
     plain = json.loads(json.dumps(body, default=dict))
     try:
-        result = reconciler.reconcile(kind, plain, now_iso())
-    except Exception:
-        metrics.RECONCILES.labels(kind, "error").inc()
-        raise
+        result = reconciler.reconcile(kind, plain, now_iso())  # its errors are in result.status
     finally:
         metrics.RECONCILE_SECONDS.labels(kind).observe(time.monotonic() - started)
-    metrics.RECONCILES.labels(kind, "ok").inc()
+    metrics.RECONCILES.labels(kind, "error" if result.error else "ok").inc()
     for type_, reason, message in result.events:
         kopf.event(body, type=type_, reason=reason, message=message[:1024])
     patch.status.update(result.status)

@@ -1,5 +1,12 @@
 """Names, labels and in-cluster addresses of a run's children: one place, so builders, the
-reconciler and the status reader agree."""
+reconciler and the status reader agree.
+
+An RLRun's children are `<run>-<component>`; an SFTRun's are `<run>-sft-<component>`, so an
+RLRun and an SFTRun of the same name never share a child. Every child and every pod carries the
+run's uid (`rlkube.dev/run-uid`): pods are matched by it, children by their controller
+ownerReference, never by name alone (a run deleted and recreated under the same name must
+not adopt what its predecessor left for the garbage collector).
+"""
 
 from dataclasses import dataclass
 
@@ -9,6 +16,16 @@ CONFIG_MOUNT = "/etc/rlkube"
 TORCHRUN_PORT = 29500
 SFT_STATUS_PORT = 8080  # the SFT trainer's GET /status on pod 0 (the RLRun's is the orchestrator's)
 COMPONENTS = ("inference", "orchestrator", "trainer")
+CHILD_PREFIX = {"RLRun": "", "SFTRun": "sft-"}
+RUN_UID_LABEL = "rlkube.dev/run-uid"
+# Set by the Job controller on each pod of an Indexed Job (Kubernetes >= 1.28).
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+# A run's name becomes part of its children's names and of their pods' host names and labels
+# (`<run>-sft-trainer-master`, `<run>-sft-trainer-<attempt>-<index>`, the StatefulSet's
+# `controller-revision-hash: <run>-inference-<hash>`): a DNS-1035 label of at most 40 characters
+# keeps all of them valid DNS labels of at most 63.
+NAME_MAX_LENGTH = 40
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
 @dataclass(frozen=True)
@@ -21,8 +38,9 @@ class RunRef:
     uid: str
 
     def child(self, component: str) -> str:
-        """`<run>-inference`, `<run>-orchestrator`, `<run>-trainer`, `<run>-config`, `<run>-data`."""
-        return f"{self.name}-{component}"
+        """`<run>-inference`, `<run>-orchestrator`, `<run>-config`, `<run>-data`,
+        `<run>-trainer-master` (SFTRun: `<run>-sft-config`, …)."""
+        return f"{self.name}-{CHILD_PREFIX[self.kind]}{component}"
 
     def labels(self, component: str | None = None) -> dict[str, str]:
         labels = {
@@ -31,14 +49,23 @@ class RunRef:
             "app.kubernetes.io/managed-by": "rlkube-operator",
             "rlkube.dev/run": self.name,
             "rlkube.dev/kind": self.kind,
+            RUN_UID_LABEL: self.uid,
         }
         if component:
             labels["app.kubernetes.io/component"] = component
         return labels
 
     def selector(self, component: str) -> dict[str, str]:
-        """The stable subset of labels used in selectors (immutable once created)."""
+        """The workloads' pod selector (immutable once created, so unchanged since v0.1)."""
         return {"rlkube.dev/run": self.name, "app.kubernetes.io/component": component}
+
+    def service_selector(self, component: str) -> dict[str, str]:
+        """A Service's selector: this run's pods only, never a recreated run's predecessor's."""
+        return self.selector(component) | {RUN_UID_LABEL: self.uid}
+
+    def pod_labels(self) -> dict[str, str]:
+        """What every pod of this run (and of no other) carries."""
+        return {RUN_UID_LABEL: self.uid}
 
     def owner_reference(self) -> dict:
         return {
@@ -49,6 +76,9 @@ class RunRef:
             "controller": True,
             "blockOwnerDeletion": True,
         }
+
+    def owns(self, obj: dict) -> bool:
+        return controller_uid(obj) == self.uid
 
     def metadata(self, component: str, name: str | None = None) -> dict:
         return {
@@ -70,11 +100,19 @@ class RunRef:
         """Each trainer start (first, gang restart, resume) is a new Job: `<run>-trainer-<attempt>`."""
         return f"{self.child('trainer')}-{attempt}"
 
-    def trainer_pod0(self, attempt: int) -> str:
-        """Pod 0 of the attempt's indexed Job (its hostname is `<job>-0`) under the trainer's
-        headless Service, without the namespace: what the status URL template's {service} takes."""
-        return f"{self.trainer_job(attempt)}-0.{self.child('trainer')}"
+    @property
+    def trainer_master_service(self) -> str:
+        """`<run>-trainer-master`: pod 0 of whichever trainer Job is current. The torchrun
+        master, the gRPC weight server and the NCCL rendezvous: an address that survives
+        gang restarts, unlike the pod's own name."""
+        return self.child("trainer-master")
 
-    def trainer_master(self, attempt: int) -> str:
-        """Pod 0 of the attempt's indexed Job, the torchrun master."""
-        return f"{self.trainer_pod0(attempt)}.{self.namespace}.svc"
+    @property
+    def trainer_master(self) -> str:
+        return f"{self.trainer_master_service}.{self.namespace}.svc"
+
+
+def controller_uid(obj: dict) -> str | None:
+    """The uid of the object's controller (its ownerReference with `controller: true`)."""
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return next((r.get("uid") for r in refs if r.get("controller")), None)

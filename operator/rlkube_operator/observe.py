@@ -17,8 +17,11 @@ BAD_WAITING = {
     "CreateContainerConfigError",
     "CreateContainerError",
 }
+# Pod events that keep a scheduled pod from starting: a ReadWriteOnce volume attached to
+# another node ("Multi-Attach error"), a volume that cannot be mounted.
+VOLUME_REASONS = {"FailedAttachVolume", "FailedMount"}
 # Reasons under which the run is Pending (nothing can run yet) rather than Initializing.
-PENDING_REASONS = {"Unschedulable", "ImagePullBackOff", "ErrImagePull", "InvalidImageName"}
+PENDING_REASONS = {"Unschedulable", "ImagePullBackOff", "ErrImagePull", "InvalidImageName"} | VOLUME_REASONS
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Health:
 
     @property
     def bad(self) -> bool:
-        return self.reason in BAD_WAITING or self.reason == "Unschedulable"
+        return self.reason in BAD_WAITING or self.reason in PENDING_REASONS
 
 
 def _containers(pod: dict) -> list[dict]:
@@ -40,8 +43,10 @@ def _containers(pod: dict) -> list[dict]:
     return status.get("initContainerStatuses", []) + status.get("containerStatuses", [])
 
 
-def _pod_problem(pod: dict) -> tuple[str, str] | None:
+def _pod_problem(pod: dict, volume_events: dict[str, dict]) -> tuple[str, str] | None:
     name = pod["metadata"]["name"]
+    if creating(pod) and (event := volume_events.get(name)) is not None:
+        return event["reason"], f"pod {name}: {event.get('message', event['reason'])}"
     for cs in _containers(pod):
         waiting = cs.get("state", {}).get("waiting") or {}
         if waiting.get("reason") in BAD_WAITING:
@@ -57,12 +62,40 @@ def _pod_ready(pod: dict) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
-def component_health(pods: list[dict], expected: int) -> Health:
-    """Health of `expected` pods of one component from what the pods report."""
+def creating(pod: dict) -> bool:
+    """Scheduled on a node but not started: where volume attach and mount errors keep a pod."""
+    status = pod.get("status", {})
+    scheduled = pod.get("spec", {}).get("nodeName") or any(
+        c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions", [])
+    )
+    waiting = any((cs.get("state", {}).get("waiting") or {}).get("reason") == "ContainerCreating"
+                  for cs in _containers(pod))
+    return status.get("phase") == "Pending" and bool(scheduled or waiting)
+
+
+def volume_problems(pods: list[dict], events: list[dict]) -> dict[str, dict]:
+    """Pod name → its newest volume event (Multi-Attach, mount failure), for pods still creating."""
+    uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in pods if creating(p)}
+    out: dict[str, dict] = {}
+    for event in sorted(events, key=_event_time):
+        obj = event.get("involvedObject") or {}
+        name = obj.get("name")
+        if event.get("reason") in VOLUME_REASONS and name in uids and obj.get("uid") in (None, uids[name]):
+            out[name] = event
+    return out
+
+
+def _event_time(event: dict) -> str:
+    return event.get("lastTimestamp") or event.get("eventTime") or event.get("metadata", {}).get("creationTimestamp") or ""
+
+
+def component_health(pods: list[dict], expected: int, volume_events: dict[str, dict] | None = None) -> Health:
+    """Health of `expected` pods of one component from what the pods (and their volume
+    events) report."""
     restarts = sum(cs.get("restartCount", 0) for pod in pods for cs in _containers(pod))
     restarted = f" ({restarts} container restarts)" if restarts else ""
     for pod in pods:
-        if (problem := _pod_problem(pod)) is not None:
+        if (problem := _pod_problem(pod, volume_events or {})) is not None:
             return Health(False, problem[0], problem[1] + restarted, restarts)
     ready = sum(_pod_ready(p) for p in pods)
     if expected and ready >= expected:
@@ -100,16 +133,17 @@ def pod_failure(pod: dict) -> str:
 
 def trainer_outcome(job: dict | None, pods: list[dict]) -> tuple[str, str]:
     """(`none`|`suspended`|`running`|`succeeded`|`failed`, message) for the current attempt.
-    One failed pod fails the gang even before the Job controller says so."""
+    One failed pod fails the gang even before the Job controller says so; but pods of a
+    suspended Job are killed by the suspension, not failed."""
     if job is None:
         return "none", "no trainer Job"
     if (cond := _job_condition(job, "Complete")) is not None:
         return "succeeded", cond.get("message") or "trainer Job complete"
+    if job.get("spec", {}).get("suspend"):
+        return "suspended", "trainer Job suspended"
     failed = [p for p in pods if p.get("status", {}).get("phase") == "Failed"]
     if failed:
         return "failed", pod_failure(failed[0])
     if (cond := _job_condition(job, "Failed")) is not None:
         return "failed", f"trainer Job failed: {cond.get('reason', '')} {cond.get('message', '')}".strip()
-    if job.get("spec", {}).get("suspend"):
-        return "suspended", "trainer Job suspended"
     return "running", "trainer Job active"

@@ -6,22 +6,31 @@ correct children (or tear them down when done) → observe pods and progress →
 
 Nothing is remembered between calls: the trainer Job carries its attempt and restart count in
 annotations, the ConfigMap carries the applied spec. A stale or lost status therefore cannot
-make the operator restart twice or resume from the wrong place.
+make the operator restart twice or resume from the wrong place. (The status says only whether
+the run has been Running: a run that degrades afterwards stays Running, with `Degraded`.)
+
+Children count only when the run's uid controls them, pods only when they carry its uid: a
+child under the run's name that is someone else's stops the pass (`ForeignChild`) with a
+condition saying whose it is. A pass that fails any other way writes its error to the status.
 """
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ValidationError
 from rlkube.config.cli import format_validation_error
 
 from rlkube_operator import builders, observe, progress
 from rlkube_operator.conditions import Conditions
-from rlkube_operator.kube import Kube
+from rlkube_operator.kube import ForeignChild, Kube
 from rlkube_operator.names import SFT_STATUS_PORT, RunRef
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
 from rlkube_operator.wiring import rl_tomls, sft_tomls
+
+log = logging.getLogger(__name__)
 
 LIVE_FIELDS = {"suspend", "restartPolicy"}  # applied to a running run; anything else is refused
 
@@ -34,7 +43,7 @@ class Workload:
     components: tuple[str, ...]
     module: str
     config_file: str
-    tomls: Callable[[RunRef, RunSpecBase, int], dict[str, str]]
+    tomls: Callable[[RunRef, RunSpecBase], dict[str, str]]
     trainer_status_port: int | None = None
     """Where pod 0 of the trainer serves `GET /status`; None: progress is the orchestrator's."""
 
@@ -61,6 +70,8 @@ class Result:
 
     status: dict
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    error: str | None = None
+    """Why the pass failed (also in the status); None when it did its work."""
 
 
 def _dump(spec: BaseModel) -> dict:
@@ -95,6 +106,8 @@ class Reconciler:
         A started run (its ConfigMap holds the applied spec) keeps that spec, with the live
         fields taken from the request; `desired` is None when the request is invalid."""
         cm = self.kube.get("ConfigMap", run.namespace, run.child("config"))
+        if cm is not None and not run.owns(cm):
+            raise ForeignChild({"kind": "ConfigMap"} | cm)
         if cm is None or builders.APPLIED_SPEC_KEY not in cm.get("data", {}):
             return desired, None
         old = json.loads(cm["data"][builders.APPLIED_SPEC_KEY])
@@ -114,7 +127,7 @@ class Reconciler:
 
     # --- children ---------------------------------------------------------------------
     def trainer_jobs(self, run: RunRef) -> tuple[dict | None, list[dict]]:
-        jobs = self.kube.list("Job", run.namespace, run.selector("trainer"))
+        jobs = [j for j in self.kube.list("Job", run.namespace, run.selector("trainer")) if run.owns(j)]
         jobs.sort(key=observe.job_attempt)
         return (jobs[-1] if jobs else None), jobs[:-1]
 
@@ -123,7 +136,7 @@ class Reconciler:
         k = self.kube
         if (pvc := builders.build_pvc(run, spec)) is not None:
             k.ensure(pvc)
-        tomls = workload.tomls(run, spec, attempt)
+        tomls = workload.tomls(run, spec)
         k.ensure(builders.build_configmap(run, tomls, _dump(spec)))
         replicas = 0 if spec.suspend else 1
         if "inference" in workload.components:
@@ -131,7 +144,7 @@ class Reconciler:
             k.ensure(builders.build_inference_statefulset(run, spec, replicas * spec.inference.replicas))
             k.ensure(builders.build_orchestrator_service(run, spec))
             k.ensure(builders.build_orchestrator_deployment(run, spec, replicas, attempt))
-        k.ensure(builders.build_trainer_service(run, spec))
+        k.ensure(builders.build_trainer_master_service(run, spec, workload.trainer_status_port))
         job = builders.build_trainer_job(
             run, spec, module=workload.module, config_file=workload.config_file,
             attempt=attempt, restarts=restarts, suspend=spec.suspend, status_port=workload.trainer_status_port,
@@ -143,11 +156,23 @@ class Reconciler:
     def teardown(self, run: RunRef, workload: Workload) -> None:
         """Free the GPUs: inference and orchestrator go; ConfigMap, PVC and the Job stay."""
         if "inference" in workload.components:
-            self.kube.delete("StatefulSet", run.namespace, run.child("inference"))
-            self.kube.delete("Deployment", run.namespace, run.child("orchestrator"))
+            self.kube.delete_owned("StatefulSet", run.namespace, run.child("inference"), run.uid)
+            self.kube.delete_owned("Deployment", run.namespace, run.child("orchestrator"), run.uid)
 
     # --- the loop ---------------------------------------------------------------------
     def reconcile(self, kind: str, body: dict, now: str) -> Result:
+        """One pass; what stops it (a foreign child, an API error) is written to the status."""
+        meta, status = body["metadata"], dict(body.get("status") or {})
+        conditions = Conditions(status.get("conditions") or [], meta.get("generation"), now)
+        try:
+            return self._reconcile(kind, body, now)
+        except ForeignChild as e:
+            return self._blocked(status, conditions, e, RunRef(kind, meta["name"], meta["namespace"], meta["uid"]))
+        except Exception as e:  # written to the status, retried on the next pass
+            log.exception("reconcile of %s %s/%s failed", kind, meta["namespace"], meta["name"])
+            return self._error(status, conditions, describe_error(e))
+
+    def _reconcile(self, kind: str, body: dict, now: str) -> Result:
         meta, status = body["metadata"], dict(body.get("status") or {})
         run = RunRef(kind, meta["name"], meta["namespace"], meta["uid"])
         workload = WORKLOADS[kind]
@@ -173,9 +198,11 @@ class Reconciler:
         job, older = self.trainer_jobs(run)
         attempt = observe.job_attempt(job) if job else int(status.get("attempt", 0))
         restarts = int(job["metadata"].get("annotations", {}).get(builders.RESTARTS_ANNOTATION, 0)) if job else 0
-        pods = self.kube.list("Pod", run.namespace, {"rlkube.dev/run": run.name})
+        pods = self.kube.list("Pod", run.namespace, run.pod_labels())
         trainer_pods = [p for p in pods if _component(p) == "trainer" and observe.pod_attempt(p) == attempt]
         outcome, why = observe.trainer_outcome(job, trainer_pods)
+        if outcome == "failed" and spec.suspend:
+            outcome = "suspended"  # pods killed by the suspension are not failures
 
         terminal: str | None = None
         limit = spec.restart_policy.backoff_limit
@@ -185,7 +212,7 @@ class Reconciler:
         elif outcome == "failed":
             if restarts >= limit:
                 terminal, why = "Failed", f"BackoffLimitExceeded: {why} after {restarts} restarts"
-            elif not spec.suspend:
+            else:
                 attempt, restarts = attempt + 1, restarts + 1
                 events.append(("Warning", "TrainerRestarted",
                                f"{why}; gang restart {restarts}/{limit} from the latest checkpoint"))
@@ -204,23 +231,37 @@ class Reconciler:
             status["startTime"] = status.get("startTime") or now
             self.apply(run, workload, spec, attempt, restarts)
             for stale in older:
-                self.kube.delete("Job", run.namespace, stale["metadata"]["name"])
-        health = self._health(workload, spec, attempt, pods, terminal)
+                self.kube.delete("Job", run.namespace, stale["metadata"]["name"], uid=stale["metadata"].get("uid"))
+        volumes = self._volume_problems(run, pods)
+        health = self._health(workload, spec, attempt, pods, terminal, volumes)
         for comp, h in health.items():
             conditions.set(f"{comp.capitalize()}Ready", h.ready, h.reason, h.message)
         self._read_progress(run, workload, spec, attempt, health, status)
-        phase, message = self._phase(spec, health, terminal, why)
+        was_running = status.get("phase") == "Running"
+        phase, message, degraded = self._phase(spec, health, terminal, why, was_running)
         if terminal:
             status["completionTime"] = status.get("completionTime") or now
             if terminal == "Succeeded":
                 status["step"] = spec.config.max_steps
         else:
             status["completionTime"] = None  # null deletes it in the merge patch
-        worst = next((h for h in health.values() if h.bad), None)
+        if degraded is None:
+            conditions.set("Degraded", False, phase, "")
+        else:
+            conditions.set("Degraded", True, degraded[1].reason, f"{degraded[0]}: {degraded[1].message}")
+        worst = degraded[1] if degraded else None
         return self._finish(status, phase, message, conditions, events, stalled=terminal == "Failed", worst=worst)
 
+    def _volume_problems(self, run: RunRef, pods: list[dict]) -> dict[str, dict]:
+        """Volume events of pods stuck before starting (read only when a pod is)."""
+        if not any(observe.creating(p) for p in pods):
+            return {}
+        events = self.kube.list("Event", run.namespace, {}, {"involvedObject.kind": "Pod", "type": "Warning"})
+        return observe.volume_problems(pods, events)
+
     @staticmethod
-    def _health(workload, spec, attempt: int, pods: list[dict], terminal: str | None) -> dict[str, observe.Health]:
+    def _health(workload, spec, attempt: int, pods: list[dict], terminal: str | None,
+                volumes: dict[str, dict]) -> dict[str, observe.Health]:
         """Each component's health from its pods (the trainer's of the current attempt only)."""
         expected = {"orchestrator": 1, "trainer": spec.trainer.nodes}
         if "inference" in workload.components:
@@ -232,22 +273,31 @@ class Reconciler:
                 health[comp] = observe.Health(False, reason, f"{comp} stopped ({reason})")
                 continue
             mine = [p for p in pods if _component(p) == comp and (comp != "trainer" or observe.pod_attempt(p) == attempt)]
-            health[comp] = observe.component_health(mine, expected[comp])
+            health[comp] = observe.component_health(mine, expected[comp], volumes)
         return health
 
     @staticmethod
-    def _phase(spec, health: dict[str, observe.Health], terminal: str | None, why: str) -> tuple[str, str]:
+    def _phase(
+        spec, health: dict[str, observe.Health], terminal: str | None, why: str, was_running: bool
+    ) -> tuple[str, str, tuple[str, observe.Health] | None]:
+        """(phase, message, the degraded component and its health). A run that has been Running
+        stays Running when a component crash-loops or loses readiness: `Degraded` says which."""
         if terminal:
-            return terminal, why
+            return terminal, why, None
         if spec.suspend:
-            return "Suspended", "suspended: compute scaled to zero, storage kept"
-        worst = next((h for h in health.values() if h.bad), None)
-        if worst is not None:
-            phase = "Pending" if worst.reason in observe.PENDING_REASONS else "Initializing"
-            return phase, f"{worst.reason}: {worst.message}"
-        if all(h.ready for h in health.values()):
-            return "Running", "training"
-        return "Initializing", "; ".join(f"{c}: {h.message}" for c, h in health.items() if not h.ready)
+            return "Suspended", "suspended: compute scaled to zero, storage kept", None
+        bad = next(((c, h) for c, h in health.items() if h.bad), None)
+        unready = next(((c, h) for c, h in health.items() if not h.ready), None)
+        if was_running and unready is not None:
+            comp, h = bad or unready
+            return "Running", f"degraded: {comp} {h.reason}: {h.message}", bad or unready
+        if bad is not None:
+            comp, h = bad
+            phase = "Pending" if h.reason in observe.PENDING_REASONS else "Initializing"
+            return phase, f"{h.reason}: {h.message}", bad
+        if unready is None:
+            return "Running", "training", None
+        return "Initializing", "; ".join(f"{c}: {h.message}" for c, h in health.items() if not h.ready), None
 
     def _read_progress(
         self, run: RunRef, workload: Workload, spec: RLRunSpec | SFTRunSpec, attempt: int,
@@ -257,7 +307,7 @@ class Reconciler:
         if workload.trainer_status_port is None:
             source, service, port = "orchestrator", run.child("orchestrator"), spec.config.orchestrator.http_port
         else:
-            source, service, port = "trainer", run.trainer_pod0(attempt), workload.trainer_status_port
+            source, service, port = "trainer", run.trainer_master_service, workload.trainer_status_port
         if not health[source].ready:  # every component of the workload has a health
             return
         url = progress.status_url(self.settings.status_url_template, service=service,
@@ -274,19 +324,58 @@ class Reconciler:
         """Ready/Progressing/Reconciling/Stalled from the phase, an event on every phase change.
 
         `Reconciling` and `Stalled` are the abnormal-true pair Flux's kstatus reads: without
-        `Reconciling`, kstatus would call a run whose pods are still Pending "Current"."""
-        ready = phase in ("Running", "Succeeded")
-        reason = worst.reason if worst is not None and not ready else phase
+        `Reconciling`, kstatus would call a run whose pods are still Pending, or a running run
+        whose component crash-loops, "Current"."""
+        ready = phase in ("Running", "Succeeded") and worst is None
+        reason = worst.reason if worst is not None else phase
         conditions.set("Ready", ready, reason, message)
         conditions.set("Progressing", phase in ("Pending", "Initializing", "Running"), phase, message)
-        starting = phase in ("Pending", "Initializing")
-        conditions.set("Reconciling", starting, phase, message if starting else "")
+        reconciling = phase in ("Pending", "Initializing") or (phase == "Running" and worst is not None)
+        conditions.set("Reconciling", reconciling, reason if reconciling else phase, message if reconciling else "")
         conditions.set("Stalled", stalled, "Failed" if stalled else phase, message if stalled else "")
         if phase != status.get("phase"):
             events.append(("Warning" if phase == "Failed" else "Normal", phase, message))
         status.update(phase=phase, message=message, conditions=conditions.items,
                       observedGeneration=conditions.generation)
         return Result(status=status, events=events)
+
+    @staticmethod
+    def _blocked(status: dict, conditions: Conditions, foreign: ForeignChild, run: RunRef) -> Result:
+        """A child's name is taken: by this run's deleted predecessor (wait for the garbage
+        collector), or by someone else's object (the user must resolve it). Never adopted."""
+        owner = foreign.owner
+        if owner and (owner.get("kind"), owner.get("name")) == (run.kind, run.name):
+            reason = "PreviousRunTerminating"
+            message = (f"{foreign.kind} {foreign.name} still belongs to a deleted {run.kind} {run.name} "
+                       f"(uid {owner.get('uid')}): waiting for the garbage collector to remove it")
+        else:
+            reason = "NameConflict"
+            message = f"{foreign}, not to this run: rename the run, or delete that {foreign.kind}"
+        phase = status.get("phase") if status.get("phase") in ("Succeeded", "Failed") else "Pending"
+        events = [("Warning", reason, message)] if conditions.set("Ready", False, reason, message) else []
+        conditions.set("Reconciling", phase == "Pending", reason, message)
+        status.update(phase=phase, message=f"{reason}: {message}", conditions=conditions.items)
+        return Result(status=status, events=events)
+
+    @staticmethod
+    def _error(status: dict, conditions: Conditions, message: str) -> Result:
+        """A pass that failed: Ready=False (ReconcileError) with the error, the phase kept, and
+        `observedGeneration` not advanced (this spec was not reconciled)."""
+        events = [("Warning", "ReconcileError", message)] if conditions.set("Ready", False, "ReconcileError", message) else []
+        status.update(phase=status.get("phase") or "Pending", message=f"ReconcileError: {message}",
+                      conditions=conditions.items)
+        return Result(status=status, events=events, error=message)
+
+
+def describe_error(e: Exception) -> str:
+    """One line: an API error's status and the API server's own message, else the exception."""
+    if isinstance(e, ApiException):
+        try:
+            detail = json.loads(e.body or "{}").get("message") or e.reason
+        except (ValueError, AttributeError):
+            detail = e.reason
+        return f"{e.status} {e.reason}: {detail}"
+    return f"{type(e).__name__}: {e}"
 
 
 def _component(pod: dict) -> str | None:

@@ -93,18 +93,22 @@ class PVCStorage(K8sModel):
     access_modes: list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]] = Field(
         default=["ReadWriteOnce"], min_length=1
     )
-    """Access modes of the claim the operator creates. Pods of several nodes share it only
-    with ReadWriteMany; use `objectStore` or `grpc` weight transfer otherwise."""
+    """Access modes of the claim the operator creates. Every pod of the run mounts it, so pods
+    on several nodes share it only with ReadWriteMany: a trainer of more than one node needs
+    it. With ReadWriteOnce every pod must land on one node (a pod elsewhere waits with a
+    Multi-Attach error, shown in its component's condition)."""
 
     mount_path: str = Field(default="/data", pattern=r"^/")
     """Where pods mount the claim; the run's output directory is `<mountPath>/<run name>`."""
 
 
 class ObjectStoreStorage(K8sModel):
-    """An object store (an fsspec URL such as `s3://bucket/prefix`) for weight snapshots."""
+    """An object store (an fsspec URL such as `s3://bucket/prefix`) for weight snapshots and
+    checkpoints."""
 
     url: str = Field(pattern=r"^[a-z][a-z0-9+.-]*://.+")
-    """Base URL; weights go to `<url>/<namespace>/<run>/weights`."""
+    """Base URL; weights go to `<url>/<namespace>/<run>/weights`, checkpoints to
+    `<url>/<namespace>/<run>/checkpoints` (unless `config.weights.url` / `config.ckpt.url` are set)."""
 
     secret_name: str | None = None
     """A Secret whose keys become environment variables of every pod (for example
@@ -122,7 +126,7 @@ class StorageSpec(K8sModel):
     """Output directory (checkpoints, weights, logs) on a PersistentVolumeClaim."""
 
     object_store: ObjectStoreStorage | None = None
-    """Weight snapshots in an object store, so inference needs no shared filesystem."""
+    """Weight snapshots and checkpoints in an object store, so the pods need no shared filesystem."""
 
 
 class RestartPolicy(K8sModel):
@@ -194,6 +198,18 @@ class PodSecurityContext(K8sModel):
     """Seccomp profile of every container."""
 
 
+PVC_NODES_RULE = (
+    (
+        "!has(self.storage.pvc) || has(self.storage.pvc.claimName) || self.trainer.nodes <= 1"
+        " || 'ReadWriteMany' in self.storage.pvc.accessModes"
+    ),
+    (
+        "storage.pvc.accessModes must include ReadWriteMany when trainer.nodes > 1: every trainer"
+        " pod mounts the claim from its own node"
+    ),
+)
+
+
 class RunSpecBase(K8sModel):
     """What RLRun and SFTRun share."""
 
@@ -228,12 +244,40 @@ class RunSpecBase(K8sModel):
     security_context: PodSecurityContext | None = None
     """Security context of every pod; the cluster's defaults when unset."""
 
+    @model_validator(mode="after")
+    def _storage_reaches_every_pod(self):
+        """Every pod of the run mounts the claim: one the operator creates must allow that."""
+        pvc = self.storage.pvc
+        if pvc is not None and not pvc.claim_name and "ReadWriteMany" not in pvc.access_modes:
+            if self.trainer.nodes > 1:
+                raise ValueError(
+                    f"storage.pvc.accessModes {pvc.access_modes}: trainer.nodes is {self.trainer.nodes}, "
+                    "and every trainer pod mounts the claim, from its own node: that needs ReadWriteMany "
+                    "(ReadWriteOnce attaches to one node only)"
+                )
+            if pvc.access_modes == ["ReadWriteOncePod"] and self._pods() > 1:
+                raise ValueError(
+                    f"storage.pvc.accessModes ['ReadWriteOncePod'] lets one pod use the claim, and all "
+                    f"{self._pods()} pods of the run mount it: use ReadWriteOnce or ReadWriteMany"
+                )
+        ckpt = getattr(self.config, "ckpt", None)
+        if ckpt is not None and isinstance(ckpt.resume_step, int):
+            raise ValueError(
+                "config.ckpt.resume_step: on Kubernetes every start resumes from the newest complete "
+                "checkpoint ('latest'), or starts fresh when there is none; leave it unset"
+            )
+        return self
+
+    def _pods(self) -> int:
+        return self.trainer.nodes
+
 
 class RLRunSpec(RunSpecBase):
     """An asynchronous RL run: inference servers, an orchestrator and a trainer."""
 
     model_config = ConfigDict(
         json_schema_extra=_cel(
+            PVC_NODES_RULE,
             (
                 (
                     "!has(self.config) || !has(self.config.inference)"
@@ -266,6 +310,9 @@ class RLRunSpec(RunSpecBase):
     orchestrator: OrchestratorSpec = OrchestratorSpec()
     """The orchestrator."""
 
+    def _pods(self) -> int:
+        return self.trainer.nodes + self.inference.replicas + 1
+
     @model_validator(mode="after")
     def _consistent(self):
         cfg = self.config.inference
@@ -285,6 +332,8 @@ class RLRunSpec(RunSpecBase):
 class SFTRunSpec(RunSpecBase):
     """Supervised fine-tuning: the trainer alone."""
 
+    model_config = ConfigDict(json_schema_extra=_cel(PVC_NODES_RULE))
+
     config: SFTConfig = SFTConfig()
     """The runtime config, as in `sft.toml`. The operator sets the output directory."""
 
@@ -296,13 +345,15 @@ class Condition(K8sModel):
     """A standard Kubernetes condition (metav1.Condition)."""
 
     type: str
-    """Ready, Progressing, SpecAccepted, InferenceReady, OrchestratorReady, TrainerReady."""
+    """Ready, Progressing, Reconciling, Stalled, Degraded, SpecAccepted, InferenceReady,
+    OrchestratorReady, TrainerReady."""
 
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
 
     reason: str
-    """CamelCase reason (for example CrashLoopBackOff, Unschedulable, BackoffLimitExceeded)."""
+    """CamelCase reason (for example CrashLoopBackOff, Unschedulable, FailedAttachVolume,
+    ReconcileError, PreviousRunTerminating)."""
 
     message: str = ""
     """Human-readable details."""
@@ -327,7 +378,7 @@ class RunStatus(K8sModel):
     """The `metadata.generation` the operator last reconciled."""
 
     conditions: list[Condition] = Field(default_factory=list)
-    """Ready, Progressing, SpecAccepted and one per component."""
+    """Ready, Progressing, Reconciling, Stalled, Degraded, SpecAccepted and one per component."""
 
     step: int | None = None
     """The latest training step (from the orchestrator or trainer)."""

@@ -2,9 +2,13 @@
 
 The user's `spec.config` is the same config as on one machine; here the operator fills in
 what only the cluster knows: the inference pods' DNS names, the orchestrator Service, the
-output directory on the PVC, the object-store URL for weights, and `ckpt.resume_step =
-"latest"` once the trainer has started before (a gang restart or a resume after suspend).
-Addresses a process binds are `0.0.0.0`; addresses it connects to are Service DNS names.
+trainer master Service, the output directory on the PVC, and the object-store URLs for
+weights and checkpoints. Addresses a process binds are `0.0.0.0`; addresses it dials are
+Service DNS names that survive restarts.
+
+The files do not depend on the attempt: `ckpt.resume_step = "latest"` from the first start,
+so any process that restarts (a gang restart, a killed orchestrator or inference pod, a resume
+after suspend) rejoins the run's newest complete checkpoint, or starts fresh when there is none.
 """
 
 from pathlib import PurePosixPath
@@ -15,6 +19,7 @@ from rlkube_operator.names import SFT_STATUS_PORT, RunRef
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
 
 EMPTYDIR_OUTPUT = "/var/lib/rlkube"
+ANY_ADDRESS = "0.0.0.0"
 
 
 def output_dir(run: RunRef, spec: RunSpecBase) -> str:
@@ -23,41 +28,48 @@ def output_dir(run: RunRef, spec: RunSpecBase) -> str:
     return str(PurePosixPath(base) / run.name)
 
 
-def _resume(config: dict, attempt: int) -> None:
-    if attempt > 0 and config.get("ckpt") is not None and config["ckpt"].get("resume_step") is None:
-        config["ckpt"]["resume_step"] = "latest"
+def _object_store_url(run: RunRef, spec: RunSpecBase, what: str) -> str | None:
+    store = spec.storage.object_store
+    return f"{store.url.rstrip('/')}/{run.namespace}/{run.name}/{what}" if store else None
 
 
-def rl_config(run: RunRef, spec: RLRunSpec, attempt: int) -> RLConfig:
-    """The RLRun's config with the cluster's addresses, before splitting per process."""
-    data = spec.config.model_dump(exclude_unset=False)
+def _shared(run: RunRef, spec: RunSpecBase, data: dict) -> dict:
+    """What both kinds get: the output directory, and checkpoints that any restart resumes."""
     data["output_dir"] = output_dir(run, spec)
+    if (ckpt := data.get("ckpt")) is not None:
+        ckpt["resume_step"] = "latest"
+        if ckpt.get("url") is None and (url := _object_store_url(run, spec, "checkpoints")):
+            ckpt["url"] = url
+    return data
+
+
+def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
+    """The RLRun's config with the cluster's addresses, before splitting per process."""
+    data = _shared(run, spec, spec.config.model_dump())
     port = spec.config.inference.port
-    data["inference"] |= {"replicas": spec.inference.replicas, "host": "0.0.0.0"}
+    data["inference"] |= {"replicas": spec.inference.replicas, "host": ANY_ADDRESS}
     data["orchestrator"]["client"]["base_urls"] = [
         f"http://{run.pod_host('inference', i)}:{port}" for i in range(spec.inference.replicas)
     ]
     data["rollouts"]["host"] = run.service_host("orchestrator")
     weights = data["weights"]
-    if weights["type"] == "storage" and weights.get("url") is None and spec.storage.object_store:
-        weights["url"] = f"{spec.storage.object_store.url.rstrip('/')}/{run.namespace}/{run.name}/weights"
-    if weights["type"] == "grpc":
-        weights["grpc_host"] = run.trainer_master(attempt)
-    _resume(data, attempt)
+    if weights["type"] == "storage" and weights.get("url") is None:
+        weights["url"] = _object_store_url(run, spec, "weights")
+    if weights["type"] in ("grpc", "nccl"):
+        # Inference dials (gRPC) or rendezvous at (NCCL) the trainer's rank 0 by its stable
+        # Service; the weight server binds every interface of its pod.
+        weights |= {"grpc_host": run.trainer_master, "grpc_bind_host": ANY_ADDRESS}
     return RLConfig.model_validate(data)
 
 
-def rl_tomls(run: RunRef, spec: RLRunSpec, attempt: int) -> dict[str, str]:
-    """`{inference,orchestrator,trainer}.toml` → text. Each process binds on all interfaces."""
-    configs = rl_config(run, spec, attempt).process_configs()
-    configs["orchestrator"].rollouts.host = "0.0.0.0"
-    configs["trainer"].weights.grpc_host = "0.0.0.0"
+def rl_tomls(run: RunRef, spec: RLRunSpec) -> dict[str, str]:
+    """`{inference,orchestrator,trainer}.toml` → text."""
+    configs = rl_config(run, spec).process_configs()
+    configs["orchestrator"].rollouts.host = ANY_ADDRESS  # where it serves batches
     return {f"{name}.toml": to_toml(config) for name, config in configs.items()}
 
 
-def sft_tomls(run: RunRef, spec: SFTRunSpec, attempt: int) -> dict[str, str]:
-    data = spec.config.model_dump()
-    data["output_dir"] = output_dir(run, spec)
-    data |= {"status_port": SFT_STATUS_PORT, "status_host": "0.0.0.0"}
-    _resume(data, attempt)
+def sft_tomls(run: RunRef, spec: SFTRunSpec) -> dict[str, str]:
+    data = _shared(run, spec, spec.config.model_dump())
+    data |= {"status_port": SFT_STATUS_PORT, "status_host": ANY_ADDRESS}
     return {"sft.toml": to_toml(SFTConfig.model_validate(data))}

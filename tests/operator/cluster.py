@@ -30,7 +30,7 @@ PLURAL = {"RLRun": "rlkube.dev/v1alpha1/rlruns", "SFTRun": "rlkube.dev/v1alpha1/
 PATHS = {
     "ConfigMap": "v1/configmaps", "Service": "v1/services", "PersistentVolumeClaim": "v1/persistentvolumeclaims",
     "Pod": "v1/pods", "StatefulSet": "apps/v1/statefulsets", "Deployment": "apps/v1/deployments",
-    "Job": "batch/v1/jobs", **PLURAL,
+    "Job": "batch/v1/jobs", "Event": "v1/events", **PLURAL,
 }
 _counter = itertools.count()
 
@@ -153,12 +153,15 @@ class Cluster:
         names = []
         for i in range(count):
             name = f"{owner['metadata']['name']}-{i}{suffix}"
+            labels = dict(template["metadata"]["labels"])
+            if owner["kind"] == "Job":  # the Job controller labels each pod with its index
+                labels["batch.kubernetes.io/job-completion-index"] = str(i)
             pod = {
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {
                     "name": name,
-                    "labels": dict(template["metadata"]["labels"]),
+                    "labels": labels,
                     "annotations": dict(template["metadata"].get("annotations", {})),
                 },
                 "spec": copy.deepcopy(template["spec"]),
@@ -185,6 +188,16 @@ def pod_waiting(reason: str, message: str, restarts: int = 0) -> dict:
             {"name": "main", "restartCount": restarts, "ready": False,
              "state": {"waiting": {"reason": reason, "message": message}}}
         ],
+    }
+
+
+def pod_creating() -> dict:
+    """Scheduled, its containers not started yet (volumes attaching, mounting)."""
+    return {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
+        "containerStatuses": [{"name": "main", "restartCount": 0, "ready": False,
+                               "state": {"waiting": {"reason": "ContainerCreating"}}}],
     }
 
 

@@ -51,3 +51,13 @@ def test_a_refused_spec_change_is_degraded_with_its_message():
     refused = {"type": "SpecAccepted", "status": "False", "reason": "ChangeRequiresRecreate",
                "message": "changes to spec.trainer.nodes cannot apply"}
     assert health(status("Running", conditions=[refused])) == ("Degraded", refused["message"])
+
+
+def test_a_running_run_that_degrades_is_degraded_or_progressing_naming_the_component():
+    crash = {"type": "Degraded", "status": "True", "reason": "CrashLoopBackOff",
+             "message": "inference: pod rt-inference-0: back-off 40s"}
+    assert health(status("Running", "False", "CrashLoopBackOff", conditions=[crash])) == ("Degraded", crash["message"])
+    unready = crash | {"reason": "Starting", "message": "inference: 0/1 pods ready"}
+    assert health(status("Running", "False", "Starting", conditions=[unready])) == ("Progressing", unready["message"])
+    healthy = {"type": "Degraded", "status": "False", "reason": "Running", "message": ""}
+    assert health(status("Running", conditions=[healthy]))[0] == "Healthy"

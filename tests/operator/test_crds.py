@@ -198,7 +198,33 @@ def test_cel_rules_reject_what_pydantic_validators_reject():
     assert any("needs storage.pvc or storage.objectStore" in e for e in cel_errors("RLRun", no_storage))
     long_name = example("sftrun.yaml")
     long_name["metadata"]["name"] = "x" * 41
-    assert cel_errors("SFTRun", long_name) == [crd.NAME_RULE["message"]]
+    assert cel_errors("SFTRun", long_name) == [crd.NAME_RULES[0]["message"]]
+
+
+@pytest.mark.parametrize("name", ["Reverse-text", "1run", "run.v2", "run_2", "run-", "-run", "rün"])
+def test_names_that_cannot_become_dns_labels_are_refused_at_admission(name):
+    """The run's Services (`<name>-trainer-master`, `<name>-inference`) must be DNS-1035 labels."""
+    for kind, manifest in (("RLRun", "rlrun.yaml"), ("SFTRun", "sftrun.yaml")):
+        run = example(manifest)
+        run["metadata"]["name"] = name
+        assert cel_errors(kind, run) == [crd.NAME_RULES[1]["message"]], (kind, name)
+    run = example("rlrun.yaml")
+    run["metadata"]["name"] = "r" + "-2" * 19 + "x"  # 40 characters, every child name valid
+    assert cel_errors("RLRun", run) == []
+
+
+def test_a_multi_node_trainer_on_a_single_node_claim_is_refused():
+    """Every trainer pod mounts the claim from its own node: ReadWriteOnce cannot do that."""
+    message = "storage.pvc.accessModes must include ReadWriteMany when trainer.nodes > 1"
+    for kind, manifest in (("RLRun", "rlrun.yaml"), ("SFTRun", "sftrun.yaml")):
+        run = example(manifest)
+        run["spec"]["trainer"]["nodes"] = 2
+        run["spec"]["storage"] = {"pvc": {"size": "1Gi"}}  # the default: ReadWriteOnce
+        assert [e for e in cel_errors(kind, run) if e.startswith(message)], kind
+        run["spec"]["storage"]["pvc"]["accessModes"] = ["ReadWriteMany"]
+        assert cel_errors(kind, run) == [], kind
+        run["spec"]["storage"] = {"pvc": {"claimName": "theirs"}}  # a claim the user made: theirs to say
+        assert cel_errors(kind, run) == [], kind
 
 
 def test_operator_cli_needs_a_watch_scope():

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.operator.cluster import pod_failed
+from tests.operator.cluster import pod_creating, pod_failed
 from tests.operator.test_operator_kmock import rlrun, start_everything
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "rlkube"
@@ -105,6 +105,12 @@ async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster):
     """A run's whole life (a created PVC, suspend and resume, a gang restart, completion,
     deletion), with every request the operator makes recorded by the API emulator."""
     await cluster.create(rlrun(storage={"pvc": {"size": "1Gi"}}))
+    # An inference pod stuck creating (its volume events are read), then everything runs.
+    await cluster.until(lambda: cluster.get("StatefulSet", "rt-inference"), what="StatefulSet")
+    await cluster.run_pods(cluster.get("StatefulSet", "rt-inference"), 1, **pod_creating())
+    await cluster.until(lambda: next(c for c in cluster.status("RLRun", "rt")["conditions"]
+                                     if c["type"] == "InferenceReady")["reason"] == "Starting", what="seen")
+    await cluster.delete("Pod", "rt-inference-0")
     await start_everything(cluster)
     await cluster.patch("RLRun", "rt", {"spec": {"suspend": True}})
     await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Suspended", what="suspended")
@@ -125,5 +131,11 @@ async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster):
             continue  # the test itself
         resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
         used.add((request.resource.group, resource.replace("sftruns", "rlruns"), VERBS[request.action.value]))
+        # What the API server checks besides the verb itself (OwnerReferencesPermissionEnforcement):
+        # setting blockOwnerDeletion on an owner reference needs `update` on the owner's finalizers.
+        body = request.data if isinstance(request.data, dict) else {}
+        for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+            if ref.get("blockOwnerDeletion"):
+                used.add(("rlkube.dev", ref["kind"].lower().replace("sftrun", "rlrun") + "s/finalizers", "update"))
     assert used - _granted() == set(), "the operator needs verbs the chart does not grant"
     assert _granted() - used == set(), "the chart grants verbs the operator never uses"

@@ -41,7 +41,7 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
     """Everything `Reconciler.apply` would create for this spec."""
     workload = WORKLOADS[kind]
     run = RunRef(kind, RUN.name, RUN.namespace, RUN.uid)
-    out = [builders.build_configmap(run, workload.tomls(run, spec, attempt), spec.model_dump(mode="json"))]
+    out = [builders.build_configmap(run, workload.tomls(run, spec), spec.model_dump(mode="json"))]
     if (pvc := builders.build_pvc(run, spec)) is not None:
         out.append(pvc)
     if kind == "RLRun":
@@ -52,7 +52,7 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
             builders.build_orchestrator_deployment(run, spec, 1, attempt),
         ]
     out += [
-        builders.build_trainer_service(run, spec),
+        builders.build_trainer_master_service(run, spec, workload.trainer_status_port),
         builders.build_trainer_job(run, spec, module=workload.module, config_file=workload.config_file,
                                    attempt=attempt, restarts=attempt, suspend=suspend,
                                    status_port=workload.trainer_status_port),
@@ -163,9 +163,11 @@ def test_cluster_wiring_of_the_process_configs():
     orchestrator = tomllib.loads(cm["orchestrator.toml"])
     trainer = tomllib.loads(cm["trainer.toml"])
     assert len(orchestrator["client"]["base_urls"]) == 4
-    assert orchestrator["weights"]["grpc_host"] == "big-trainer-3-0.big-trainer.ml.svc"  # where replicas pull
-    assert trainer["weights"]["grpc_host"] == "0.0.0.0"  # where rank 0 serves
+    assert orchestrator["weights"]["grpc_host"] == "big-trainer-master.ml.svc"  # where replicas pull
+    assert trainer["weights"]["grpc_host"] == "big-trainer-master.ml.svc"  # what rank 0 advertises
+    assert trainer["weights"]["grpc_bind_host"] == "0.0.0.0"  # where rank 0 serves
     assert trainer["output_dir"] == "/data/big" and trainer["ckpt"]["resume_step"] == "latest"
+    assert trainer["ckpt"]["url"] == "s3://bucket/rl/ml/big/checkpoints"
     storage = RLRunSpec.model_validate(GPU_RLRUN | {"config": {"weights": {"type": "storage"}}})
     cm = manifests("RLRun", storage)[0]["data"]
     assert tomllib.loads(cm["orchestrator.toml"])["weights"]["url"] == "s3://bucket/rl/ml/big/weights"
@@ -193,6 +195,17 @@ def test_operator_refuses_configs_the_schema_cannot_catch():
         RLRunSpec.model_validate(bad)
     with pytest.raises(ValueError, match="needs storage.pvc or storage.objectStore"):
         RLRunSpec.model_validate({"image": "x"})
+    # Every trainer pod mounts the claim from its own node (the CEL rule says so too).
+    single_node_claim = dict(GPU_RLRUN, storage={"pvc": {"size": "1Ti"}})
+    with pytest.raises(ValueError, match=r"storage.pvc.accessModes \['ReadWriteOnce'\]: trainer.nodes is 2"):
+        RLRunSpec.model_validate(single_node_claim)
+    with pytest.raises(ValueError, match="lets one pod use the claim, and all 7 pods"):
+        RLRunSpec.model_validate(dict(GPU_RLRUN, trainer={"nodes": 1}, inference={"replicas": 5},
+                                      storage={"pvc": {"accessModes": ["ReadWriteOncePod"]}}))
+    # Every start resumes from the newest complete checkpoint: a fixed step would be reloaded by
+    # every restart.
+    with pytest.raises(ValueError, match="config.ckpt.resume_step"):
+        SFTRunSpec.model_validate(example("sftrun.yaml")["spec"] | {"config": {"ckpt": {"resume_step": 50}}})
 
 
 @pytest.mark.parametrize(("manifest", "toml", "model"), [("rlrun.yaml", "rl.toml", RLConfig),

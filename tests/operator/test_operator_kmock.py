@@ -10,7 +10,14 @@ import aiohttp
 import yaml
 from rlkube_operator.crd import PRINTER_COLUMNS
 
-from tests.operator.cluster import NS, pod_failed, pod_running, pod_unschedulable, pod_waiting
+from tests.operator.cluster import (
+    NS,
+    pod_creating,
+    pod_failed,
+    pod_running,
+    pod_unschedulable,
+    pod_waiting,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
 
@@ -51,7 +58,7 @@ async def test_rlrun_creates_every_child_with_the_right_spec(cluster):
     await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer Job")
 
     assert cluster.names("ConfigMap") == {"rt-config"}
-    assert cluster.names("Service") == {"rt-inference", "rt-orchestrator", "rt-trainer"}
+    assert cluster.names("Service") == {"rt-inference", "rt-orchestrator", "rt-trainer-master"}
     assert cluster.names("StatefulSet") == {"rt-inference"}
     assert cluster.names("Deployment") == {"rt-orchestrator"}
     assert cluster.names("PersistentVolumeClaim") == set()  # the example brings its own claim
@@ -75,10 +82,10 @@ async def test_rlrun_creates_every_child_with_the_right_spec(cluster):
     job = cluster.get("Job", "rt-trainer-0")
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["backoffLimit"] == 0
     pod = job["spec"]["template"]["spec"]
-    assert pod["subdomain"] == "rt-trainer" and pod["restartPolicy"] == "Never"
+    assert pod["restartPolicy"] == "Never"
     command = pod["containers"][0]["command"]
     assert command[:2] == ["torchrun", "--nnodes=1"]
-    assert "--master-addr=rt-trainer-0-0.rt-trainer.team-a.svc" in command
+    assert "--master-addr=rt-trainer-master.team-a.svc" in command
     assert command[-3:] == ["rlkube.entrypoints.trainer", "@", "/etc/rlkube/trainer.toml"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["data"]["persistentVolumeClaim"]["claimName"] == "reverse-text-data"
@@ -91,7 +98,7 @@ async def test_rlrun_creates_every_child_with_the_right_spec(cluster):
     assert orchestrator["rollouts"]["host"] == "0.0.0.0"
     trainer = tomllib.loads(data["trainer.toml"])
     assert trainer["rollouts"]["host"] == f"rt-orchestrator.{NS}.svc"
-    assert trainer["output_dir"] == "/data/rt" and "resume_step" not in trainer["ckpt"]
+    assert trainer["output_dir"] == "/data/rt" and trainer["ckpt"]["resume_step"] == "latest"
     assert tomllib.loads(data["inference.toml"])["host"] == "0.0.0.0"
 
 
@@ -188,10 +195,10 @@ async def test_failed_trainer_pod_gang_restarts_from_the_latest_checkpoint(clust
                                  and cluster.status("RLRun", "rt"))
     assert status["attempt"] == 1 and status["phase"] != "Failed"
 
-    # The new attempt resumes from the latest checkpoint, with its own torchrun master.
+    # The new attempt resumes from the latest checkpoint, at the same torchrun master Service.
     trainer = tomllib.loads(cluster.get("ConfigMap", "rt-config")["data"]["trainer.toml"])
     assert trainer["ckpt"]["resume_step"] == "latest"
-    assert "--master-addr=rt-trainer-1-0.rt-trainer.team-a.svc" in job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--master-addr=rt-trainer-master.team-a.svc" in job["spec"]["template"]["spec"]["containers"][0]["command"]
     # The orchestrator restarts with it (its batch state belongs to the old trainer).
     deploy = cluster.get("Deployment", "rt-orchestrator")
     assert deploy["spec"]["template"]["metadata"]["annotations"]["rlkube.dev/attempt"] == "1"
@@ -308,12 +315,12 @@ async def test_sftrun_runs_the_trainer_alone_and_succeeds(cluster, orchestrator_
     run["metadata"]["name"] = "sft"
     max_steps = run["spec"]["config"]["max_steps"]
     await cluster.create(run)
-    job = await cluster.until(lambda: cluster.get("Job", "sft-trainer-0"), what="SFT trainer Job")
+    job = await cluster.until(lambda: cluster.get("Job", "sft-sft-trainer-0"), what="SFT trainer Job")
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[-3:] == ["rlkube.entrypoints.sft", "@", "/etc/rlkube/sft.toml"]
     assert cluster.names("StatefulSet") == set() and cluster.names("Deployment") == set()
-    assert cluster.names("Service") == {"sft-trainer"}
-    sft = tomllib.loads(cluster.get("ConfigMap", "sft-config")["data"]["sft.toml"])
+    assert cluster.names("Service") == {"sft-sft-trainer-master"}
+    sft = tomllib.loads(cluster.get("ConfigMap", "sft-sft-config")["data"]["sft.toml"])
     assert sft["output_dir"] == "/data/sft" and sft["max_steps"] == max_steps
     assert (sft["status_host"], sft["status_port"]) == ("0.0.0.0", 8080)
 
@@ -324,8 +331,8 @@ async def test_sftrun_runs_the_trainer_alone_and_succeeds(cluster, orchestrator_
     status = await cluster.until(lambda: cluster.status("SFTRun", "sft").get("step") == 12
                                  and cluster.status("SFTRun", "sft"))
     assert status["phase"] == "Running" and status["lastCheckpointStep"] == 10
-    assert orchestrator_status.asked[-1] == ("sft-trainer-0-0.sft-trainer.team-a", "8080")
-    await cluster.patch("Job", "sft-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    assert orchestrator_status.asked[-1] == ("sft-sft-trainer-master.team-a", "8080")
+    await cluster.patch("Job", "sft-sft-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
     status = await cluster.until(lambda: cluster.status("SFTRun", "sft")["phase"] == "Succeeded"
                                  and cluster.status("SFTRun", "sft"))
     assert status["step"] == max_steps
@@ -384,6 +391,201 @@ async def test_storage_scheduling_and_rendezvous_reach_the_running_children(clus
     assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 2, 2)
     env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert "job-completion-index" in env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
-    assert env["MASTER_ADDR"]["value"].startswith("big-trainer-0-0.big-trainer.")
-    service = cluster.get("Service", "big-trainer")
+    assert env["MASTER_ADDR"]["value"] == "big-trainer-master.team-a.svc"
+    service = cluster.get("Service", "big-trainer-master")
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {
+        "rlkube.dev/run": "big", "app.kubernetes.io/component": "trainer", "rlkube.dev/run-uid": uid,
+        "batch.kubernetes.io/job-completion-index": "0"}
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"torchrun": 29500, "weights": 50052}
+
+
+# --- what crosses a pod boundary, ownership, and status that tells the truth -----------------
+
+
+async def test_the_restarted_attempts_configs_load_in_the_runtime_and_dial_only_services(cluster, tmp_path):
+    """The TOMLs the operator renders for attempt 1 (after a gang restart), loaded by the
+    runtime's own config loader into the models each process starts from: every address a
+    process dials is a Service of this run that survives restarts, never a bind address, and
+    every process resumes from the latest checkpoint."""
+    from rlkube.config import InferenceConfig, OrchestratorConfig, TrainerConfig, load_config
+
+    await cluster.create(rlrun(config={**example("rlrun.yaml")["spec"]["config"], "weights": {"type": "grpc"}}))
+    await start_everything(cluster)
+    await cluster.patch("Pod", "rt-trainer-0-0", {"status": pod_failed()})
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="attempt 1")
+    await cluster.run_pods(job, 1)
+
+    configs = {}
+    for name, model in (("trainer", TrainerConfig), ("orchestrator", OrchestratorConfig),
+                        ("inference", InferenceConfig)):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(cluster.get("ConfigMap", "rt-config")["data"][f"{name}.toml"])
+        configs[name] = load_config(model, ["@", str(path)])
+    trainer, orchestrator = configs["trainer"], configs["orchestrator"]
+
+    services = {f"{n}.{NS}.svc" for n in cluster.names("Service")}
+    dialed = {
+        "trainer rollouts.host": trainer.rollouts.host,
+        "trainer weights.grpc_host (advertised to inference)": trainer.weights.grpc_host,
+        "orchestrator weights.grpc_host": orchestrator.weights.grpc_host,
+        **{f"orchestrator client.base_urls[{i}]": url.split("//")[1].split(".", 1)[1].rsplit(":", 1)[0]
+           for i, url in enumerate(orchestrator.client.base_urls)},
+    }
+    for what, host in dialed.items():
+        assert host in services, (what, host, services)
+    assert trainer.weights.grpc_host == f"rt-trainer-master.{NS}.svc"
+    assert trainer.weights.grpc_bind_host == "0.0.0.0" and orchestrator.rollouts.host == "0.0.0.0"
+    assert configs["inference"].host == "0.0.0.0"
+    assert trainer.ckpt.resume_step == orchestrator.ckpt.resume_step == "latest"
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert f"--master-addr={trainer.weights.grpc_host}" in command
+
+    # The master Service selects pod 0 of this run's trainer, whatever the attempt.
+    master = cluster.get("Service", "rt-trainer-master")
+    pod0 = cluster.get("Pod", "rt-trainer-1-0")
+    assert master["spec"]["selector"].items() <= pod0["metadata"]["labels"].items()
+    assert {p["name"]: p["port"] for p in master["spec"]["ports"]} == {
+        "torchrun": 29500, "weights": trainer.weights.grpc_port}
+
+
+async def test_a_recreated_run_adopts_nothing_from_its_predecessor(cluster):
+    """Delete and recreate under the same name while the garbage collector has not yet removed
+    the old children: the new run neither reads nor patches them, and says why it waits."""
+    await cluster.create(rlrun())
+    await start_everything(cluster)
+    await cluster.patch("Job", "rt-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Succeeded", what="Succeeded")
+    await cluster.delete("RLRun", "rt")
+    await cluster.until(lambda: cluster.get("RLRun", "rt") is None, what="finalizer released")
+    old_config = cluster.get("ConfigMap", "rt-config")
+
+    new = rlrun()
+    new["spec"]["config"]["max_steps"] = RL_MAX_STEPS + 5
+    uid = (await cluster.create(new))["metadata"]["uid"]
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt").get("phase") and cluster.status("RLRun", "rt"))
+    assert status["phase"] == "Pending", status  # not Succeeded from the old Job
+    await asyncio.sleep(1)  # more reconciles
+    status = cluster.status("RLRun", "rt")
+    assert status["phase"] == "Pending" and condition(status, "Ready")["reason"] == "PreviousRunTerminating"
+    assert "ConfigMap rt-config" in status["message"]
+    assert cluster.get("ConfigMap", "rt-config") == old_config  # not adopted, not rewritten
+
+    # The garbage collector removes the old children: the new run makes its own.
+    for kind in ("ConfigMap", "Service", "Job"):
+        for name in cluster.names(kind):
+            await cluster.delete(kind, name)
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="the new run's Job")
+    assert job["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert f"max_steps = {RL_MAX_STEPS + 5}" in cluster.get("ConfigMap", "rt-config")["data"]["trainer.toml"]
+    await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Initializing", what="Initializing")
+
+
+async def test_an_rlrun_and_an_sftrun_of_the_same_name_keep_apart(cluster):
+    """Their children have different names, and one's pods never count for the other."""
+    sft = example("sftrun.yaml")
+    sft["metadata"]["name"] = "rt"
+    await cluster.create(rlrun())
+    await cluster.create(sft)
+    await start_everything(cluster)
+    sft_job = await cluster.until(lambda: cluster.get("Job", "rt-sft-trainer-0"), what="the SFTRun's Job")
+    assert cluster.names("ConfigMap") == {"rt-config", "rt-sft-config"}
+    assert cluster.names("Service") == {"rt-inference", "rt-orchestrator", "rt-trainer-master",
+                                        "rt-sft-trainer-master"}
+    assert "sft.toml" in cluster.get("ConfigMap", "rt-sft-config")["data"]
+    assert "trainer.toml" in cluster.get("ConfigMap", "rt-config")["data"]
+
+    # The SFTRun's trainer fails: the SFTRun restarts its gang, the RLRun does not notice.
+    await cluster.run_pods(sft_job, 1, **pod_failed())
+    await cluster.until(lambda: cluster.get("Job", "rt-sft-trainer-1"), what="the SFTRun's restart")
+    await asyncio.sleep(1)
+    status = cluster.status("RLRun", "rt")
+    assert status["restarts"] == 0 and status["phase"] == "Running"
+    assert cluster.get("Job", "rt-trainer-0") is not None and cluster.get("Job", "rt-trainer-1") is None
+
+
+async def test_suspend_never_fails_the_run_when_the_suspension_kills_the_trainer(cluster):
+    """The trainer's pods die (exit 143) as the Job is suspended: not a failure, even with no
+    restarts left."""
+    await cluster.create(rlrun(restartPolicy={"backoffLimit": 0}))
+    await start_everything(cluster)
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": True}})
+    await cluster.patch("Pod", "rt-trainer-0-0", {"status": pod_failed(exit_code=143)})
+    await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Suspended", what="Suspended")
+    await asyncio.sleep(1)
+    status = cluster.status("RLRun", "rt")
+    assert status["phase"] == "Suspended" and status["restarts"] == 0
+    assert not [e for e in cluster.events() if e["reason"] in ("Failed", "TrainerRestarted")]
+
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="resumed trainer")
+    await cluster.run_pods(job, 1)
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Running"
+                                 and cluster.status("RLRun", "rt"))
+    assert status["restarts"] == 0
+
+
+async def test_a_running_run_that_degrades_stays_running_and_says_which_component(cluster):
+    await cluster.create(rlrun())
+    await start_everything(cluster)
+    status = cluster.status("RLRun", "rt")
+    assert condition(status, "Degraded")["status"] == "False"
+
+    await cluster.patch("Pod", "rt-inference-0", {"status": pod_waiting("CrashLoopBackOff", "back-off 40s", 2)})
+    status = await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), "Degraded")["status"] == "True"
+                                 and cluster.status("RLRun", "rt"))
+    degraded = condition(status, "Degraded")
+    assert degraded["reason"] == "CrashLoopBackOff" and degraded["message"].startswith("inference: pod rt-inference-0")
+    assert status["phase"] == "Running" and "inference CrashLoopBackOff" in status["message"]
+    assert condition(status, "Ready")["status"] == "False"
+    assert condition(status, "Reconciling")["status"] == "True"  # kstatus: InProgress, not Current
+
+    # Losing readiness is degraded too, and recovering clears it.
+    await cluster.patch("Pod", "rt-inference-0", {"status": pod_running(ready=False)})
+    status = await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), "Degraded")["reason"] == "Starting"
+                                 and cluster.status("RLRun", "rt"))
+    assert status["phase"] == "Running"
+    await cluster.patch("Pod", "rt-inference-0", {"status": pod_running()})
+    status = await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), "Degraded")["status"] == "False"
+                                 and cluster.status("RLRun", "rt"))
+    assert condition(status, "Ready")["status"] == "True" and status["phase"] == "Running"
+
+
+async def test_a_failing_reconcile_writes_its_error_to_the_status(cluster):
+    import threading
+
+    broken = threading.Event()
+    broken.set()
+    cluster.server["fetch v1/configmaps", broken] << 403 << {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+        "message": 'configmaps "rt-config" is forbidden: User "system:serviceaccount:x:y" cannot get resource'}
+    await cluster.create(rlrun())
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt").get("phase") and cluster.status("RLRun", "rt"))
+    ready = condition(status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ReconcileError")
+    assert "403" in ready["message"] and "cannot get resource" in ready["message"]
+    assert status["message"].startswith("ReconcileError: ")
+    await cluster.until(lambda: [e for e in cluster.events() if e["reason"] == "ReconcileError"], what="an event")
+
+    broken.clear()  # the permission is granted: the next pass goes through
+    await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer Job")
+    await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), "Ready")["reason"] != "ReconcileError",
+                        what="the error cleared")
+
+
+async def test_a_pod_stuck_on_a_volume_is_reported_with_the_volume_error(cluster):
+    await cluster.create(rlrun())
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer Job")
+    await cluster.run_pods(job, 1, **pod_creating())
+    pod = cluster.get("Pod", "rt-trainer-0-0")
+    message = ('Multi-Attach error for volume "pvc-1" Volume is already used by pod(s) rt-inference-0')
+    await cluster.create({
+        "apiVersion": "v1", "kind": "Event", "metadata": {"name": "rt-trainer-0-0.1"},
+        "involvedObject": {"kind": "Pod", "name": "rt-trainer-0-0", "namespace": NS, "uid": pod["metadata"]["uid"]},
+        "reason": "FailedAttachVolume", "type": "Warning", "message": message,
+    })
+    status = await cluster.until(
+        lambda: condition(cluster.status("RLRun", "rt"), "TrainerReady")["reason"] == "FailedAttachVolume"
+        and cluster.status("RLRun", "rt"))
+    assert condition(status, "TrainerReady")["message"] == f"pod rt-trainer-0-0: {message}"
+    assert status["phase"] == "Pending" and "Multi-Attach" in status["message"]

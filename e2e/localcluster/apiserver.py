@@ -51,7 +51,7 @@ import jsonpatch
 import jsonpointer
 import kmock
 
-from e2e.localcluster import resources
+from e2e.localcluster import admission, resources
 from e2e.localcluster.resources import Kind
 
 HISTORY = 2000  # watch events kept for watches that resume from a resourceVersion
@@ -430,6 +430,7 @@ class ApiServer(kmock.KubernetesEmulator):
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
             if "status" in kind.subresources:
                 obj["status"] = {"phase": "Pending"} if kind.kind == "Pod" else {}
+            _admit(kind, obj)
             return self._store(kind, _normalized(obj), "ADDED")
 
     async def update(self, kind: Kind, namespace: str | None, name: str, subresource: str | None,
@@ -461,6 +462,8 @@ class ApiServer(kmock.KubernetesEmulator):
             new = _normalized(new)
             if new == old:
                 return old
+            if subresource != "status":
+                _admit(kind, new)
             if {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
                     {k: v for k, v in old.items() if k not in ("metadata", "status")}:
                 meta["generation"] = old["metadata"].get("generation", 1) + 1
@@ -496,6 +499,11 @@ class ApiServer(kmock.KubernetesEmulator):
                 meta.update(deletionTimestamp=now(grace), deletionGracePeriodSeconds=grace, finalizers=finalizers)
                 return self._store(kind, obj, "MODIFIED")
             return obj
+
+
+def _admit(kind: Kind, obj: dict) -> None:
+    if errors := admission.check(kind.schema, obj):
+        raise ApiError(422, "Invalid", f'{kind.kind} "{obj["metadata"]["name"]}" is invalid: ' + "; ".join(errors))
 
 
 def _normalized(obj: dict) -> dict:

@@ -172,9 +172,10 @@ def compress(indexes: set[int]) -> str:
 class Controllers:
     """All controllers in one loop: each pass lists what they need once and reconciles."""
 
-    def __init__(self, api_url: str, poll_s: float = 0.3):
+    def __init__(self, api_url: str, poll_s: float = 0.3, gc_every_s: float = 1.0):
         self.api = Api(api_url)
-        self.poll_s = poll_s
+        self.poll_s, self.gc_every_s = poll_s, gc_every_s
+        self._last_gc = 0.0
         self.jobs = JobController(self.api)
         self.pod_kind = self.api.kind("v1", "Pod")
 
@@ -197,7 +198,9 @@ class Controllers:
             await deployment(self.api, deploy, owned_by(deploy, pods))
         for job in await self.api.list(self.api.kind("batch/v1", "Job")):
             await self.jobs.sync(job, owned_by(job, pods))
-        await collect_garbage(self.api)
+        if asyncio.get_running_loop().time() - self._last_gc >= self.gc_every_s:  # it lists every kind
+            self._last_gc = asyncio.get_running_loop().time()
+            await collect_garbage(self.api)
 
 
 async def _update_status(api: Api, obj: dict, changes: dict) -> None:

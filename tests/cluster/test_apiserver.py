@@ -14,6 +14,12 @@ def rlrun_path(ns: str, name: str = "") -> str:
     return f"/apis/rlkube.dev/v1alpha1/namespaces/{ns}/rlruns" + (f"/{name}" if name else "")
 
 
+def rlrun(name: str, **fields) -> dict:
+    run = yaml.safe_load(RLRUN.read_text())
+    run["metadata"]["name"] = name
+    return run | fields
+
+
 def test_kubectl_apply_get_describe_delete_an_rlrun(local_api, ns):
     out = local_api.kubectl("apply", "-n", ns, "-f", str(RLRUN))
     assert "rlrun.rlkube.dev/reverse-text created" in out
@@ -45,9 +51,7 @@ def test_kubectl_apply_get_describe_delete_an_rlrun(local_api, ns):
 def test_status_subresource_generation_and_conflicts(local_api, ns):
     cm = local_api.create(f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"generateName": "c-"}, "data": {}})
     assert cm["metadata"]["name"].startswith("c-") and cm["metadata"]["uid"]
-    run = local_api.create(rlrun_path(ns), {"apiVersion": "rlkube.dev/v1alpha1", "kind": "RLRun",
-                                            "metadata": {"name": "r"}, "spec": {"image": "a"},
-                                            "status": {"phase": "Succeeded"}})
+    run = local_api.create(rlrun_path(ns), rlrun("r", status={"phase": "Succeeded"}))
     assert run["status"] == {}, "status is not set through the object"
     patched = local_api.patch(rlrun_path(ns, "r"), {"spec": {"image": "b"}, "status": {"phase": "Failed"}})
     assert patched["metadata"]["generation"] == 2 and patched["status"] == {}
@@ -63,8 +67,17 @@ def test_status_subresource_generation_and_conflicts(local_api, ns):
     local_api.request("POST", "/api/v1/namespaces/nowhere/configmaps", {"metadata": {"name": "x"}}, ok=(404,))
 
 
+def test_cel_rules_of_the_crd_are_enforced(local_api, ns):
+    too_long = yaml.safe_dump(rlrun("r" * 41))
+    out = local_api.kubectl("apply", "-n", ns, "-f", "-", input=too_long, check=False)
+    assert "metadata.name must be at most 40 characters" in out
+    local_api.create(rlrun_path(ns), rlrun("r"))
+    response = local_api.request("PATCH", rlrun_path(ns, "r"), {"spec": {"config": {"inference": {"replicas": 3}}}}, ok=(422,))
+    assert "config.inference.replicas must equal inference.replicas" in response.json()["message"]
+
+
 def test_finalizers_hold_deletion_as_kopf_expects(local_api, ns):
-    local_api.create(rlrun_path(ns), {"metadata": {"name": "r"}, "spec": {}})
+    local_api.create(rlrun_path(ns), rlrun("r"))
     local_api.patch(rlrun_path(ns, "r"), [{"op": "add", "path": "/metadata/finalizers", "value": ["kopf.zalando.org/x"]}],
                     content_type="application/json-patch+json")
     local_api.delete(rlrun_path(ns, "r"))

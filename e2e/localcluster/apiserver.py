@@ -21,13 +21,14 @@ clients rely on:
   kubelet's last word); an object with finalizers stays until they are gone;
   `propagationPolicy` Foreground/Orphan adds the `foregroundDeletion`/`orphan` finalizer that
   the garbage collector (controllers.py) acts on; preconditions (uid, resourceVersion);
+- admission: the CRDs' CEL rules (admission.py) on every write but to `/status`;
 - discovery, OpenAPI v3 and Table output (resources.py); `pods/<name>/log` from the kubelet's
   log files when `logs` is given.
 
 Not emulated: protobuf (answered 415: kubectl's imperative generators such as
 `kubectl create configmap` send it; `kubectl apply`/`create -f` send JSON), authentication and
 authorization, admission webhooks, server-side apply,
-schema validation and defaulting, `limit`/`continue` paging (everything fits one page),
+schema types and stored defaults, `limit`/`continue` paging (everything fits one page),
 the scale subresource, namespace finalization (a deleted namespace's objects are collected by
 the garbage collector).
 """
@@ -220,10 +221,6 @@ class ApiServer(kmock.KubernetesEmulator):
         out = [obj.raw for (r, ns, _), obj in self.objects.items()
                if r == res and not obj.deleted and (namespace is None or ns == namespace)]
         return sorted(out, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
-
-    def kind_of(self, api_version: str, kind: str) -> Kind | None:
-        group, _, version = api_version.rpartition("/")
-        return next((k for k in self.kinds.values() if (k.group, k.version, k.kind) == (group, version, kind)), None)
 
     def _store(self, kind: Kind, obj: dict, event: str) -> dict:
         self.resource_version = next(self._rv)

@@ -179,6 +179,31 @@ def test_cluster_wiring_of_the_process_configs():
     assert ports == {"SFTRun": ["torchrun", "http"], "RLRun": ["torchrun"]}
 
 
+@pytest.mark.parametrize("transfer", ["grpc", "nccl"])
+def test_rank_0_is_reached_through_the_stable_master_service(transfer, tmp_path):
+    """gRPC weights, the NCCL rendezvous and torchrun all reach the trainer's rank 0 at
+    `<run>-trainer-master`, whose ports match what the loaded process configs use."""
+    from rlkube.config import TrainerConfig
+
+    spec = RLRunSpec.model_validate(GPU_RLRUN | {"config": {"weights": {"type": transfer}}})
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in manifests("RLRun", spec)}
+    (tmp_path / "trainer.toml").write_text(objs["ConfigMap", "big-config"]["data"]["trainer.toml"])
+    trainer = load_config(TrainerConfig, ["@", str(tmp_path / "trainer.toml")])
+    master = objs["Service", "big-trainer-master"]
+    assert trainer.weights.grpc_host == "big-trainer-master.ml.svc"
+    ports = {p["name"]: p["port"] for p in master["spec"]["ports"]}
+    wanted = {"grpc": ("weights", trainer.weights.grpc_port), "nccl": ("nccl", trainer.weights.nccl_port)}[transfer]
+    assert ports == {"torchrun": 29500, wanted[0]: wanted[1]}
+    if transfer == "nccl":  # the trainer drives each replica by its stable pod name
+        assert trainer.weights.inference_urls == [f"http://big-inference-{i}.big-inference.ml.svc:8000"
+                                                  for i in range(4)]
+    pod = objs["Job", "big-trainer-0"]["spec"]["template"]
+    assert f"--master-addr={trainer.weights.grpc_host}" in pod["spec"]["containers"][0]["command"]
+    pod0_labels = pod["metadata"]["labels"] | {"batch.kubernetes.io/job-completion-index": "0"}
+    assert master["spec"]["selector"].items() <= pod0_labels.items()
+    assert not master["spec"]["selector"].items() <= (pod0_labels | {"rlkube.dev/run-uid": "other"}).items()
+
+
 def test_no_manifest_carries_a_secret_value():
     """Credentials are referenced (envFrom a Secret), never copied; no Secret is produced."""
     for name, (kind, spec) in SPECS.items():

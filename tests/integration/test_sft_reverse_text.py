@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rlkube.trainer.ckpt import complete_steps
+from rlkube.launch.checkpoints import complete_steps
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def test_sft_example_then_eval_serves_the_export(tiny_model, inference_server, t
         "--model.name", str(tiny_model), "--output-dir", str(sft_out),
         "--max-steps", "30", "--data.batch-size", "32", "--ckpt.interval", "15",
     ])
-    assert complete_steps(sft_out) == [30]  # keep_last = 1 pruned step 15
+    assert complete_steps(sft_out / "checkpoints", ("trainer",)) == [30]  # keep_last = 1 pruned step 15
     weights = (sft_out / "weights" / "final").resolve()
     assert weights.name == "step_30"
 

@@ -2,13 +2,12 @@
 
 import socket
 import tomllib
+from pathlib import Path
 
-from rlkube.config import RLConfig
+from rlkube.config import OrchestratorConfig, RLConfig, TrainerConfig
 from rlkube.entrypoints.rl import main
-from rlkube.launch.checkpoints import MARKER, latest_run_checkpoint, part_dir
-from rlkube.launch.local import child_stages, resolve_resume_step, write_process_configs
-
-from tests.fixtures.inference import free_port
+from rlkube.launch.checkpoints import MARKER, checkpoint_root, part_dir, resolve_resume_step
+from rlkube.launch.local import child_stages, write_process_configs
 
 
 def test_dry_run_writes_each_process_config(tmp_path):
@@ -38,27 +37,29 @@ def test_stages_start_replicas_on_consecutive_ports_and_torchrun_for_several_ran
 
 
 def complete(root, step, process):
-    part_dir(root, step, process).mkdir(parents=True, exist_ok=True)
-    (part_dir(root, step, process) / MARKER).touch()
+    Path(part_dir(root, step, process)).mkdir(parents=True, exist_ok=True)
+    (Path(part_dir(root, step, process)) / MARKER).touch()
 
 
-def test_latest_needs_both_trainer_and_orchestrator_parts_complete(tmp_path):
-    root = tmp_path / "checkpoints"
+def test_latest_is_passed_through_and_each_process_resolves_the_same_step(tmp_path):
+    """The launcher no longer pins `latest` to a number: a process restarted on its own (a pod)
+    must find the newest checkpoint of that moment, so each process resolves it itself."""
+    code = main(["--output-dir", str(tmp_path), "--ckpt.resume-step", "latest", "--dry-run"])
+    assert code == 0, "no checkpoint yet: `latest` starts fresh instead of failing"
+    configs = {
+        name: cls.model_validate(tomllib.loads((tmp_path / "configs" / f"{name}.toml").read_text()))
+        for name, cls in (("trainer", TrainerConfig), ("orchestrator", OrchestratorConfig))
+    }
+    root = checkpoint_root(tmp_path, configs["trainer"].ckpt)
     for step in (2, 4):
         complete(root, step, "trainer")
         complete(root, step, "orchestrator")
     complete(root, 6, "trainer")  # killed before the orchestrator finished its part
-    part_dir(root, 8, "orchestrator").mkdir(parents=True)  # half-written: no marker
-    assert latest_run_checkpoint(root) == 4
-    config = resolve_resume_step(RLConfig(output_dir=tmp_path, ckpt={"resume_step": "latest"}))
-    assert config.ckpt.resume_step == 4
-
-
-def test_latest_without_checkpoints_is_a_clear_error(tmp_path, capsys):
-    # A free port: the default 8000 may be taken on a shared machine, and that is refused first.
-    argv = ["--output-dir", str(tmp_path), "--inference.port", str(free_port()), "--ckpt.resume-step", "latest"]
-    assert main(argv) == 2
-    assert "ckpt.resume_step" in capsys.readouterr().err
+    Path(part_dir(root, 8, "orchestrator")).mkdir(parents=True)  # half-written: no marker
+    for name, config in configs.items():
+        assert config.ckpt.resume_step == "latest"
+        assert checkpoint_root(config.output_dir, config.ckpt) == root
+        assert resolve_resume_step(root, config.ckpt.resume_step, name) == 4, name
 
 
 def test_a_taken_inference_port_is_refused_before_anything_starts(tmp_path, capsys):

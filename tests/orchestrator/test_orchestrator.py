@@ -120,9 +120,8 @@ def test_resume_restores_unconsumed_batches_and_samplers(tmp_path):
     assert done.status()["phase"] == "finished", "resuming at max_steps has nothing left to do"
 
     config = make_config(tmp_path, max_steps=4, ckpt={"interval": 2, "resume_step": "latest"})
-    # "latest" needs the trainer's part too; here only the orchestrator's exists
-    with pytest.raises(ValueError, match="no complete checkpoint"):
-        checkpoint.resolve_step(tmp_path / "checkpoints", "latest")
+    # "latest" needs the trainer's part too; here only the orchestrator's exists: a fresh start
+    assert checkpoint.resolve_step(tmp_path / "checkpoints", "latest") is None
     abandoned = tmp_path / "checkpoints" / "step_6" / "orchestrator"  # from a run that got further
     shutil.copytree(tmp_path / "checkpoints" / "step_2" / "orchestrator", abandoned)
     resumed_runner, pool = FakeRunner(), FakePool()

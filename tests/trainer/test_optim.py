@@ -2,7 +2,7 @@
 
 import pytest
 from rlkube.config import SchedulerConfig
-from rlkube.trainer.ckpt import steps_to_delete
+from rlkube.launch.checkpoints import steps_to_delete
 from rlkube.trainer.optim import lr_factor
 
 

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
+from rlkube.launch.checkpoints import MARKER, complete_steps
 from rlkube.metrics import read_metrics
-from rlkube.trainer.ckpt import complete_steps
 
 pytestmark = pytest.mark.slow
 
@@ -31,6 +31,11 @@ def sft_args(model: Path, out: Path, max_steps: int, *extra: str) -> list[str]:
         "--data.args", "{num_examples = 64}", "--optim.lr", "3e-3", "--scheduler.warmup-steps", "2",
         *extra,
     ]
+
+
+def checkpoints(out: Path) -> list[int]:
+    """The SFT run's complete checkpoint steps."""
+    return complete_steps(out / "checkpoints", ("trainer",))
 
 
 def run_sft(args: list[str], nproc: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -75,7 +80,7 @@ def test_training_lowers_the_loss_and_exports_loadable_weights(reference_run):
 def test_resumed_run_follows_the_uninterrupted_loss_curve(small_model, reference_run, tmp_path):
     out = tmp_path / "resumed"
     run_sft(sft_args(small_model, out, 3, "--ckpt.interval", "3"))
-    assert complete_steps(out) == [3]
+    assert checkpoints(out) == [3]
     run_sft(sft_args(small_model, out, 6, "--ckpt.resume-step", "latest"))
     reference, resumed = losses(reference_run), losses(out)
     assert [s for s in sorted(resumed)] == [1, 2, 3, 4, 5, 6]  # 1-3 then 4-6 appended
@@ -94,6 +99,11 @@ def test_two_process_torchrun_matches_one_process(small_model, reference_run, tm
     assert (out / "weights" / "step_3" / "model.safetensors").is_file()
 
 
+def unmarked(root: Path) -> list[Path]:
+    """Step parts a save has begun and not (yet) marked complete."""
+    return [p for p in root.glob("step_*/trainer") if not (p / MARKER).exists()]
+
+
 def test_a_kill_during_saving_leaves_no_checkpoint_resume_would_pick(small_model, tmp_path):
     """SIGKILL the trainer the moment a save begins; whatever it left, every `step_N` resume
     can see is complete, and resuming from the latest one finishes the run."""
@@ -105,21 +115,20 @@ def test_a_kill_during_saving_leaves_no_checkpoint_resume_would_pick(small_model
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            if complete_steps(out) and any(p.name.endswith(".tmp") for p in root.iterdir()):
+            if checkpoints(out) and unmarked(root):
                 break  # a save (after the first complete one) is in progress
             time.sleep(0.005)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the trainer finished before it could be killed"
-    for child in root.iterdir():
-        if child.name.startswith("step_"):
-            assert (child / "trainer" / ".metadata").is_file(), child
-            assert (child / "trainer" / "train_state.json").is_file(), child
-    latest = complete_steps(out)[-1]
+    for step in checkpoints(out):
+        assert (root / f"step_{step}" / "trainer" / ".metadata").is_file(), step
+        assert (root / f"step_{step}" / "trainer" / "train_state.json").is_file(), step
+    latest = checkpoints(out)[-1]
     run_sft(sft_args(small_model, out, latest + 1, "--ckpt.resume-step", "latest"))
-    assert complete_steps(out)[-1] == latest + 1
-    assert not [p for p in root.iterdir() if p.name.endswith(".tmp")]  # the next save cleaned up
+    assert checkpoints(out)[-1] == latest + 1
+    assert not unmarked(root), "the next save replaced the torn one"
     assert max(losses(out)) == latest + 1
 
 

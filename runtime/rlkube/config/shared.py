@@ -20,7 +20,12 @@ class ModelConfig(Config):
 
 
 class CheckpointConfig(Config):
-    """Checkpoints under `<output_dir>/checkpoints/step_N/`. Present means enabled (`--ckpt`)."""
+    """Checkpoints under `<ckpt.url or output_dir/checkpoints>/step_N/`, each part marked
+    `COMPLETE` last. Present means enabled (`--ckpt`)."""
+
+    url: str | None = None
+    """A path or fsspec URL (`s3://bucket/run/checkpoints`) where checkpoints go;
+    `<output_dir>/checkpoints` when unset."""
 
     interval: int | None = Field(default=None, ge=1)
     """Save every N steps (and always at the last step). None saves only at the end."""
@@ -32,7 +37,8 @@ class CheckpointConfig(Config):
     """Never delete checkpoints whose step is a multiple of this, whatever `keep_last` says."""
 
     resume_step: int | Literal["latest"] | None = None
-    """Resume from this step's checkpoint, or from the newest complete one with `latest`."""
+    """Resume from this step's checkpoint (an error if it is not complete), or with `latest` from
+    the newest complete one, starting fresh when there is none yet."""
 
 
 class LogConfig(Config):

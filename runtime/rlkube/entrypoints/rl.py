@@ -17,7 +17,6 @@ def main(argv: list[str] | None = None) -> int:
     from rlkube.launch.local import (
         check_inference_ports,
         child_stages,
-        resolve_resume_step,
         write_process_configs,
     )
     from rlkube.launch.supervisor import Supervisor, install_sigterm_as_interrupt
@@ -31,7 +30,6 @@ def main(argv: list[str] | None = None) -> int:
                 if resuming:
                     raise ValueError("clean_output_dir: refused when resuming (ckpt.resume_step is set)")
                 shutil.rmtree(config.output_dir, ignore_errors=True)
-        config = resolve_resume_step(config)
     except (ValueError, RuntimeError) as e:
         print(f"rlkube rl: error: {e}", file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 
 The resolved configs are written to `<output_dir>/configs/{inference,orchestrator,trainer}.toml`
 (what `--dry-run` stops after); the commands below are exactly what one would type by hand, so
-any process can be restarted alone from its file.
+any process can be restarted alone from its file. `ckpt.resume_step = "latest"` is passed
+through as is: each process resolves it to the same step itself (rlkube.launch.checkpoints).
 """
 
 import socket
@@ -10,21 +11,9 @@ import sys
 from pathlib import Path
 
 from rlkube.config import RLConfig, write_toml
-from rlkube.launch.checkpoints import latest_run_checkpoint
 from rlkube.launch.supervisor import ChildSpec
 
 PROCESSES = ("inference", "orchestrator", "trainer")
-
-
-def resolve_resume_step(config: RLConfig) -> RLConfig:
-    """`--ckpt.resume-step latest` → the newest step whose trainer AND orchestrator checkpoints
-    are both complete, so the two processes resume from the same step."""
-    if config.ckpt is None or config.ckpt.resume_step != "latest":
-        return config
-    step = latest_run_checkpoint(config.output_dir / "checkpoints")
-    if step is None:
-        raise ValueError(f"ckpt.resume_step: no complete checkpoint under {config.output_dir / 'checkpoints'}")
-    return config.model_copy(update={"ckpt": config.ckpt.model_copy(update={"resume_step": step})})
 
 
 def check_inference_ports(config: RLConfig) -> None:

@@ -6,9 +6,9 @@ resume, and an orderly shutdown.
 import asyncio
 import contextlib
 import logging
-from pathlib import Path
 
 from rlkube.config import OrchestratorConfig
+from rlkube.launch.checkpoints import checkpoint_root, unmark_after
 from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.inference import InferencePool
 from rlkube.orchestrator.orchestrator import Orchestrator
@@ -32,9 +32,16 @@ def build_runners(config: OrchestratorConfig) -> list[EnvRunner]:
 
 
 def resume_step_of(config: OrchestratorConfig) -> int | None:
-    if config.ckpt is None or config.ckpt.resume_step is None:
+    """The step to resume from (`latest` with no complete checkpoint: None, a fresh start). A
+    fresh start abandons every step left by earlier attempts: their orchestrator parts are
+    unmarked, so none pairs with a trainer part this run writes (`run` does it for a resume)."""
+    if config.ckpt is None:
         return None
-    return checkpoint.resolve_step(Path(config.output_dir) / "checkpoints", config.ckpt.resume_step)
+    root = checkpoint_root(config.output_dir, config.ckpt)
+    step = checkpoint.resolve_step(root, config.ckpt.resume_step)
+    if step is None:
+        unmark_after(root, 0, checkpoint.PROCESS)
+    return step
 
 
 async def serve(config: OrchestratorConfig) -> None:

@@ -18,10 +18,9 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from rlkube.config import OrchestratorConfig
-from rlkube.launch.checkpoints import unmark_after
+from rlkube.launch.checkpoints import checkpoint_root, unmark_after
 from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.advantage import make_advantage_fn
 from rlkube.orchestrator.buffer import RolloutBuffer
@@ -76,7 +75,7 @@ class Orchestrator:
         self.last_reward: float | None = None
         self.last_lag = 0
         self.last_checkpoint_step: int | None = None
-        self.checkpoints_dir = Path(config.output_dir) / "checkpoints"
+        self.checkpoints_dir = checkpoint_root(config.output_dir, config.ckpt)
         self.batch_started = time.perf_counter()
 
     # --- rollouts -------------------------------------------------------------------

@@ -1,34 +1,48 @@
-"""Trainer checkpoints with torch.distributed.checkpoint (DCP), never left half-written.
+"""Trainer checkpoints with torch.distributed.checkpoint (DCP), never counted half-written.
 
-Layout: `<output_dir>/checkpoints/step_N/trainer/` holds the sharded model, optimizer and
-scheduler state (DCP files) plus `train_state.json` (step, data position: anything JSON-like).
+Layout: `<ckpt root>/step_N/trainer/` (the root is `ckpt.url`, a path or an fsspec URL such as
+`s3://bucket/run/checkpoints`, or `<output_dir>/checkpoints`) holds the sharded model,
+optimizer and scheduler state (DCP files) plus `train_state.json` (step, data position:
+anything JSON-like).
 
-Why a checkpoint is either complete or invisible: every rank writes into
-`checkpoints/.step_N.tmp/`; DCP writes its `.metadata` file last, after all ranks' shards;
-then rank 0 renames the directory to `step_N` (an atomic rename on one filesystem). A
-process killed mid-save leaves only a `.tmp` directory, which resume never reads and the
-next save removes. Resume (`ckpt.resume_step`: N or "latest") only considers `step_N`
-directories whose `trainer/.metadata` exists.
+Why a checkpoint is either complete or invisible: object stores have no atomic rename, so a
+part counts only once its `COMPLETE` marker exists (rlkube.launch.checkpoints). Every rank
+writes its shards straight into the part, DCP writes its `.metadata` after all ranks' shards,
+then rank 0 writes the JSON files and, last, the marker. A process killed mid-save leaves a
+part without a marker, which resume never picks and the next save of that step replaces
+(removing the marker first). Checkpoints written before the marker rule (a `.metadata`
+and no `COMPLETE`) are not picked: `touch step_N/trainer/COMPLETE` makes one resumable.
+
+`save_part`/`load_part` are the mechanics the RL trainer's part shares (rlkube.trainer.rl.checkpoint).
 """
 
 import json
-import re
-import shutil
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from rlkube.config import CheckpointConfig
+from rlkube.launch.checkpoints import (
+    begin_part,
+    checkpoint_root,
+    finish_part,
+    is_complete,
+    part_dir,
+    prune,
+    resolve_resume_step,
+)
 from rlkube.logs import get_logger
 
 logger = get_logger(__name__)
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+PROCESS = "trainer"
 
 
 class _AppState(Stateful):
@@ -52,94 +66,67 @@ class _AppState(Stateful):
         self.scheduler.load_state_dict(state_dict["scheduler"])
 
 
-def checkpoint_dir(output_dir: Path, step: int) -> Path:
-    return Path(output_dir) / "checkpoints" / f"step_{step}"
+def save_part(root: str, step: int, process: str, state: dict[str, Any], files: dict[str, bytes], *,
+              is_main: bool, config: CheckpointConfig, dcp_dir: str = "") -> str:
+    """Collective: write `state` with DCP (every rank its shards) and `files` into `process`'s
+    part of step `step`, mark it complete, prune per `config`. Returns the part's URL."""
+    if is_main:
+        begin_part(root, step, process)  # unmarked before anything is overwritten
+    _barrier()
+    url = part_dir(root, step, process)
+    dcp.save(state, storage_writer=FsspecWriter(f"{url}/{dcp_dir}" if dcp_dir else url))
+    _barrier()  # every rank's shards and DCP's metadata are written
+    if is_main:
+        finish_part(root, step, process, files)
+        for pruned in prune(root, process, config.keep_last, config.keep_interval):
+            logger.info(f"pruned checkpoint step {pruned}")
+    _barrier()
+    return url
 
 
-def is_complete(step_dir: Path) -> bool:
-    return (step_dir / "trainer" / ".metadata").is_file()
+def load_part(root: str, step: int, process: str, state: dict[str, Any], names: tuple[str, ...], *,
+              dcp_dir: str = "") -> dict[str, bytes]:
+    """Collective: load `state` in place from a complete part; returns the files `names`."""
+    url = part_dir(root, step, process)
+    if not is_complete(root, step, process):
+        raise FileNotFoundError(f"ckpt.resume_step: {url} is not a complete checkpoint")
+    dcp.load(state, storage_reader=FsspecReader(f"{url}/{dcp_dir}" if dcp_dir else url))
+    fs, path = fsspec.core.url_to_fs(url)
+    return {name: fs.cat_file(f"{path}/{name}") for name in names}
 
 
-def complete_steps(output_dir: Path) -> list[int]:
-    """Steps with a complete checkpoint, ascending."""
-    root = Path(output_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    steps = []
-    for child in root.iterdir():
-        if (m := _STEP_DIR.match(child.name)) and is_complete(child):
-            steps.append(int(m.group(1)))
-    return sorted(steps)
-
-
-def steps_to_delete(steps: list[int], keep_last: int | None, keep_interval: int | None) -> list[int]:
-    """Which checkpoints pruning removes: all but the newest `keep_last`, except multiples
-    of `keep_interval`."""
-    if keep_last is None:
-        return []
-    kept = set(sorted(steps)[-keep_last:])
-    return [s for s in steps if s not in kept and not (keep_interval and s % keep_interval == 0)]
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 class CheckpointManager:
-    """Save, resume and prune trainer checkpoints under `<output_dir>/checkpoints/`."""
+    """Save, resume and prune SFT checkpoints under `ckpt.url` or `<output_dir>/checkpoints/`."""
 
     def __init__(self, output_dir: Path, config: CheckpointConfig, *, is_main: bool) -> None:
-        self.output_dir = Path(output_dir)
+        self.root = checkpoint_root(output_dir, config)
         self.config = config
         self.is_main = is_main
 
     def should_save(self, step: int, last_step: int) -> bool:
         return step == last_step or (self.config.interval is not None and step % self.config.interval == 0)
 
-    def save(self, step: int, model: nn.Module, optimizer, scheduler, train_state: dict[str, Any]) -> Path:
-        """Collective: every rank calls it. Returns the final `step_N` directory."""
-        final = checkpoint_dir(self.output_dir, step)
-        tmp = final.with_name(f".{final.name}.tmp")
+    def save(self, step: int, model: nn.Module, optimizer, scheduler, train_state: dict[str, Any]) -> str:
+        """Collective: every rank calls it. Returns the URL of `step_N/trainer`."""
+        files = {"train_state.json": json.dumps(train_state).encode()}
+        path = save_part(self.root, step, PROCESS, {"app": _AppState(model, optimizer, scheduler)}, files,
+                         is_main=self.is_main, config=self.config)
         if self.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        dist.barrier()
-        dcp.save({"app": _AppState(model, optimizer, scheduler)}, checkpoint_id=tmp / "trainer")
-        if self.is_main:
-            (tmp / "trainer" / "train_state.json").write_text(json.dumps(train_state))
-        dist.barrier()
-        if self.is_main:
-            if final.exists():  # re-saving a step (after a resume): replace it whole
-                stale = final.with_name(f".{final.name}.old")
-                shutil.rmtree(stale, ignore_errors=True)
-                final.rename(stale)
-                shutil.rmtree(stale)
-            tmp.rename(final)
-            self._prune()
-            logger.info(f"saved checkpoint {final}")
-        dist.barrier()
-        return final
+            logger.info(f"saved checkpoint {path}")
+        return path
 
     def resolve_resume_step(self) -> int | None:
         """The step to resume from, per `resume_step`; None starts fresh."""
-        wanted = self.config.resume_step
-        if wanted is None:
-            return None
-        steps = complete_steps(self.output_dir)
-        if wanted == "latest":
-            return steps[-1] if steps else None
-        if wanted not in steps:
-            raise ValueError(
-                f"ckpt.resume_step: no complete checkpoint for step {wanted} under "
-                f"{self.output_dir / 'checkpoints'} (complete: {steps or 'none'})"
-            )
-        return wanted
+        return resolve_resume_step(self.root, self.config.resume_step, PROCESS, (PROCESS,))
 
     def load(self, step: int, model: nn.Module, optimizer, scheduler) -> dict[str, Any]:
         """Collective: restore model, optimizer and scheduler in place; returns the train state."""
-        path = checkpoint_dir(self.output_dir, step) / "trainer"
-        dcp.load({"app": _AppState(model, optimizer, scheduler)}, checkpoint_id=path)
+        state = {"app": _AppState(model, optimizer, scheduler)}
+        files = load_part(self.root, step, PROCESS, state, ("train_state.json",))
         logger.info(f"resumed from checkpoint step {step}")
-        return json.loads((path / "train_state.json").read_text())
-
-    def _prune(self) -> None:
-        steps = complete_steps(self.output_dir)
-        for step in steps_to_delete(steps, self.config.keep_last, self.config.keep_interval):
-            shutil.rmtree(checkpoint_dir(self.output_dir, step))
-            logger.info(f"pruned checkpoint step {step}")
+        return json.loads(files["train_state.json"])

@@ -62,13 +62,15 @@ class RLTrainer:
         orchestrator restores its own policy step and loads the same location, waiting for
         them), so they are there even if a later step's publish had pruned them, or served by
         this process for gRPC transfer."""
-        ckpt = self.config.ckpt
-        if ckpt is None or ckpt.resume_step is None:
+        if self.checkpointer is None or self.config.ckpt is None:
             return
-        self.step = self.checkpointer.load(ckpt.resume_step, self.model, self.optimizer, self.scheduler)
-        self.checkpointer.abandon_after(self.step)
-        logger.info("resumed from step %d", self.step)
-        self.publish_policy(self.step, resumed=True)
+        step = self.checkpointer.resolve(self.config.ckpt.resume_step)  # None: start fresh
+        if step is not None:
+            self.step = self.checkpointer.load(step, self.model, self.optimizer, self.scheduler)
+        self.checkpointer.abandon_after(self.step)  # later steps belong to an abandoned continuation
+        if step is not None:
+            logger.info("resumed from step %d", self.step)
+            self.publish_policy(self.step, resumed=True)
 
     def train_step(self, step: int) -> None:
         self.timings = {}
@@ -162,6 +164,7 @@ class RLTrainer:
 
 def run(config: TrainerConfig) -> None:
     """Build everything from the config, train to `max_steps`, clean up."""
+    from rlkube.launch.checkpoints import checkpoint_root
     from rlkube.metrics import MetricsSink
     from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
     from rlkube.trainer.rl.setup import build_training_env
@@ -170,7 +173,8 @@ def run(config: TrainerConfig) -> None:
 
     env = build_training_env(config)
     main = env.rank == 0
-    checkpointer = TrainerCheckpointer(config.output_dir / "checkpoints", config.ckpt, env.rank) if config.ckpt else None
+    root = checkpoint_root(config.output_dir, config.ckpt)
+    checkpointer = TrainerCheckpointer(root, config.ckpt, env.rank) if config.ckpt else None
     metrics = MetricsSink(
         config.output_dir, "trainer", wandb=config.wandb, run_config=config.model_dump(mode="json"), enabled=main
     )

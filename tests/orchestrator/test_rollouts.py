@@ -25,14 +25,15 @@ def reverse_user_text(tokenizer):
     return respond
 
 
-async def run_rollouts(model, base_urls, n, sampling: SamplingConfig):
-    env_config = EnvConfig(args={"num_examples": 20})
+async def run_rollouts(model, base_urls, n, sampling: SamplingConfig, path: str = "auto"):
+    env_config = EnvConfig(args={"num_examples": 20}, rollout_path=path)
     runner = EnvRunner(env_config, load_env(env_config), seed=0)
+    assert runner.rollout_path == ("verifiers" if path == "verifiers" else "lean")
     pool = InferencePool(ClientConfig(base_urls=base_urls), str(model), str(model), sampling)
     async def one(example_id, task):
         return await runner.rollout(task, example_id, pool.context_for(runner.name, example_id), sampling.temperature, lambda: 3)
 
-    async with runner.env.serving():
+    async with runner.serving():
         tasks = [runner.next_task() for _ in range(n)]
         # One rollout alone first: `renderers` resolves each new server's context length under a
         # module-level asyncio.Lock, which breaks when contended in two event loops of one
@@ -41,14 +42,15 @@ async def run_rollouts(model, base_urls, n, sampling: SamplingConfig):
         return [first, *await asyncio.gather(*(one(*t) for t in tasks[1:]))]
 
 
-def test_token_exact_rollouts_against_a_fake_engine(tiny_model):
+@pytest.mark.parametrize("path", ["lean", "verifiers"])
+def test_token_exact_rollouts_against_a_fake_engine(tiny_model, path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
     fake = FakeInference(str(tiny_model), stop, respond=reverse_user_text(tokenizer))
     with FakeInferenceThread(fake) as server:
-        rollouts = asyncio.run(run_rollouts(tiny_model, [server.url], 4, SamplingConfig(max_tokens=32)))
+        rollouts = asyncio.run(run_rollouts(tiny_model, [server.url], 4, SamplingConfig(max_tokens=32), path))
     for rollout in rollouts:
         assert rollout.error is None and (rollout.policy_min, rollout.policy_max) == (3, 3)
         assert rollout.reward == 1.0, "the completion ids decode to the reversed text"
@@ -78,10 +80,11 @@ def test_task_sampler_covers_every_task_each_epoch_and_resumes():
 
 
 @pytest.mark.slow
-def test_real_rollouts_from_vllm(inference_server):
+@pytest.mark.parametrize("path", ["lean", "verifiers"])
+def test_real_rollouts_from_vllm(inference_server, path):
     """Token ids and logprobs come from vLLM through verifiers' training client."""
     sampling = SamplingConfig(temperature=1.0, max_tokens=16)
-    rollouts = asyncio.run(run_rollouts(inference_server.model, [inference_server.base_url], 4, sampling))
+    rollouts = asyncio.run(run_rollouts(inference_server.model, [inference_server.base_url], 4, sampling, path))
     for rollout in rollouts:
         assert rollout.error is None, rollout.error
         (sample,) = rollout.samples
@@ -93,7 +96,8 @@ def test_real_rollouts_from_vllm(inference_server):
         assert 0.0 <= rollout.reward <= 1.0
 
 
-def test_multi_turn_rollout_is_one_token_exact_sample(tiny_model):
+@pytest.mark.parametrize("path", ["lean", "verifiers"])
+def test_multi_turn_rollout_is_one_token_exact_sample(tiny_model, path):
     """verifiers' user-simulator env (the simulated user is an untrainable agent): a 3-turn
     conversation whose turns extend each other exactly becomes ONE sample, with only the
     assistant's sampled tokens in the loss mask; the user's own trace is not trained on."""
@@ -111,11 +115,11 @@ def test_multi_turn_rollout_is_one_token_exact_sample(tiny_model):
         taskset=ReverseTextConfig(id=TASKSET_ID, num_examples=4), assistant=agent, user=agent | {"max_turns": 3},
     ))
     assert isinstance(env, vf.Env)
-    runner = EnvRunner(EnvConfig(name="user_sim"), env, seed=0)
+    runner = EnvRunner(EnvConfig(name="user_sim", rollout_path=path), env, seed=0)
 
     async def go(url):
         pool = InferencePool(ClientConfig(base_urls=[url]), str(tiny_model), str(tiny_model), SamplingConfig(max_tokens=16))
-        async with env.serving():
+        async with runner.serving():
             example_id, task = runner.next_task()
             return await runner.rollout(task, example_id, pool.contexts[0], 1.0, lambda: 0)
 

@@ -1,6 +1,6 @@
 """`rlkube orchestrator`: environments, rollouts, advantages, batches for the trainer."""
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -20,6 +20,13 @@ class EnvConfig(Config):
 
     ratio: float = Field(default=1.0, gt=0)
     """Relative share of this environment's tasks in each training batch."""
+
+    rollout_path: Literal["auto", "lean", "verifiers"] = "auto"
+    """How rollouts reach the engine. `lean`: model calls go from the in-process harness to
+    verifiers' interception handler by function call, not over local HTTP (same traces, far
+    less CPU); `verifiers`: verifiers' full path (an interception server, for harnesses that
+    run programs, sandboxes or tools); `auto`: lean where every harness runs in-process and
+    no tool servers are used."""
 
 
 class SamplingConfig(Config):

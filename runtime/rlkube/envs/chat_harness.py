@@ -8,6 +8,11 @@ contract allows exactly this ("a harness may run its loop in-process ... as long
 model call goes through `endpoint` + `secret`"): the interception server still records every
 turn, so traces, token ids and logprobs are the same.
 
+It declares `IN_PROCESS`, so rlkube serves its envs on the lean path
+(`rlkube.envs.in_process`): the model call goes to the interception handler by function call
+instead of over local HTTP. On verifiers' full path (`rollout_path = "verifiers"`) it posts to
+the interception server as a program would.
+
 No tools: tasks that need tools or a sandbox keep a program harness. Multi-turn exchanges
 (a user simulator, `resume`) work: each segment replays the conversation so far.
 """
@@ -18,9 +23,11 @@ import verifiers.v1 as vf
 from verifiers.v1.dialects.chat import message_to_wire
 from verifiers.v1.runtimes import ProgramResult
 
+from rlkube.envs.in_process import in_process_interception
 from rlkube.http import async_client
 
 HARNESS_ID = "rlkube_chat"
+CHAT_ROUTE = "/v1/chat/completions"
 # verifiers resolves a harness id by importing a top-level module of that name; register this
 # module under it (as rlkube.envs.reverse_text does for its taskset).
 sys.modules.setdefault(HARNESS_ID, sys.modules[__name__])
@@ -31,6 +38,9 @@ class InProcessChatHarness(vf.Harness[vf.HarnessConfig]):
     SUPPORTS_RESUME = True
     EXECUTES_CODE = False
     NEEDS_CONTAINER = False
+    IN_PROCESS = True
+    """Runs no program and reaches the model only through `endpoint` + `secret`: eligible for
+    rlkube's lean rollout path (`rlkube.envs.in_process`)."""
 
     async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, tool_interception_url=None) -> ProgramResult:
         system, prompt = self.resolve_prompt(data)
@@ -39,15 +49,19 @@ class InProcessChatHarness(vf.Harness[vf.HarnessConfig]):
             messages.append({"role": "user", "content": prompt})
         elif prompt:
             messages.extend(message_to_wire(m) for m in prompt)
-        async with async_client(timeout=None) as client:
-            response = await client.post(
-                endpoint.rstrip("/") + "/chat/completions",
-                json={"model": ctx.model, "messages": messages},
-                headers={"Authorization": f"Bearer {secret}"},
-            )
-        if response.status_code != 200:
-            return ProgramResult(exit_code=1, stdout="", stderr=f"HTTP {response.status_code}: {response.text[-2000:]}")
-        return ProgramResult(exit_code=0, stdout=response.text, stderr="")
+        body = {"model": ctx.model, "messages": messages}
+        if (interception := in_process_interception(endpoint)) is not None:  # the lean path
+            status, content = await interception.post(CHAT_ROUTE, secret, body)
+            text = content.decode()
+        else:
+            async with async_client(timeout=None) as client:
+                response = await client.post(
+                    endpoint.rstrip("/") + "/chat/completions", json=body, headers={"Authorization": f"Bearer {secret}"}
+                )
+            status, text = response.status_code, response.text
+        if status != 200:
+            return ProgramResult(exit_code=1, stdout="", stderr=f"HTTP {status}: {text[-2000:]}")
+        return ProgramResult(exit_code=0, stdout=text, stderr="")
 
 
 __all__ = ["InProcessChatHarness"]

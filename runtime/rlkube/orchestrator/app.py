@@ -67,7 +67,7 @@ async def serve(config: OrchestratorConfig) -> None:
     try:
         async with contextlib.AsyncExitStack() as stack:
             for runner in runners:
-                await stack.enter_async_context(runner.env.serving())
+                await stack.enter_async_context(runner.serving())
             await pool.wait_until_healthy(config.client.timeout_s)
             await orchestrator.run(resume_step)
         logger.info("finished: policy %d loaded, %d steps done", orchestrator.clock.policy_step, config.max_steps)

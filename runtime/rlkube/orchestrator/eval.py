@@ -122,6 +122,7 @@ async def evaluate(
     """Evaluate `model` served at `base_urls` on each environment of `envs`.
     `loaded_envs` (name -> env) reuses environments built earlier (periodic eval)."""
     from rlkube.envs import load_env
+    from rlkube.envs.in_process import serving
     from rlkube.orchestrator.inference import model_contexts
 
     contexts = model_contexts(base_urls, model, model, sampling, timeout_s)
@@ -129,7 +130,7 @@ async def evaluate(
     for env_config in envs:
         name = env_config.name or env_config.id
         env = (loaded_envs or {}).get(name) or load_env(env_config)
-        async with env.serving():
+        async with serving(env, env_config.rollout_path, name):
             results.append(await evaluate_env(
                 name, env, contexts, num_examples=num_examples,
                 rollouts_per_example=rollouts_per_example, pass_threshold=pass_threshold,

@@ -3,7 +3,9 @@
 Rollouts run through verifiers' training client (`TrainClientConfig`): it renders the prompt
 to token ids with the `renderers` package, calls vLLM's token-in/token-out
 `/inference/v1/generate`, and records the sampled ids and their logprobs on the trace. So the
-trainer sees exactly the tokens the engine sampled, never a re-tokenization of text.
+trainer sees exactly the tokens the engine sampled, never a re-tokenization of text. Envs whose
+harnesses run in-process take the lean path (`rlkube.envs.in_process`): the same records,
+without the local HTTP hop to verifiers' interception server.
 """
 
 import logging
@@ -13,6 +15,7 @@ import zlib
 from typing import Any
 
 from rlkube.config import EnvConfig
+from rlkube.envs.in_process import resolve_path, serving
 from rlkube.orchestrator.types import Rollout, Sample
 
 logger = logging.getLogger(__name__)
@@ -96,6 +99,12 @@ class EnvRunner:
             raise ValueError(f"environment '{self.name}': its taskset is infinite; bound it with its args")
         self.tasks = list(taskset)
         self.sampler = TaskSampler(len(self.tasks), seed + zlib.crc32(self.name.encode()))
+        self.rollout_path = resolve_path(env, config.rollout_path, self.name)
+
+    def serving(self):
+        """The context the env serves rollouts in: the lean in-process path where it applies
+        (`rlkube.envs.in_process`), else verifiers' `env.serving()`."""
+        return serving(self.env, self.rollout_path)
 
     def next_task(self) -> tuple[str, Any]:
         """(example id, task): the id is the task's stable key (sticky routing, metrics)."""

@@ -29,12 +29,20 @@ def load_tokenizer(config: ModelConfig):
     return AutoTokenizer.from_pretrained(config.name, trust_remote_code=config.trust_remote_code)
 
 
-def load_model(config: ModelConfig) -> nn.Module:
-    """The model on CPU in float32, in training mode, ready for `parallelize`."""
+def load_model(config: ModelConfig, packed_attention: bool = False) -> nn.Module:
+    """The model on CPU in float32, in training mode, ready for `parallelize`.
+
+    `packed_attention`: attend through `rlkube.trainer.rl.attention` (the RL trainer's packed
+    rows with shared prompts) instead of the model's default attention."""
     from transformers import AutoModelForCausalLM
 
+    extra = {}
+    if packed_attention:
+        from rlkube.trainer.rl.attention import register
+
+        extra["attn_implementation"] = register()
     model = AutoModelForCausalLM.from_pretrained(
-        config.name, dtype=torch.float32, trust_remote_code=config.trust_remote_code
+        config.name, dtype=torch.float32, trust_remote_code=config.trust_remote_code, **extra
     )
     model.config.use_cache = False
     model.train()  # from_pretrained returns eval mode, which also turns activation checkpointing off

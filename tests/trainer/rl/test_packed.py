@@ -8,31 +8,33 @@ import pytest
 import torch
 from rlkube.orchestrator.packing import pack_batch
 from rlkube.orchestrator.types import Sample
-from rlkube.trainer.rl.packed import (
-    attention_mask,
-    policy_logprobs,
-    predictor_positions,
-    token_logprobs,
-)
+from rlkube.trainer.rl.attention import SEGMENT_ATTENTION, Segments, register
+from rlkube.trainer.rl.packed import policy_logprobs, token_logprobs
 
 
-def test_mask_and_predictors_of_a_shared_prompt_a_plain_sample_and_padding():
+def test_visibility_and_predictors_of_a_shared_prompt_a_plain_sample_and_padding():
     # prompt (segment 5), two samples continuing it (0, 1), a plain sample (2), padding
     sample_ids = torch.tensor([[5, 5, 0, 0, 1, 1, 2, 2, -1, -1]], dtype=torch.int32)
     prefix_ids = torch.tensor([[-1, -1, 5, 5, 5, 5, -1, -1, -1, -1]], dtype=torch.int32)
-    mask = attention_mask(sample_ids, prefix_ids)
-    assert mask.shape == (1, 1, 10, 10)
-    visible = [torch.nonzero(row).flatten().tolist() for row in mask[0, 0]]
+    segments = Segments(sample_ids, prefix_ids)
+    positions = torch.arange(10)
+    mask = segments.visible(0, positions.unsqueeze(-1), positions)
+    visible = [torch.nonzero(row).flatten().tolist() for row in mask]
     assert visible == [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3], [0, 1, 4], [0, 1, 4, 5], [6], [6, 7], [8], [8, 9]]
     # sample 1's first token is predicted by the prompt's last token, not by sample 0's
-    assert predictor_positions(mask).tolist() == [[-1, 0, 1, 2, 1, 4, -1, 6, -1, 8]]
+    assert segments.predictors().tolist() == [[-1, 0, 1, 2, 1, 4, -1, 6, -1, 8]]
+    assert segments.first_visible().tolist() == [[0, 0, 0, 0, 0, 0, 6, 6, 8, 8]]
+    keys, tile = segments.tile(0, 4, 6)  # sample 1's queries see the prompt and itself, not sample 0
+    assert keys.tolist() == [0, 1, 4, 5] and tile.tolist() == [[True, True, True, False], [True] * 4]
 
 
 def test_token_logprobs_use_the_predictor_and_each_tokens_temperature():
-    logits = torch.tensor([[[0.0, 2.0], [1.0, 0.0], [0.0, 0.0]]])
+    head = torch.nn.Identity()  # the "hidden states" are the logits
+    hidden = torch.tensor([[[0.0, 2.0], [1.0, 0.0], [0.0, 0.0]]])
     ids = torch.tensor([[0, 1, 0]])
     temps = torch.tensor([[1.0, 2.0, 0.5]])
-    lp, ent = token_logprobs(logits, ids, temps, torch.tensor([[-1, 0, 1]]))
+    wanted = torch.ones(1, 3, dtype=torch.bool)
+    lp, ent = token_logprobs(hidden, head, ids, temps, torch.tensor([[-1, 0, 1]]), wanted)
     # token 1 at position 1 is predicted by logits[0] / 2 = [0, 1]
     assert lp[0, 1].item() == pytest.approx(math.log(math.e / (1 + math.e)))
     # token 0 at position 2 is predicted by logits[1] / 0.5 = [2, 0]
@@ -40,17 +42,24 @@ def test_token_logprobs_use_the_predictor_and_each_tokens_temperature():
     assert lp[0, 0].item() == 0 and ent[0, 0].item() == 0
     p = 1 / (1 + math.e)
     assert ent[0, 1].item() == pytest.approx(-(p * math.log(p) + (1 - p) * math.log(1 - p)))
-    # a shared prompt: position 2 is ALSO predicted by position 0, at token 1's temperature 2: [0, 1]
-    temps = torch.tensor([[1.0, 2.0, 2.0]])
-    lp, _ = token_logprobs(logits, ids, temps, torch.tensor([[-1, 0, 0]]))
+    # a shared prompt: position 0 predicts tokens 1 and 2, each at its own temperature
+    lp, _ = token_logprobs(hidden, head, ids, torch.tensor([[1.0, 2.0, 0.5]]), torch.tensor([[-1, 0, 0]]), wanted)
     assert lp[0, 1].item() == pytest.approx(math.log(math.e / (1 + math.e)))
-    assert lp[0, 2].item() == pytest.approx(math.log(1 / (1 + math.e)))
+    assert lp[0, 2].item() == pytest.approx(math.log(1 / (1 + math.exp(4))))
+    # only wanted tokens are computed, in chunks that give the same values
+    chunked, _ = token_logprobs(hidden, head, ids, temps, torch.tensor([[-1, 0, 1]]), wanted, chunk=1)
+    torch.testing.assert_close(chunked, token_logprobs(hidden, head, ids, temps, torch.tensor([[-1, 0, 1]]), wanted)[0])
+    lp, _ = token_logprobs(hidden, head, ids, temps, torch.tensor([[-1, 0, 1]]), torch.tensor([[True, True, False]]))
+    assert lp[0, 2].item() == 0
 
 
-def test_tokens_of_one_predictor_at_two_temperatures_are_refused():
-    logits = torch.zeros(1, 3, 2)
-    with pytest.raises(ValueError, match="share one temperature"):
-        token_logprobs(logits, torch.tensor([[0, 1, 0]]), torch.tensor([[1.0, 2.0, 0.5]]), torch.tensor([[-1, 0, 0]]))
+def test_a_model_with_another_attention_is_refused(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="eager")
+    batch = pack_batch(grouped_samples(groups=1, group_size=2), 64, world_size=1, micro_batch_rows=1)[0][0]
+    with pytest.raises(ValueError, match=f"attends with 'eager'.*{SEGMENT_ATTENTION}"):
+        policy_logprobs(model, batch)
 
 
 def grouped_samples(groups: int, group_size: int, seed: int = 0) -> list[Sample]:
@@ -91,7 +100,7 @@ def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_model):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation=register())
     samples = grouped_samples(groups=5, group_size=4)
     # rows of 64 tokens: most groups do not fit one row, so they split and repeat the prompt
     plain = pack_batch(samples, 64, world_size=1, micro_batch_rows=3, share_prompts=False)[0]
@@ -115,6 +124,7 @@ def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_model):
     sample = samples[7]
     n = sum(sample.loss_mask)
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([sample.token_ids])).logits[0, -n - 1 : -1]
+        alone_segments = Segments(torch.zeros(1, len(sample.token_ids)), torch.full((1, len(sample.token_ids)), -1))
+        logits = model(input_ids=torch.tensor([sample.token_ids]), segments=alone_segments).logits[0, -n - 1 : -1]
     alone = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(sample.token_ids[-n:])[:, None])[:, 0]
     torch.testing.assert_close(lp_shared[0.08], alone, rtol=0, atol=1e-5)

@@ -1,63 +1,109 @@
 """Packed rows as the orchestrator sends them: who attends to whom, and which position's
-logits predict each token (`rlkube/orchestrator/packing.py` describes the layout).
+output predicts each token (`rlkube/orchestrator/packing.py` describes the layout).
 
 A row holds segments: samples, shared prompts and padding. A token sees the earlier tokens of
-its own segment and, when its sample continues a shared prompt, that prompt's tokens. So the
-model gets an explicit 4D mask rather than inferring sample boundaries from `position_ids`,
-which cannot express a prompt shared by several samples. A token is predicted by the logits
-of the nearest earlier token it sees: the previous token of its sample, or the prompt's last
-token for a sample's first token after a shared prompt.
+its own segment and, when its sample continues a shared prompt, that prompt's tokens; position
+ids alone cannot express a prompt shared by several samples, so the model attends through
+`rlkube.trainer.rl.attention`, which applies this rule tile by tile and never builds a
+`seq_len x seq_len` mask. A token is predicted by the output of the nearest earlier token it
+sees: the previous token of its sample, or the prompt's last token for a sample's first token
+after a shared prompt.
+
+Memory and time stay linear in the row length: besides attention, the log-probs run over
+chunks of `LOGPROB_CHUNK` tokens, and each chunk's full-vocabulary logits are recomputed in
+backward rather than kept, so at most one chunk of them exists at a time.
 """
+
+from functools import partial
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from rlkube.trainer.rl.attention import SEGMENT_ATTENTION, Segments
+
+LOGPROB_CHUNK = 1024
 
 
-def attention_mask(sample_ids: Tensor, prefix_ids: Tensor) -> Tensor:
-    """`[rows, 1, seq_len, seq_len]` bool, True where query token q may attend to key k."""
-    seq_len = sample_ids.shape[-1]
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=sample_ids.device).tril()
-    query_segment, key_segment = sample_ids.unsqueeze(-1), sample_ids.unsqueeze(-2)
-    query_prefix = prefix_ids.unsqueeze(-1)
-    visible = (key_segment == query_segment) | ((key_segment == query_prefix) & (query_prefix >= 0))
-    return (visible & causal).unsqueeze(1)
-
-
-def predictor_positions(mask: Tensor) -> Tensor:
-    """`[rows, seq_len]`: the position whose logits predict each token, -1 where none does
-    (a sequence's first token)."""
-    seq_len = mask.shape[-1]
-    earlier = mask[:, 0] & torch.ones(seq_len, seq_len, dtype=torch.bool, device=mask.device).tril(-1)
-    positions = torch.arange(seq_len, device=mask.device)
-    return torch.where(earlier, positions, -1).amax(-1)
-
-
-def token_logprobs(logits: Tensor, input_ids: Tensor, temperatures: Tensor, predictors: Tensor) -> tuple[Tensor, Tensor]:
-    """Log-prob and entropy of each token of `input_ids` under its predictor's
-    `logits / temperature`, aligned with `input_ids` (like the inference log-probs); zero
-    where no position predicts the token. Each token uses the temperature it was sampled with.
-
-    The log-softmax runs once per position, not once per token, so no copy of the logits is
-    made per token (that would double the largest tensor of a big-vocabulary model). A position
-    that predicts several tokens (a shared prompt's last one) therefore needs them all sampled
-    at one temperature, which the orchestrator guarantees by sharing prompts only then.
-    """
-    rows, seq_len = input_ids.shape
-    predicted = predictors >= 0
-    source = predictors.clamp(min=0)
-    spill = torch.where(predicted, predictors, seq_len)  # tokens nothing predicts write past the end
-    position_temps = temperatures.new_ones(rows, seq_len + 1).scatter(1, spill, temperatures)[:, :seq_len]
-    if not torch.equal(position_temps.gather(1, source)[predicted], temperatures[predicted]):
-        raise ValueError("tokens predicted by the same position must share one temperature")
-    log_probs = torch.log_softmax(logits.float() / position_temps.clamp(min=1e-6).unsqueeze(-1), dim=-1)
-    picked = log_probs[torch.arange(rows, device=logits.device).unsqueeze(-1), source, input_ids]
+def _chunk_logprobs(head: torch.nn.Module, hidden: Tensor, token_ids: Tensor, temperatures: Tensor) -> tuple[Tensor, Tensor]:
+    log_probs = torch.log_softmax(head(hidden).float() / temperatures.clamp(min=1e-6).unsqueeze(-1), dim=-1)
     with torch.no_grad():
-        entropy = -(log_probs.exp() * log_probs).sum(-1).gather(1, source)
-    return torch.where(predicted, picked, 0.0), torch.where(predicted, entropy, 0.0)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return log_probs.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1), entropy
+
+
+def token_logprobs(
+    hidden: Tensor,
+    head: torch.nn.Module,
+    input_ids: Tensor,
+    temperatures: Tensor,
+    predictors: Tensor,
+    wanted: Tensor,
+    chunk: int = LOGPROB_CHUNK,
+) -> tuple[Tensor, Tensor]:
+    """Float32 log-prob and entropy of each `wanted` token of `input_ids` under
+    `head(hidden[its predictor]) / its temperature`, aligned with `input_ids` (like the
+    inference log-probs); zero elsewhere and where no position predicts the token.
+
+    Each token uses the temperature it was sampled with, even when one position predicts
+    several tokens (a shared prompt's last one). `head` runs on `chunk` tokens at a time and
+    again in backward, so no full-vocabulary tensor of all tokens exists at once.
+    """
+    rows, positions = torch.nonzero(wanted & (predictors >= 0), as_tuple=True)
+    logprobs, entropies = [], []
+    for start in range(0, len(rows), chunk):
+        r, p = rows[start : start + chunk], positions[start : start + chunk]
+        lp, ent = checkpoint(
+            partial(_chunk_logprobs, head), hidden[r, predictors[r, p]], input_ids[r, p], temperatures[r, p],
+            use_reentrant=False,
+        )
+        logprobs.append(lp)
+        entropies.append(ent)
+    zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    if not logprobs:  # no loss tokens: still use the head, so every parameter gets a (zero) gradient
+        return zeros + head(hidden[:1, :1]).float().sum() * 0, zeros
+    return zeros.index_put((rows, positions), torch.cat(logprobs)), zeros.index_put((rows, positions), torch.cat(entropies))
+
+
+class _TokenLogprobHead(torch.nn.Module):
+    """Stands in for the LM head during one forward: maps the final hidden states to
+    `[rows, seq_len, 2]` (log-prob, entropy) with `token_logprobs`. So the chunked head runs
+    inside the model's own forward, where FSDP has gathered the head's weights and hooks the
+    output to gather them again before backward (whose chunks recompute the logits)."""
+
+    def __init__(self, head: torch.nn.Module, batch: dict, predictors: Tensor):
+        super().__init__()
+        self.head, self.batch, self.predictors = head, batch, predictors
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        batch = self.batch
+        logprobs, entropy = token_logprobs(
+            hidden, self.head, batch["input_ids"], batch["temperatures"], self.predictors, batch["loss_mask"]
+        )
+        return torch.stack([logprobs, entropy], dim=-1)
+
+
+def check_attention(model) -> None:
+    implementation = model.config._attn_implementation
+    if implementation != SEGMENT_ATTENTION:
+        raise ValueError(
+            f"{type(model).__name__} attends with '{implementation}', which cannot express packed rows with "
+            f"shared prompts; load it with attn_implementation='{SEGMENT_ATTENTION}' "
+            "(rlkube.trainer.model.load_model(..., packed_attention=True))"
+        )
 
 
 def policy_logprobs(model, batch: dict) -> tuple[Tensor, Tensor]:
-    """The model's log-probs and entropies of a packed micro-batch's tokens."""
-    mask = attention_mask(batch["sample_ids"], batch["prefix_ids"])
-    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask).logits
-    return token_logprobs(logits, batch["input_ids"], batch["temperatures"], predictor_positions(mask))
+    """The model's log-probs and entropies of a packed micro-batch's loss tokens (zero on the
+    others)."""
+    check_attention(model)
+    segments = Segments(batch["sample_ids"], batch["prefix_ids"])
+    head = model.get_output_embeddings()
+    model.set_output_embeddings(_TokenLogprobHead(head, batch, segments.predictors()))
+    try:
+        out = model(
+            input_ids=batch["input_ids"], position_ids=batch["position_ids"], segments=segments, logits_to_keep=0
+        ).logits
+    finally:
+        model.set_output_embeddings(head)
+    return out[..., 0], out[..., 1]

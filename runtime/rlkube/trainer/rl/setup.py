@@ -40,7 +40,7 @@ class TrainingEnv:
 def build_training_env(config: TrainerConfig) -> TrainingEnv:
     info = rdist.init_distributed(config.device, config.cpu_threads)
     torch.manual_seed(config.seed)
-    model = load_model(config.model)
+    model = load_model(config.model, packed_attention=True)
     model = parallelize(model, config.parallel, info.device, resolve_dtype(config.model.dtype, info.device))
     optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.scheduler, config.max_steps)

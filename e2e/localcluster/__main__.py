@@ -50,7 +50,7 @@ async def up(state_dir: Path, port: int, namespaces: list[str], with_kubelet: bo
         port = local.port
         url = f"http://127.0.0.1:{port}"
         for ns in dict.fromkeys(["default", *namespaces]):
-            await server.create(server.kinds["", "v1", "namespaces"], None, {"metadata": {"name": ns}})
+            await server.create_object(server.kinds["", "v1", "namespaces"], None, {"metadata": {"name": ns}})
         tasks = [asyncio.create_task(Controllers(url).run(), name="controllers")]
         host_ip = "127.0.0.1"
         kubelet = None

@@ -23,7 +23,9 @@ clients rely on:
   the garbage collector (controllers.py) acts on; preconditions (uid, resourceVersion);
 - admission: the CRDs' CEL rules (admission.py) on every write but to `/status`;
 - discovery, OpenAPI v3 and Table output (resources.py); `pods/<name>/log` from the kubelet's
-  log files when `logs` is given.
+  log files when `logs` is given;
+- reactions declared with kmock's DSL (`server["fetch v1/configmaps"] << 403`) answer first,
+  so in-process tests can inject failures.
 
 Not emulated: protobuf (answered 415: kubectl's imperative generators such as
 `kubectl create configmap` send it; `kubectl apply`/`create -f` send JSON), authentication and

@@ -4,7 +4,10 @@ import json
 import threading
 from pathlib import Path
 
+import pytest
 import yaml
+
+from e2e.localcluster.apiserver import ApiServer
 
 REPO = Path(__file__).resolve().parents[2]
 RLRUN = REPO / "examples" / "reverse_text" / "rlrun.yaml"
@@ -154,3 +157,20 @@ def test_discovery_and_openapi_come_from_the_crds(local_api):
     doc = local_api.get(index["apis/rlkube.dev/v1alpha1"]["serverRelativeURL"])
     schema = doc["components"]["schemas"]["dev.rlkube.v1alpha1.RLRun"]
     assert "spec" in schema["properties"] and schema["x-kubernetes-group-version-kind"][0]["kind"] == "RLRun"
+
+
+@pytest.fixture
+def kmock_options():
+    return {"cls": ApiServer}
+
+
+async def test_kmock_reactions_answer_first_and_the_emulator_serves_the_rest(kmock):
+    """In-process use (tests/operator): a test injects a failure with kmock's DSL."""
+    await kmock.create_object(kmock.kinds["", "v1", "namespaces"], None, {"metadata": {"name": "a"}})
+    kmock["fetch v1/configmaps"] << 403 << {"kind": "Status", "code": 403, "reason": "Forbidden"}
+    async with kmock.post("/api/v1/namespaces/a/configmaps", json={"metadata": {"name": "x"}}) as response:
+        assert response.status == 201
+    async with kmock.get("/api/v1/namespaces/a/configmaps/x") as response:
+        assert response.status == 403
+    async with kmock.get("/api/v1/namespaces/a/configmaps") as response:
+        assert [i["metadata"]["name"] for i in (await response.json())["items"]] == ["x"]

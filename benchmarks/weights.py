@@ -65,6 +65,7 @@ async def run(args) -> list[dict]:
         config = InferenceConfig.model_validate({
             "model": {"name": str(model_dir)}, "port": args.port, "kv_cache_space_gb": 1,
             "max_model_len": 512, "max_num_seqs": 8, "startup_timeout_s": 900,
+            "start_paused": False,
         })
         with InferenceProcess(config, tmp / "server") as server:
             await server.wait_until_healthy()

@@ -4,6 +4,11 @@ Serves `/inference/v1/generate` (the route verifiers' training client calls), `/
 `/health`, and answers every other POST (the RL admin routes: `/pause`, `/resume`,
 `/collective_rpc`, ...) with `{}`, recording each as (route, JSON body) in order. A completion is `respond(prompt_ids)` (by default the prompt's last
 `completion_len` tokens reversed) plus the stop token, each with logprob -0.25.
+
+Like vLLM it keeps a pause state and a weight version (`/pause`, `/resume`, `/is_paused`,
+`/update_weight_version`, `/weight_info`): a generate request waits while paused, and the
+version it ran under is recorded in `generated_versions`. `restart()` is what a restarted
+`rlkube inference` looks like: version "default", paused (`inference.start_paused`).
 """
 
 import asyncio
@@ -21,18 +26,33 @@ class FakeInference:
         self.max_model_len = max_model_len
         self.calls: list[tuple[str, dict]] = []
         self.generate_requests = 0
+        self.weight_version = "default"
+        self.resumed = asyncio.Event()
+        self.resumed.set()
+        self.generated_versions: list[str] = []
+
+    def restart(self, start_paused: bool = True) -> None:
+        """Forget the weights' version and pause, as a freshly started server (call it on the
+        server's loop: `FakeInferenceThread.call`)."""
+        self.weight_version = "default"
+        if start_paused:
+            self.resumed.clear()
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/inference/v1/generate", self.generate)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", lambda r: web.json_response({}))
+        app.router.add_get("/weight_info", lambda r: web.json_response({"weight_version": self.weight_version}))
+        app.router.add_get("/is_paused", lambda r: web.json_response({"is_paused": not self.resumed.is_set()}))
         app.router.add_post("/{route:.*}", self.admin)
         return app
 
     async def generate(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.generate_requests += 1
+        await self.resumed.wait()
+        self.generated_versions.append(self.weight_version)
         ids = self.respond(body["token_ids"])[: body["sampling_params"].get("max_tokens", 1 << 30) - 1]
         ids = ids + [self.stop_token_id]
         return web.json_response(
@@ -53,7 +73,16 @@ class FakeInference:
 
     async def admin(self, request: web.Request) -> web.Response:
         body = await request.json() if request.can_read_body else {}
-        self.calls.append((request.match_info["route"], body))
+        route = request.match_info["route"]
+        self.calls.append((route, body))
+        if route == "pause":
+            self.resumed.clear()
+        elif route == "resume":
+            self.resumed.set()
+        elif route == "update_weight_version":
+            self.weight_version = body["new_version"]
+        elif route == "collective_rpc":
+            return web.json_response({"results": [f"loaded {body['kwargs']['location']}"]})
         return web.json_response({})
 
 
@@ -68,12 +97,17 @@ class FakeInferenceThread:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
-        runner = web.AppRunner(self.fake.app(), access_log=None)
+        # A request still waiting at exit is cut off, as when the server process dies.
+        runner = web.AppRunner(self.fake.app(), access_log=None, shutdown_timeout=0.1)
         self.loop.run_until_complete(runner.setup())
         self.loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
         self.started.set()
         self.loop.run_forever()
         self.loop.run_until_complete(runner.cleanup())
+
+    def call(self, fn, *args):
+        """Run `fn(*args)` on the server's loop (the fake's state belongs to it)."""
+        self.loop.call_soon_threadsafe(fn, *args)
 
     def __enter__(self):
         self.thread.start()

@@ -52,6 +52,12 @@ class FakePool:
     async def load_policy(self, step, location, timeout_s):
         self.loads.append((step, location))
 
+    async def sync(self, policy, timeout_s, fresh=False):
+        return []
+
+    async def watch(self, policy, timeout_s):
+        await asyncio.Event().wait()
+
 
 def make_config(tmp_path, **overrides) -> OrchestratorConfig:
     data = {

@@ -68,5 +68,11 @@ class InferenceConfig(InferenceServerConfig):
     seed: int = 0
     """Sampling seed."""
 
+    start_paused: bool = True
+    """Start with generation paused (`/health` answers once the engine is up, requests queue):
+    the orchestrator loads the current policy, tags its version and resumes the server before
+    any of its rollouts count, also after the server restarted mid-run. Without an orchestrator
+    (a server for `rlkube eval`, or any plain use), set it to false or POST `/resume`."""
+
     log: LogConfig = LogConfig()
     """Logging."""

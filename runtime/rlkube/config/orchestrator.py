@@ -99,6 +99,11 @@ class ClientConfig(Config):
     max_concurrent: int = Field(default=256, ge=1)
     """Requests in flight across all replicas (backpressure)."""
 
+    resync_interval_s: float = Field(default=2.0, gt=0)
+    """How often the orchestrator checks that every replica serves the current policy, and
+    brings one that restarted (paused, weight version "default") back to it before it
+    generates anything."""
+
 
 class RolloutServerConfig(Config):
     """The gRPC endpoint that serves batches to the trainer."""

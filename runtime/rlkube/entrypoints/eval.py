@@ -23,8 +23,10 @@ async def run_eval(config: EvalRunConfig) -> int:
     async with contextlib.AsyncExitStack() as stack:
         base_url = config.base_url
         if base_url is None:
+            # Nobody else drives this server: it generates with the model's own weights at once.
             server_config = InferenceConfig(
-                **config.inference.model_dump(), model=config.model, seed=config.seed, log=config.log
+                **config.inference.model_dump(), model=config.model, seed=config.seed, log=config.log,
+                start_paused=False,
             )
             server = stack.enter_context(InferenceProcess(server_config, config.output_dir))
             await server.wait_until_healthy()

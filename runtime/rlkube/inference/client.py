@@ -133,3 +133,8 @@ def _is_at_least(version: str | None, step: int) -> bool:
 async def weight_version(base_url: str, timeout: float = 10) -> str | None:
     """The weight version last set by `update_weights` ("default" before any update)."""
     return (await _get(base_url, "/weight_info", timeout))["weight_version"]
+
+
+async def set_weight_version(base_url: str, step: int, timeout: float = 60) -> None:
+    """Tag the weights served as policy `step` (what `weight_version` reads back)."""
+    await _post(base_url, "/update_weight_version", timeout, json={"new_version": str(step)})

@@ -8,6 +8,8 @@ This is vLLM's own server (`vllm serve`), not a wrapper around a generate loop. 
 - the token-in/token-out route `/inference/v1/generate` (`--enable-scale-out`);
 - rlkube's worker extension (`rlkube.inference.worker.WeightLoaderExtension`), which loads
   published snapshots from storage or gRPC;
+- with `inference.start_paused` (the default), generation paused from the start
+  (`rlkube.inference.start_paused`): the orchestrator syncs the server, then resumes it;
 - on CPU, a 5 ms busy-wait on vLLM's shared-memory queues instead of 1 s
   (`inference.shm_spin_ms`, applied by rlkube's vLLM plugin, `rlkube.inference.vllm_plugin`).
 Health: `/health` answers 200 once the engine is up and 500 once it died (liveness and
@@ -26,6 +28,7 @@ from rlkube.inference.vllm_plugin import SPIN_ENV
 
 WORKER_EXTENSION = "rlkube.inference.worker.WeightLoaderExtension"
 GENERATE_MIDDLEWARE = "rlkube.inference.generate_mode.GenerateTextMode"
+START_PAUSED_MIDDLEWARE = "rlkube.inference.start_paused.StartPaused"
 CPU_SHM_SPIN_MS = 5.0
 
 
@@ -69,6 +72,8 @@ def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
         "--disable-uvicorn-access-log",
         "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching",
     ]
+    if config.start_paused:
+        args += ["--middleware", START_PAUSED_MIDDLEWARE]
     if config.max_model_len is not None:
         args += ["--max-model-len", str(config.max_model_len)]
     if config.enforce_eager:

@@ -5,16 +5,35 @@ Routing is sticky per example (a stable hash of env and example id picks the rep
 `group_size` rollouts of one task, and every later visit of that task, share a replica and hit
 its prefix cache. Concurrency is bounded across replicas by one semaphore
 (`client.max_concurrent`): a rollout waits for a slot before it starts (backpressure).
+
+Replicas join and rejoin the run's policy here: `rlkube inference` starts with generation
+paused and weight version "default" (`inference.start_paused`), so requests sent to it wait.
+`sync` brings every replica that does not serve the current policy to it (pause, load the
+policy unless it is the base model's 0, tag the version, resume); the orchestrator runs it
+before its first rollout and then every `client.resync_interval_s` (`watch`), so a replica that
+restarted mid-run serves the current policy before any of its rollouts count. Rollouts that
+were in flight on it when it died failed with it and are not trained.
 """
 
 import asyncio
 import logging
 import zlib
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from rlkube.config import ClientConfig, SamplingConfig
+from rlkube.inference.client import InferenceError
 
 logger = logging.getLogger(__name__)
+
+
+Policy = tuple[int, str | None]
+"""(step, where its weights are: None for the base model, policy 0)."""
+
+
+def serves_at_least(version: str | None, step: int) -> bool:
+    """rlkube tags weight versions with policy steps; vLLM starts at "default"."""
+    return version is not None and version.isdigit() and int(version) >= step
 
 
 def pick_replica(env_name: str, example_id: str, num_replicas: int) -> int:
@@ -52,6 +71,10 @@ class InferencePool:
         self.base_urls = list(config.base_urls)
         self.contexts = model_contexts(self.base_urls, model, renderer_model, sampling, config.timeout_s)
         self.slots = asyncio.Semaphore(config.max_concurrent)
+        self.updating = asyncio.Lock()
+        """Held while replicas change weights: `load_policy` and `sync` never interleave."""
+        self.loaded: Policy = (0, None)
+        """The newest policy `load_policy` put on every replica."""
 
     def context_for(self, env_name: str, example_id: str):
         return self.contexts[pick_replica(env_name, example_id, len(self.base_urls))]
@@ -79,5 +102,82 @@ class InferencePool:
             finally:
                 await resume(url)
 
-        await asyncio.gather(*(one(url) for url in self.base_urls))
+        async with self.updating:
+            await asyncio.gather(*(one(url) for url in self.base_urls))
+            self.loaded = (step, location)
         logger.info("policy %d loaded on %d replica(s) from %s", step, len(self.base_urls), location)
+
+    # --- replicas that (re)start ---------------------------------------------------------
+
+    async def sync(self, policy: Policy, timeout_s: float, fresh: bool = False) -> list[str]:
+        """Bring every replica that does not serve `policy` (or a newer one this pool loaded)
+        to it; returns their URLs. A replica that does not answer is left for the next call.
+
+        A replica needs it when its version is older than the policy ("default": it
+        (re)started), or when it is paused while the orchestrator drives its weights (a previous
+        orchestrator stopped between its pause and resume). Over NCCL the trainer pauses the
+        replicas around each broadcast, and a newer version means it ran ahead: both are fine.
+        `fresh`: the run starts from the base model, so a replica serving any policy is an error
+        (its weights belong to an abandoned attempt, and the base weights cannot be reloaded)."""
+        async with self.updating:
+            step, location = max(policy, self.loaded, key=lambda p: p[0])
+            nccl = location is not None and location.startswith("nccl://")
+            states = await asyncio.gather(*(self._state(url) for url in self.base_urls))
+            stale = []
+            for url, state in zip(self.base_urls, states):
+                if state is None:
+                    continue
+                version, paused = state
+                if fresh and version not in ("default", "0"):
+                    raise RuntimeError(
+                        f"inference replica {url} serves policy {version} but the run starts from the "
+                        "base model (no complete checkpoint): restart the inference replicas"
+                    )
+                if not serves_at_least(version, step) or (paused and not nccl):
+                    stale.append(url)
+            results = await asyncio.gather(
+                *(self._sync_one(url, step, location, timeout_s) for url in stale), return_exceptions=True
+            )
+        for url, result in zip(stale, results):
+            if isinstance(result, InferenceError):  # died again meanwhile: the next call retries
+                logger.warning("could not bring replica %s to policy %d: %s", url, step, result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                logger.info("replica %s brought to policy %d", url, step)
+        return stale
+
+    async def watch(self, policy: Callable[[], Policy], timeout_s: float) -> None:
+        """`sync` every `client.resync_interval_s`, with the current `policy()`, until cancelled."""
+        while True:
+            await asyncio.sleep(self.config.resync_interval_s)
+            await self.sync(policy(), timeout_s)
+
+    async def _state(self, url: str) -> tuple[str | None, bool] | None:
+        """(weight version, paused) of a replica; None if it does not answer (it is down: the
+        rollouts in flight on it fail by themselves)."""
+        from rlkube.inference.client import is_paused, weight_version
+
+        try:
+            return await weight_version(url), await is_paused(url)
+        except InferenceError as e:
+            logger.warning("inference replica %s does not answer: %s", url, e)
+            return None
+
+    async def _sync_one(self, url: str, step: int, location: str | None, timeout_s: float) -> None:
+        """Pause, load `step` (the base model needs no load: a (re)started engine has it and an
+        empty prefix cache), tag the version, resume. Requests queued meanwhile run after it."""
+        from rlkube.inference.client import pause, resume, set_weight_version, update_weights
+
+        if step > 0 and (location is None or location.startswith("nccl://")):
+            raise RuntimeError(
+                f"inference replica {url} restarted, and policy {step} cannot be loaded into it: "
+                "with weights.type = 'nccl' only the trainer sends weights, over an NCCL group the "
+                "new replica is not part of; the run must restart from its newest checkpoint"
+            )
+        await pause(url, mode="keep")
+        if step > 0:
+            await update_weights(url, step, location, timeout=timeout_s)
+        else:
+            await set_weight_version(url, step)
+        await resume(url)

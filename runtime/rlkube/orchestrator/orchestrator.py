@@ -143,6 +143,10 @@ class Orchestrator:
         await self.reports.put((step, location))
         return step
 
+    def current_policy(self) -> tuple[int, str | None]:
+        """The policy inference must serve: step and where its weights are (None: the base model)."""
+        return self.clock.policy_step, self.policy_location
+
     def status(self) -> dict:
         return {
             "phase": self.phase,
@@ -273,8 +277,16 @@ class Orchestrator:
                 logger.info("checkpoint %d is already at max_steps (%d): nothing to do", resume_step, self.config.max_steps)
                 self.phase = "finished"
                 return
+        # Replicas that started paused (or restarted) join the policy before any rollout, and
+        # the pool keeps watching for restarts (rlkube.orchestrator.inference).
+        timeout = self.config.weights.timeout_s
+        await self.pool.sync(self.current_policy(), timeout, fresh=resume_step is None)
         self.phase = "running"
-        tasks = [asyncio.ensure_future(self.scheduler.run()), asyncio.ensure_future(self.policy_loop())]
+        tasks = [
+            asyncio.ensure_future(self.scheduler.run()),
+            asyncio.ensure_future(self.policy_loop()),
+            asyncio.ensure_future(self.pool.watch(self.current_policy, timeout)),
+        ]
         finished = asyncio.ensure_future(self.finished.wait())
         try:
             while not self.finished.is_set():

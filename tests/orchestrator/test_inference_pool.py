@@ -1,0 +1,114 @@
+"""Inference replicas that start paused or restart mid-run (fake engines over real HTTP, real
+verifiers rollouts): none generates before it serves the current policy, and a rollout that
+was in flight on a replica that died is an errored rollout, never trained."""
+
+import asyncio
+import contextlib
+
+import pytest
+from rlkube.config import ClientConfig, EnvConfig, SamplingConfig
+from rlkube.envs import load_env
+from rlkube.orchestrator.inference import InferencePool
+from rlkube.orchestrator.rollouts import EnvRunner
+
+from tests.fixtures.inference import free_port
+from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
+
+SAMPLING = SamplingConfig(max_tokens=8)
+
+
+@contextlib.contextmanager
+def replicas(tiny_model, n, start_paused=True):
+    from transformers import AutoTokenizer
+
+    stop = AutoTokenizer.from_pretrained(tiny_model).convert_tokens_to_ids("<|im_end|>")
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(FakeInferenceThread(FakeInference(str(tiny_model), stop))) for _ in range(n)]
+        if start_paused:
+            for server in servers:
+                server.call(server.fake.restart)
+        yield servers
+
+
+def make_pool(tiny_model, urls):
+    config = ClientConfig(base_urls=urls, resync_interval_s=0.1)
+    return InferencePool(config, str(tiny_model), str(tiny_model), SAMPLING)
+
+
+async def rollout_on(pool, runner, replica: int, policy=lambda: 1):
+    """One rollout of a task routed to `replica`."""
+    while True:
+        example_id, task = runner.next_task()
+        ctx = pool.context_for(runner.name, example_id)
+        if ctx is pool.contexts[replica]:
+            return await runner.rollout(task, example_id, ctx, SAMPLING.temperature, policy)
+
+
+async def until(predicate):
+    while not predicate():
+        await asyncio.sleep(0.05)
+
+
+def test_a_restarted_replica_is_brought_to_the_policy_before_it_generates(tiny_model):
+    env_config = EnvConfig(args={"num_examples": 20})
+    runner = EnvRunner(env_config, load_env(env_config), seed=0)
+    with replicas(tiny_model, 2) as servers:
+        fakes = [s.fake for s in servers]
+
+        async def go():
+            pool = make_pool(tiny_model, [s.url for s in servers])
+            async with runner.env.serving():
+                # Both started paused at "default": the start sync tags the base model as 0.
+                assert sorted(await pool.sync((0, None), 60, fresh=True)) == sorted(pool.base_urls)
+                assert [f.weight_version for f in fakes] == ["0", "0"]
+                await pool.load_policy(1, "/w/step_1", 60)
+                watcher = asyncio.ensure_future(pool.watch(lambda: (1, "/w/step_1"), 60))
+                try:
+                    assert (await rollout_on(pool, runner, 1)).error is None
+                    servers[1].call(fakes[1].restart)  # replica 1 restarts on the base weights
+                    await until(lambda: fakes[1].weight_version == "default")
+                    rollout = await rollout_on(pool, runner, 1)  # waits while it is paused
+                    assert rollout.error is None
+                    await until(lambda: fakes[1].weight_version == "1")
+                finally:
+                    watcher.cancel()
+            return rollout
+
+        asyncio.run(go())
+        assert fakes[1].generated_versions and set(fakes[1].generated_versions) == {"1"}, "nothing on base weights"
+        loads = [body["kwargs"]["location"] for route, body in fakes[1].calls if route == "collective_rpc"]
+        assert loads == ["/w/step_1", "/w/step_1"], "loaded by the policy update, then again after the restart"
+        assert [r for r, _ in fakes[0].calls].count("pause") == 2, "the healthy replica was left alone"
+
+
+def test_a_rollout_in_flight_on_a_replica_that_dies_is_an_error(tiny_model):
+    env_config = EnvConfig(args={"num_examples": 20})
+    runner = EnvRunner(env_config, load_env(env_config), seed=0)
+    with replicas(tiny_model, 1, start_paused=False) as (server,):
+        server.call(server.fake.resumed.clear)  # the request hangs in the engine
+
+        async def go():
+            pool = make_pool(tiny_model, [server.url])
+            async with runner.env.serving():
+                rollout = asyncio.ensure_future(rollout_on(pool, runner, 0))
+                await until(lambda: server.fake.generate_requests or rollout.done())
+                await asyncio.to_thread(server.__exit__)  # the replica dies
+                return await rollout
+
+        rollout = asyncio.run(go())
+    assert rollout.error is not None and not rollout.trainable
+
+
+def test_replicas_of_another_attempt_or_unreachable_ones(tiny_model):
+    with replicas(tiny_model, 1, start_paused=False) as (server,):
+        server.call(setattr, server.fake, "weight_version", "3")
+        pool = make_pool(tiny_model, [server.url, f"http://127.0.0.1:{free_port()}"])
+        # A fresh run whose replica still serves policy 3 of an abandoned attempt: refused.
+        with pytest.raises(RuntimeError, match="serves policy 3 but the run starts from the base model"):
+            asyncio.run(pool.sync((0, None), 60, fresh=True))
+        # Mid-run, the unreachable replica is skipped (its rollouts fail by themselves).
+        assert asyncio.run(pool.sync((3, "/w/step_3"), 60)) == []
+        # Over NCCL a restarted replica cannot be given the policy: the orchestrator stops.
+        server.call(server.fake.restart)
+        with pytest.raises(RuntimeError, match="weights.type = 'nccl'"):
+            asyncio.run(pool.sync((3, "nccl://trainer:29600"), 60))

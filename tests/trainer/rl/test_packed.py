@@ -96,8 +96,12 @@ def logprobs_and_grads(model, micro_batches) -> tuple[dict[float, torch.Tensor],
     return per_sample, grads, tokens
 
 
-def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_model):
+@pytest.mark.parametrize("query_chunk", [512, 16], ids=["one-tile-per-row", "tiles-of-16-queries"])
+def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_model, query_chunk, monkeypatch):
+    from rlkube.trainer.rl import attention
     from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(attention, "QUERY_CHUNK", query_chunk)
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation=register())

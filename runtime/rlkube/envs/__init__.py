@@ -19,6 +19,9 @@ def load_env(env_config: "EnvConfig") -> "Env":
     """The `verifiers` environment `env_config` names, built with its `args`."""
     import importlib
 
+    from rlkube.envs.pydantic_defaults import remember_default_factory_signatures
+
+    remember_default_factory_signatures()  # verifiers' rollouts build many pydantic models
     if env_config.id in BUILTIN_ENVS:
         module = importlib.import_module(BUILTIN_ENVS[env_config.id])
         try:

@@ -38,6 +38,8 @@ def make_micro_batches(rows: int, seq_len: int, micro_batch_rows: int) -> list[d
 
 
 class Source:
+    instance_id = "benchmark-orchestrator"
+
     def __init__(self, micro_batches):
         self.micro_batches = micro_batches
 

@@ -45,6 +45,8 @@ def synthetic_batch(generator: torch.Generator) -> dict:
 class SyntheticSource:
     """The same batch every step, with inference log-probs from the initial policy."""
 
+    instance_id = "synthetic-orchestrator"
+
     def __init__(self, batch):
         self.batch, self.reports = batch, []
 

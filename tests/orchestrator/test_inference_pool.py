@@ -108,7 +108,12 @@ def test_replicas_of_another_attempt_or_unreachable_ones(tiny_model):
             asyncio.run(pool.sync((0, None), 60, fresh=True))
         # Mid-run, the unreachable replica is skipped (its rollouts fail by themselves).
         assert asyncio.run(pool.sync((3, "/w/step_3"), 60)) == []
-        # Over NCCL a restarted replica cannot be given the policy: the orchestrator stops.
+        # Over NCCL the trainer pauses the replicas around its broadcasts: a paused replica at
+        # the policy (or past it) is left alone, a restarted one cannot be given the policy.
+        nccl = InferencePool(pool.config, str(tiny_model), str(tiny_model), SAMPLING, trainer_sends_weights=True)
+        server.call(server.fake.resumed.clear)
+        assert asyncio.run(nccl.sync((3, "nccl://trainer:29600"), 60)) == []
+        assert asyncio.run(pool.sync((3, "/w/step_3"), 60)) == [server.url], "paused while the pool drives it"
         server.call(server.fake.restart)
         with pytest.raises(RuntimeError, match="weights.type = 'nccl'"):
-            asyncio.run(pool.sync((3, "nccl://trainer:29600"), 60))
+            asyncio.run(nccl.sync((3, "nccl://trainer:29600"), 60))

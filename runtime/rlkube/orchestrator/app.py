@@ -50,7 +50,10 @@ async def serve(config: OrchestratorConfig) -> None:
 
     resume_step = resume_step_of(config)
     runners = build_runners(config)
-    pool = InferencePool(config.client, config.model.name, config.model.name, config.sampling)
+    pool = InferencePool(
+        config.client, config.model.name, config.model.name, config.sampling,
+        trainer_sends_weights=config.weights.type == "nccl",
+    )
     prometheus = PrometheusMetrics()
     sink = MetricsSink(config.output_dir, "orchestrator", wandb=config.wandb, run_config=config.model_dump(mode="json"))
 

@@ -66,8 +66,13 @@ def model_contexts(base_urls: list[str], model: str, renderer_model: str, sampli
 
 
 class InferencePool:
-    def __init__(self, config: ClientConfig, model: str, renderer_model: str, sampling: SamplingConfig):
+    def __init__(
+        self, config: ClientConfig, model: str, renderer_model: str, sampling: SamplingConfig,
+        trainer_sends_weights: bool = False,
+    ):
         self.config = config
+        self.trainer_sends_weights = trainer_sends_weights
+        """`weights.type = "nccl"`: the trainer pauses, loads, tags and resumes the replicas."""
         self.base_urls = list(config.base_urls)
         self.contexts = model_contexts(self.base_urls, model, renderer_model, sampling, config.timeout_s)
         self.slots = asyncio.Semaphore(config.max_concurrent)
@@ -115,13 +120,13 @@ class InferencePool:
 
         A replica needs it when its version is older than the policy ("default": it
         (re)started), or when it is paused while the orchestrator drives its weights (a previous
-        orchestrator stopped between its pause and resume). Over NCCL the trainer pauses the
-        replicas around each broadcast, and a newer version means it ran ahead: both are fine.
+        orchestrator stopped between its pause and resume). When the trainer sends the weights
+        (NCCL) it pauses the replicas around each broadcast, and a newer version means it ran
+        ahead: both are fine.
         `fresh`: the run starts from the base model, so a replica serving any policy is an error
         (its weights belong to an abandoned attempt, and the base weights cannot be reloaded)."""
         async with self.updating:
             step, location = max(policy, self.loaded, key=lambda p: p[0])
-            nccl = location is not None and location.startswith("nccl://")
             states = await asyncio.gather(*(self._state(url) for url in self.base_urls))
             stale = []
             for url, state in zip(self.base_urls, states):
@@ -133,7 +138,7 @@ class InferencePool:
                         f"inference replica {url} serves policy {version} but the run starts from the "
                         "base model (no complete checkpoint): restart the inference replicas"
                     )
-                if not serves_at_least(version, step) or (paused and not nccl):
+                if not serves_at_least(version, step) or (paused and not self.trainer_sends_weights):
                     stale.append(url)
             results = await asyncio.gather(
                 *(self._sync_one(url, step, location, timeout_s) for url in stale), return_exceptions=True
@@ -169,7 +174,7 @@ class InferencePool:
         empty prefix cache), tag the version, resume. Requests queued meanwhile run after it."""
         from rlkube.inference.client import pause, resume, set_weight_version, update_weights
 
-        if step > 0 and (location is None or location.startswith("nccl://")):
+        if step > 0 and (location is None or self.trainer_sends_weights):
             raise RuntimeError(
                 f"inference replica {url} restarted, and policy {step} cannot be loaded into it: "
                 "with weights.type = 'nccl' only the trainer sends weights, over an NCCL group the "

@@ -36,9 +36,10 @@ class FakeSource:
     def __init__(self, instance_id="orchestrator-a"):
         self.instance_id = instance_id
         self.batches = {(1, r): [random_micro_batch(2, 64, 10 * r + i) for i in range(3)] for r in range(2)}
-        self.reports = []
+        self.reports, self.requests = [], []
 
     async def get_batch(self, step, rank, world_size, micro_batch_rows):
+        self.requests.append(step)
         if step == 99:
             raise ValueError("step 99 is past max_steps")
         await asyncio.sleep(0.05)  # the batch is "not ready yet" for a moment
@@ -178,3 +179,26 @@ def test_an_answer_from_a_restarted_orchestrator_stops_the_trainer():
         # Nobody listens for a second: the call retries, and reaches B when it comes up.
         with ServerThread(FakeSource("orchestrator-b"), port, delay_s=1.0), pytest.raises(OrchestratorRestarted):
             client.get_batch(step=1, rank=1, world_size=2)
+
+
+def test_a_get_batch_broken_by_a_restart_reaches_the_new_orchestrator_and_stops():
+    """The trainer waits in GetBatch(2) when orchestrator A stops; its retry reaches B."""
+    port, outcome = free_port(), {}
+    with RolloutClient(f"127.0.0.1:{port}", timeout_s=120, backoff_s=0.1) as client:
+        first = ServerThread(FakeSource("orchestrator-a"), port)
+        with first:
+            client.get_batch(step=1, rank=0, world_size=2)
+
+            def wait_for_step_2():
+                try:
+                    client.get_batch(step=2, rank=0, world_size=2)  # A never has step 2
+                except Exception as e:  # noqa: BLE001 - the outcome is the assertion
+                    outcome["error"] = e
+
+            waiting = threading.Thread(target=wait_for_step_2)
+            waiting.start()
+            while 2 not in first.source.requests:  # the call is in flight on A
+                time.sleep(0.05)
+        with ServerThread(FakeSource("orchestrator-b"), port):
+            waiting.join(60)
+    assert isinstance(outcome.get("error"), OrchestratorRestarted), outcome

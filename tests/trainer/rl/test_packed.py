@@ -132,3 +132,20 @@ def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_model, que
         logits = model(input_ids=torch.tensor([sample.token_ids]), segments=alone_segments).logits[0, -n - 1 : -1]
     alone = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(sample.token_ids[-n:])[:, None])[:, 0]
     torch.testing.assert_close(lp_shared[0.08], alone, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_cuda_path_flex_attention_matches_the_cpu_tiles(monkeypatch):
+    """FlexAttention (what CUDA runs) with the segments' BlockMask, in forward on CPU (its
+    backward is CUDA-only), against the tiled SDPA the CPU runs."""
+    from rlkube.trainer.rl import attention
+
+    monkeypatch.setattr(attention, "QUERY_CHUNK", 128)
+    batch = pack_batch(grouped_samples(groups=12, group_size=4), 300, world_size=1, micro_batch_rows=2)[0][0]
+    segments = Segments(batch["sample_ids"], batch["prefix_ids"])
+    rows, seq_len = batch["input_ids"].shape
+    query, key, value = torch.randn(rows, 4, seq_len, 64), torch.randn(rows, 2, seq_len, 64), torch.randn(rows, 2, seq_len, 64)
+    with torch.no_grad():
+        tiles = attention._chunked_sdpa(query, key, value, segments, None)
+        flex = attention._compiled_flex_attention()(query, key, value, block_mask=segments.block_mask(), enable_gqa=True)
+    torch.testing.assert_close(flex, tiles, rtol=0, atol=1e-5)

@@ -1,5 +1,6 @@
 """`rlkube inference` starts with generation paused (real vLLM): requests wait until the
-orchestrator's pool has loaded the current policy, tagged its version and resumed it."""
+orchestrator's pool has loaded the current policy, tagged its version and resumed it; a fresh
+run on a server that served another policy reloads the base model."""
 
 import asyncio
 
@@ -39,6 +40,11 @@ def test_a_server_starts_paused_until_the_pool_syncs_it(tiny_model, tmp_path):
             assert await pool.sync((1, policy_1), 120) == [url]
             assert not await is_paused(url) and await weight_version(url) == "1"
             response = await completion
+            assert response.status_code == 200 and response.json()["choices"]
+            # A fresh run on this server (kept running) reloads the model's own weights.
+            assert await pool.sync((0, None), 120, fresh=True) == [url]
+            assert not await is_paused(url) and await weight_version(url) == "0"
+            response = await client.post(f"{url}/v1/completions", json=request)
         assert response.status_code == 200 and response.json()["choices"]
 
     with InferenceProcess(config, tmp_path) as server:

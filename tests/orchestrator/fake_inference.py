@@ -82,7 +82,7 @@ class FakeInference:
         elif route == "update_weight_version":
             self.weight_version = body["new_version"]
         elif route == "collective_rpc":
-            return web.json_response({"results": [f"loaded {body['kwargs']['location']}"]})
+            return web.json_response({"results": [f"{body['method']} {body['kwargs']}"]})
         return web.json_response({})
 
 

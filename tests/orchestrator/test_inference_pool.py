@@ -99,13 +99,16 @@ def test_a_rollout_in_flight_on_a_replica_that_dies_is_an_error(tiny_model):
     assert rollout.error is not None and not rollout.trainable
 
 
-def test_replicas_of_another_attempt_or_unreachable_ones(tiny_model):
+def test_replicas_of_an_earlier_run_unreachable_ones_and_nccl(tiny_model):
     with replicas(tiny_model, 1, start_paused=False) as (server,):
         server.call(setattr, server.fake, "weight_version", "3")
         pool = make_pool(tiny_model, [server.url, f"http://127.0.0.1:{free_port()}"])
-        # A fresh run whose replica still serves policy 3 of an abandoned attempt: refused.
-        with pytest.raises(RuntimeError, match="serves policy 3 but the run starts from the base model"):
-            asyncio.run(pool.sync((0, None), 60, fresh=True))
+        # A fresh run whose replica still serves policy 3 of an earlier attempt reloads the model.
+        assert asyncio.run(pool.sync((0, None), 60, fresh=True)) == [server.url]
+        rpcs = [body for route, body in server.fake.calls if route == "collective_rpc"]
+        assert rpcs == [{"method": "reload_weights", "kwargs": {"weights_path": str(tiny_model)}, "timeout": 60}]
+        assert server.fake.weight_version == "0"
+        server.call(setattr, server.fake, "weight_version", "3")
         # Mid-run, the unreachable replica is skipped (its rollouts fail by themselves).
         assert asyncio.run(pool.sync((3, "/w/step_3"), 60)) == []
         # Over NCCL the trainer pauses the replicas around its broadcasts: a paused replica at

@@ -138,3 +138,14 @@ async def weight_version(base_url: str, timeout: float = 10) -> str | None:
 async def set_weight_version(base_url: str, step: int, timeout: float = 60) -> None:
     """Tag the weights served as policy `step` (what `weight_version` reads back)."""
     await _post(base_url, "/update_weight_version", timeout, json={"new_version": str(step)})
+
+
+async def load_base_weights(base_url: str, model: str, timeout: float = 600) -> None:
+    """Reload the served model's own weights (policy 0) from `model`, its directory or hub id,
+    and drop the prefix cache computed with the weights it replaces."""
+    rpc = {"method": "reload_weights", "kwargs": {"weights_path": model}, "timeout": timeout}
+    try:
+        await _post(base_url, "/collective_rpc", timeout + 10, json=rpc)
+    except InferenceError as e:
+        raise InferenceError(f"reloading the base weights from {model}: {e}") from None
+    await _post(base_url, "/reset_prefix_cache", timeout, params={"reset_running_requests": "true"})

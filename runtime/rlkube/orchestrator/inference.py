@@ -71,6 +71,7 @@ class InferencePool:
         trainer_sends_weights: bool = False,
     ):
         self.config = config
+        self.model = model
         self.trainer_sends_weights = trainer_sends_weights
         """`weights.type = "nccl"`: the trainer pauses, loads, tags and resumes the replicas."""
         self.base_urls = list(config.base_urls)
@@ -116,15 +117,17 @@ class InferencePool:
 
     async def sync(self, policy: Policy, timeout_s: float, fresh: bool = False) -> list[str]:
         """Bring every replica that does not serve `policy` (or a newer one this pool loaded)
-        to it; returns their URLs. A replica that does not answer is left for the next call.
+        to it; returns the URLs of those it synced. A replica that does not answer, or fails
+        meanwhile, is left for the next call.
 
         A replica needs it when its version is older than the policy ("default": it
         (re)started), or when it is paused while the orchestrator drives its weights (a previous
         orchestrator stopped between its pause and resume). When the trainer sends the weights
         (NCCL) it pauses the replicas around each broadcast, and a newer version means it ran
         ahead: both are fine.
-        `fresh`: the run starts from the base model, so a replica serving any policy is an error
-        (its weights belong to an abandoned attempt, and the base weights cannot be reloaded)."""
+        `fresh`: the run starts from the base model, so a replica serving any policy (of an
+        abandoned attempt, or of an earlier run on a server kept running) reloads the model's own
+        weights."""
         async with self.updating:
             step, location = max(policy, self.loaded, key=lambda p: p[0])
             states = await asyncio.gather(*(self._state(url) for url in self.base_urls))
@@ -134,15 +137,14 @@ class InferencePool:
                     continue
                 version, paused = state
                 if fresh and version not in ("default", "0"):
-                    raise RuntimeError(
-                        f"inference replica {url} serves policy {version} but the run starts from the "
-                        "base model (no complete checkpoint): restart the inference replicas"
-                    )
-                if not serves_at_least(version, step) or (paused and not self.trainer_sends_weights):
+                    logger.info("replica %s serves policy %s of an earlier run: reloading the base model", url, version)
+                    stale.append(url)
+                elif not serves_at_least(version, step) or (paused and not self.trainer_sends_weights):
                     stale.append(url)
             results = await asyncio.gather(
                 *(self._sync_one(url, step, location, timeout_s) for url in stale), return_exceptions=True
             )
+        synced = []
         for url, result in zip(stale, results):
             if isinstance(result, InferenceError):  # died again meanwhile: the next call retries
                 logger.warning("could not bring replica %s to policy %d: %s", url, step, result)
@@ -150,7 +152,8 @@ class InferencePool:
                 raise result
             else:
                 logger.info("replica %s brought to policy %d", url, step)
-        return stale
+                synced.append(url)
+        return synced
 
     async def watch(self, policy: Callable[[], Policy], timeout_s: float) -> None:
         """`sync` every `client.resync_interval_s`, with the current `policy()`, until cancelled."""
@@ -170,9 +173,17 @@ class InferencePool:
             return None
 
     async def _sync_one(self, url: str, step: int, location: str | None, timeout_s: float) -> None:
-        """Pause, load `step` (the base model needs no load: a (re)started engine has it and an
-        empty prefix cache), tag the version, resume. Requests queued meanwhile run after it."""
-        from rlkube.inference.client import pause, resume, set_weight_version, update_weights
+        """Pause, load `step`, tag the version, resume. Requests queued meanwhile run after it.
+        The base model (policy 0) is only reloaded into a replica that served another policy: a
+        (re)started engine has it, and an empty prefix cache."""
+        from rlkube.inference.client import (
+            load_base_weights,
+            pause,
+            resume,
+            set_weight_version,
+            update_weights,
+            weight_version,
+        )
 
         if step > 0 and (location is None or self.trainer_sends_weights):
             raise RuntimeError(
@@ -184,5 +195,7 @@ class InferencePool:
         if step > 0:
             await update_weights(url, step, location, timeout=timeout_s)
         else:
+            if await weight_version(url) not in ("default", "0"):
+                await load_base_weights(url, self.model, timeout_s)
             await set_weight_version(url, step)
         await resume(url)

@@ -52,7 +52,8 @@ class FakeInference:
         body = await request.json()
         self.generate_requests += 1
         await self.resumed.wait()
-        self.generated_versions.append(self.weight_version)
+        version = self.weight_version
+        self.generated_versions.append(version)
         ids = self.respond(body["token_ids"])[: body["sampling_params"].get("max_tokens", 1 << 30) - 1]
         ids = ids + [self.stop_token_id]
         return web.json_response(
@@ -63,6 +64,7 @@ class FakeInference:
                         "token_ids": ids,
                         "finish_reason": "stop",
                         "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": -0.25} for t in ids]},
+                        "weight_versions": [{"version": version, "start": 0, "end": len(ids)}],
                     }
                 ],
             }

@@ -37,6 +37,26 @@ def test_stale_rollouts_are_dropped_and_counted():
     assert buffer.dropped_total == 1 and buffer.num_rollouts() == 0
 
 
+def test_rollouts_the_engine_says_came_from_old_weights_are_dropped():
+    """The clock says policy 5 was served; the engine's own tags say otherwise for a replica
+    that restarted on the base model ("default") or lagged: those rollouts are not trained."""
+    buffer = RolloutBuffer(batch_size=2, max_off_policy_steps=1)
+
+    def served(*versions):
+        rollout = make_rollout(1.0, policy_min=5)
+        rollout.served_versions = list(versions)
+        return rollout
+
+    buffer.add_group([served("default"), served("5", "3")])  # the base model; a span on policy 3
+    buffer.add_group([served("5"), served("4", "5")])
+    batch = buffer.take_batch(6)
+    assert [r.served_versions for r in batch.rollouts] == [["5"], ["4", "5"]]
+    assert batch.metrics["off_policy/dropped_rollouts"] == 2.0
+    assert batch.metrics["off_policy/served_lag/max"] == 1.0 and batch.metrics["off_policy/served_rollouts"] == 2.0
+    buffer.add_group([make_rollout(1.0, policy_min=6), make_rollout(1.0, policy_min=6)])
+    assert "off_policy/served_lag/max" not in buffer.take_batch(7).metrics, "no engine report, no served lag"
+
+
 def test_buffer_state_round_trip():
     buffer = RolloutBuffer(batch_size=2, max_off_policy_steps=1)
     buffer.add_group([make_rollout(0.25, policy_min=7, example_id="a")])

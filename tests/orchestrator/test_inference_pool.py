@@ -1,6 +1,7 @@
 """Inference replicas that start paused or restart mid-run (fake engines over real HTTP, real
 verifiers rollouts): none generates before it serves the current policy, and a rollout that
-was in flight on a replica that died is an errored rollout, never trained."""
+was in flight on a replica that died is an errored rollout that says so (the orchestrator runs
+it again), never trained."""
 
 import asyncio
 import contextlib
@@ -9,7 +10,7 @@ import pytest
 from rlkube.config import ClientConfig, EnvConfig, SamplingConfig
 from rlkube.envs import load_env
 from rlkube.orchestrator.inference import InferencePool
-from rlkube.orchestrator.rollouts import EnvRunner
+from rlkube.orchestrator.rollouts import EnvRunner, lost_its_engine
 
 from tests.fixtures.inference import free_port
 from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
@@ -57,7 +58,7 @@ def test_a_restarted_replica_is_brought_to_the_policy_before_it_generates(tiny_m
 
         async def go():
             pool = make_pool(tiny_model, [s.url for s in servers])
-            async with runner.env.serving():
+            async with runner.serving():
                 # Both started paused at "default": the start sync tags the base model as 0.
                 assert sorted(await pool.sync((0, None), 60, fresh=True)) == sorted(pool.base_urls)
                 assert [f.weight_version for f in fakes] == ["0", "0"]
@@ -68,7 +69,7 @@ def test_a_restarted_replica_is_brought_to_the_policy_before_it_generates(tiny_m
                     servers[1].call(fakes[1].restart)  # replica 1 restarts on the base weights
                     await until(lambda: fakes[1].weight_version == "default")
                     rollout = await rollout_on(pool, runner, 1)  # waits while it is paused
-                    assert rollout.error is None
+                    assert rollout.error is None and rollout.served_versions == ["1"]
                     await until(lambda: fakes[1].weight_version == "1")
                 finally:
                     watcher.cancel()
@@ -89,7 +90,7 @@ def test_a_rollout_in_flight_on_a_replica_that_dies_is_an_error(tiny_model):
 
         async def go():
             pool = make_pool(tiny_model, [server.url])
-            async with runner.env.serving():
+            async with runner.serving():
                 rollout = asyncio.ensure_future(rollout_on(pool, runner, 0))
                 await until(lambda: server.fake.generate_requests or rollout.done())
                 await asyncio.to_thread(server.__exit__)  # the replica dies
@@ -97,6 +98,7 @@ def test_a_rollout_in_flight_on_a_replica_that_dies_is_an_error(tiny_model):
 
         rollout = asyncio.run(go())
     assert rollout.error is not None and not rollout.trainable
+    assert lost_its_engine(rollout), f"the orchestrator runs it again: {rollout.error}"
 
 
 def test_replicas_of_an_earlier_run_unreachable_ones_and_nccl(tiny_model):

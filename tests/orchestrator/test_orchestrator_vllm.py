@@ -61,6 +61,9 @@ def test_orchestrator_process_with_vllm(inference_server, tmp_path):
     rewards = [r["reward/all/mean"] for r in records if "reward/all/mean" in r]
     assert len(rewards) == 3 and all(0 <= r <= 1 for r in rewards)
     assert [r["policy_step"] for r in records if "time/update_weights" in r] == [1, 2, 3]
+    # vLLM's own weight-version tags reached every trained rollout (the lean path reads them)
+    served = [r for r in records if "off_policy/served_rollouts" in r]
+    assert len(served) == 3 and all(r["off_policy/served_lag/max"] <= 1 for r in served), served
     evals = [r["step"] for r in records if "eval/reverse_text/avg@1" in r]
     assert evals == [0, 2, 3], "eval at step 0, every 2 steps, and at the last step"
     assert (tmp_path / "checkpoints/step_2/orchestrator/COMPLETE").is_file()

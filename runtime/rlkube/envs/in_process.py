@@ -16,7 +16,9 @@ records, by construction; tests/orchestrator/test_lean_rollouts.py checks it.
 The engine side is `EngineClient`: verifiers' `TrainClient` (renderer, token-in/token-out
 `/inference/v1/generate`, the same response parsing) over one aiohttp connection pool per
 replica instead of the OpenAI SDK over httpx, whose pool walks every connection on every
-request (docs/orchestrator.md).
+request (docs/orchestrator.md). Since the engine's answers pass through rlkube's code here,
+the lean path also records which weights sampled each rollout (`recording_served_versions`), so
+a replica that restarted on the base model cannot slip stale rollouts into training.
 
 Eligible environments: every agent plays an in-process harness and the taskset has no tool
 servers (those reach the interception's `/state` route over HTTP). `serving(env, path)` picks
@@ -29,9 +31,10 @@ interception server's `handle_request`/`_handler_for`/`clients`, and `Env._inter
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Literal
 from weakref import WeakValueDictionary
 
@@ -54,6 +57,30 @@ RolloutPath = Literal["auto", "lean", "verifiers"]
 SCHEME = "inproc"
 _LIVE: "WeakValueDictionary[str, InProcessInterception]" = WeakValueDictionary()
 _ids = itertools.count()
+_served_versions: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("served_versions", default=None)
+
+
+@contextlib.contextmanager
+def recording_served_versions() -> Iterator[list[str]]:
+    """Collect the weight versions the engine says sampled the tokens of every model call made
+    inside (vLLM's per-request `weight_versions` spans, the tags rlkube sets to policy steps).
+    Calls in tasks started inside count too: they inherit the context, and with it the list."""
+    versions: list[str] = []
+    token = _served_versions.set(versions)
+    try:
+        yield versions
+    finally:
+        _served_versions.reset(token)
+
+
+def _record_served_versions(content: bytes) -> None:
+    versions = _served_versions.get()
+    if versions is None or b'"weight_versions"' not in content:
+        return
+    for choice in json.loads(content).get("choices", ()):
+        for span in choice.get("weight_versions") or ():
+            if span["version"] not in versions:
+                versions.append(span["version"])
 
 
 class _Request(dict):
@@ -119,6 +146,10 @@ def in_process_interception(endpoint: str) -> InProcessInterception | None:
     return _LIVE.get(endpoint.rstrip("/").removesuffix("/v1"))
 
 
+ENGINE_LOST = ("engine unreachable", "engine timed out")
+"""How `_EngineHTTP` words a model call that never got an answer from its replica."""
+
+
 class _EngineHTTP:
     """The slice of `openai.AsyncOpenAI` that `renderers.client.generate` uses (`base_url`,
     `post` returning the raw response, `get` of JSON), over one aiohttp session. A non-2xx
@@ -150,9 +181,9 @@ class _EngineHTTP:
             ) as response:
                 content = await response.read()
         except TimeoutError as e:
-            raise ProviderError(f"engine timed out: {e}", status_code=504) from e
+            raise ProviderError(f"{ENGINE_LOST[1]}: {e}", status_code=504) from e
         except aiohttp.ClientConnectionError as e:
-            raise ProviderError(f"engine unreachable: {e}", status_code=503) from e
+            raise ProviderError(f"{ENGINE_LOST[0]}: {e}", status_code=503) from e
         except aiohttp.ClientError as e:
             raise ProviderError(f"{type(e).__name__}: {e}", status_code=502) from e
         if response.status >= 400:
@@ -160,7 +191,9 @@ class _EngineHTTP:
         return content
 
     async def post(self, path: str, *, cast_to: Any, body: Any, options: Mapping | None = None):
-        return _Raw(await self._request("POST", path, body, (options or {}).get("headers")))
+        content = await self._request("POST", path, body, (options or {}).get("headers"))
+        _record_served_versions(content)
+        return _Raw(content)
 
     async def get(self, path: str, *, cast_to: Any):
         return json.loads(await self._request("GET", path))

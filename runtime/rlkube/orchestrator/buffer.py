@@ -3,6 +3,8 @@
 Groups are kept whole and in completion order. `take_batch(n)` pops groups until it has
 `batch_size` rollouts that are fresh enough for step `n` (see clock.py); what it does not
 need stays for the next step, so no finished work is lost (and the buffer is checkpointed).
+A rollout's lag counts from the oldest policy that sampled it: the clock's, or the engine's own
+report where the rollout path sees it (`Rollout.oldest_policy`).
 """
 
 from collections import deque
@@ -28,7 +30,7 @@ class RolloutBuffer:
         return sum(self._is_fresh(r, batch_step) for g in self.groups for r in g)
 
     def _is_fresh(self, rollout: Rollout, batch_step: int) -> bool:
-        return off_policy_lag(batch_step, rollout.policy_min) <= self.max_off_policy_steps
+        return off_policy_lag(batch_step, rollout.oldest_policy) <= self.max_off_policy_steps
 
     def take_batch(self, step: int) -> Batch | None:
         """Batch `step`, or None (taking nothing) while fewer than `batch_size` fresh
@@ -44,12 +46,15 @@ class RolloutBuffer:
             dropped += len(group) - len(fresh)
             rollouts.extend(fresh)
         self.dropped_total += dropped
-        lags = [off_policy_lag(step, r.policy_min) for r in rollouts]
+        lags = [off_policy_lag(step, r.oldest_policy) for r in rollouts]
         metrics = {
             "off_policy/dropped_rollouts": float(dropped),
             "off_policy/lag/mean": sum(lags) / len(lags),
             "off_policy/lag/max": float(max(lags)),
         }
+        if served := [r.served_min for r in rollouts if r.served_min is not None]:
+            metrics["off_policy/served_lag/max"] = float(max(off_policy_lag(step, v) for v in served))
+            metrics["off_policy/served_rollouts"] = float(len(served))
         return Batch(step=step, rollouts=rollouts, metrics=metrics)
 
     def state_dict(self) -> dict:

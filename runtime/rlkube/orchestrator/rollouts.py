@@ -15,7 +15,7 @@ import zlib
 from typing import Any
 
 from rlkube.config import EnvConfig
-from rlkube.envs.in_process import resolve_path, serving
+from rlkube.envs.in_process import ENGINE_LOST, recording_served_versions, resolve_path, serving
 from rlkube.orchestrator.types import Rollout, Sample
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,15 @@ def episode_to_rollout(episode: Any, env_name: str, example_id: str, temperature
     )
 
 
+def lost_its_engine(rollout: Rollout) -> bool:
+    """Whether the rollout failed only because its inference replica went away mid-call (on the
+    lean path; verifiers' full path words it through the OpenAI SDK: "Connection error.")."""
+    error = rollout.error or ""
+    return error.startswith("ProviderError: ") and any(
+        error.removeprefix("ProviderError: ").startswith(m) for m in (*ENGINE_LOST, "Connection error")
+    )
+
+
 class EnvRunner:
     """One verifiers environment, its tasks, and rollouts of them."""
 
@@ -115,9 +124,12 @@ class EnvRunner:
         """`policy_version()` reads the clock: once before (the rollout's oldest version) and
         once after (its newest)."""
         start = policy_version()
-        try:
-            episode = await self.env.run_episode(task, ctx)
-        except Exception as e:  # noqa: BLE001 - a rollout failure is data, not a crash
-            logger.warning("rollout of %s/%s failed: %s", self.name, example_id, e)
-            return Rollout(self.name, example_id, 0.0, [], start, policy_version(), error=f"{type(e).__name__}: {e}")
-        return episode_to_rollout(episode, self.name, example_id, temperature, start, policy_version())
+        with recording_served_versions() as served:
+            try:
+                episode = await self.env.run_episode(task, ctx)
+            except Exception as e:  # noqa: BLE001 - a rollout failure is data, not a crash
+                logger.warning("rollout of %s/%s failed: %s", self.name, example_id, e)
+                return Rollout(self.name, example_id, 0.0, [], start, policy_version(), error=f"{type(e).__name__}: {e}")
+        rollout = episode_to_rollout(episode, self.name, example_id, temperature, start, policy_version())
+        rollout.served_versions = served
+        return rollout

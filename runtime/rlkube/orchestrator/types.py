@@ -43,6 +43,23 @@ class Rollout:
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     advantage: float = 0.0
+    served_versions: list[str] = field(default_factory=list)
+    """The weight versions the engine reported for its tokens (policy steps; "default" is the
+    untagged base model). Empty where the engine's answers are not seen (verifiers' full path)."""
+
+    @property
+    def served_min(self) -> int | None:
+        """The oldest policy that, by the engine's own word, sampled any of its tokens."""
+        if not self.served_versions:
+            return None
+        return min(int(v) if v.isdigit() else 0 for v in self.served_versions)
+
+    @property
+    def oldest_policy(self) -> int:
+        """What its off-policy lag counts from: the clock's version at its start, or an older
+        one where the engine reports it (a replica that lost its weights)."""
+        served = self.served_min
+        return self.policy_min if served is None else min(self.policy_min, served)
 
     @property
     def completion_tokens(self) -> int:

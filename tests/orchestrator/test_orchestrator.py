@@ -211,6 +211,30 @@ def test_a_batch_of_only_failed_rollouts_stops_the_run(tmp_path):
     assert orchestrator.status()["phase"] == "failed"
 
 
+def test_rollouts_that_lost_their_replica_are_run_again_not_trained(tmp_path):
+    """A replica that dies mid-call fails its rollouts with "engine unreachable": they are run
+    again (once the replica is back) instead of ending the run or entering a batch."""
+    config = make_config(tmp_path, ckpt=None, client={"resync_interval_s": 0.01})
+
+    class FlakyRunner(FakeRunner):
+        lost = 0
+
+        async def rollout(self, task, example_id, ctx, temperature, policy_version):
+            if self.lost < 6:  # the first six calls hit the dead replica
+                self.lost += 1
+                error = "ProviderError: engine unreachable: Server disconnected"
+                return Rollout(self.name, example_id, 0.0, [], 0, 0, error=error)
+            return await super().rollout(task, example_id, ctx, temperature, policy_version)
+
+    runner = FlakyRunner()
+    logged = []
+    orchestrator = Orchestrator(config, [runner], FakePool(), lambda m, s: logged.append((s, m)))
+    results = asyncio.run(run_with_trainer(orchestrator, config))
+    assert sorted(results) == [1, 2, 3, 4] and runner.lost == 6
+    batches = [m for _, m in logged if "rollouts" in m]
+    assert all(m["errored_rollouts"] == 0 and m["samples/trained"] == 4 for m in batches), batches
+
+
 def test_a_trainer_stops_when_the_orchestrator_restarts(tmp_path):
     """A restarted orchestrator (no checkpoint: back at step 0, so batch 2 never comes while
     the trainer waits for it) answers with another instance id: the trainer stops at once."""

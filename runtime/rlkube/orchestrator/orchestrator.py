@@ -27,6 +27,7 @@ from rlkube.orchestrator.buffer import RolloutBuffer
 from rlkube.orchestrator.clock import PolicyClock
 from rlkube.orchestrator.metrics import batch_metrics
 from rlkube.orchestrator.packing import pack_batch
+from rlkube.orchestrator.rollouts import lost_its_engine
 from rlkube.orchestrator.scheduler import Scheduler
 from rlkube.orchestrator.types import Batch, Rollout
 
@@ -88,7 +89,16 @@ class Orchestrator:
             async with self.pool.slot():
                 return await runner.rollout(task, example_id, ctx, temperature, lambda: self.clock.policy_step)
 
-        return list(await asyncio.gather(*(one() for _ in range(self.config.group_size))))
+        group = list(await asyncio.gather(*(one() for _ in range(self.config.group_size))))
+        while lost := [i for i, rollout in enumerate(group) if lost_its_engine(rollout)]:
+            # Its replica died or restarted mid-call: that says nothing about the policy or the
+            # env, so the rollouts run again once the pool's watcher has the replica back.
+            logger.warning("%d rollout(s) of %s/%s lost their inference replica: re-running them",
+                           len(lost), runner.name, example_id)
+            await asyncio.sleep(self.config.client.resync_interval_s)
+            for i, rollout in zip(lost, await asyncio.gather(*(one() for _ in lost))):
+                group[i] = rollout
+        return group
 
     def on_batch(self, batch: Batch) -> None:
         errored = [r for r in batch.rollouts if r.error is not None]

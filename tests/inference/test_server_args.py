@@ -72,3 +72,27 @@ def test_inference_process_refuses_a_taken_port(tmp_path):
         config = InferenceConfig.model_validate({"model": {"name": "/m"}, "port": port})
         with pytest.raises(RuntimeError, match=f"inference.port: 127.0.0.1:{port} is in use"):
             InferenceProcess(config, tmp_path).start()
+
+
+def test_the_models_generation_defaults_do_not_reach_training_requests(tmp_path):
+    """vLLM's own config reading, on a model whose generation_config.json carries Qwen3's
+    sampling defaults: with rlkube's arguments no default reaches a request (the trainer models
+    exactly the configured sampling); `extra_args` can still ask for them."""
+    import json
+
+    from rlkube.models.tiny import init_tiny_model
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    model = init_tiny_model(tmp_path / "model")
+    path = model / "generation_config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"top_k": 20, "top_p": 0.95}))
+
+    def request_defaults(**extra_args) -> dict:
+        config = InferenceConfig.model_validate({"model": {"name": str(model)}, "extra_args": extra_args})
+        parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(vllm_command(config, on_cpu=True).args)
+        return AsyncEngineArgs.from_cli_args(parsed).create_model_config().get_diff_sampling_param()
+
+    assert request_defaults() == {}
+    assert request_defaults(generation_config="auto") == {"top_k": 20, "top_p": 0.95}

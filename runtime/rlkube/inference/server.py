@@ -70,6 +70,10 @@ def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
         "--return-tokens-as-token-ids",
         "--middleware", GENERATE_MIDDLEWARE,
         "--disable-uvicorn-access-log",
+        # vLLM would otherwise apply the model's generation_config.json sampling defaults (Qwen3:
+        # top_k 20, top_p 0.95) to every request that leaves them unset: the sampled tokens and
+        # their logprobs would come from a truncated distribution the trainer does not model.
+        "--generation-config", "vllm",
         "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching",
     ]
     if config.start_paused:

@@ -53,6 +53,7 @@ def test_rollouts_the_engine_says_came_from_old_weights_are_dropped():
     assert [r.served_versions for r in batch.rollouts] == [["5"], ["4", "5"]]
     assert batch.metrics["off_policy/dropped_rollouts"] == 2.0
     assert batch.metrics["off_policy/served_lag/max"] == 1.0 and batch.metrics["off_policy/served_rollouts"] == 2.0
+    assert batch.metrics["off_policy/served_behind_clock"] == 3.0  # "default", the span on 3, and 4
     buffer.add_group([make_rollout(1.0, policy_min=6), make_rollout(1.0, policy_min=6)])
     assert "off_policy/served_lag/max" not in buffer.take_batch(7).metrics, "no engine report, no served lag"
 

@@ -39,11 +39,12 @@ class RolloutBuffer:
         if self.fresh_rollouts(step) < self.batch_size:
             return None
         rollouts: list[Rollout] = []
-        dropped = 0
+        dropped = behind_clock = 0
         while len(rollouts) < self.batch_size:
             group = self.groups.popleft()
             fresh = [r for r in group if self._is_fresh(r, step)]
             dropped += len(group) - len(fresh)
+            behind_clock += sum(r.served_min is not None and r.served_min < r.policy_min for r in group)
             rollouts.extend(fresh)
         self.dropped_total += dropped
         lags = [off_policy_lag(step, r.oldest_policy) for r in rollouts]
@@ -55,6 +56,8 @@ class RolloutBuffer:
         if served := [r.served_min for r in rollouts if r.served_min is not None]:
             metrics["off_policy/served_lag/max"] = float(max(off_policy_lag(step, v) for v in served))
             metrics["off_policy/served_rollouts"] = float(len(served))
+            # sampled by older weights than the clock said were served: a replica that lost them
+            metrics["off_policy/served_behind_clock"] = float(behind_clock)
         return Batch(step=step, rollouts=rollouts, metrics=metrics)
 
     def state_dict(self) -> dict:

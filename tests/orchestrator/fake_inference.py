@@ -30,6 +30,8 @@ class FakeInference:
         self.resumed = asyncio.Event()
         self.resumed.set()
         self.generated_versions: list[str] = []
+        self.unloadable: set[str] = set()
+        """Weight locations whose load the server answers with an error."""
 
     def restart(self, start_paused: bool = True) -> None:
         """Forget the weights' version and pause, as a freshly started server (call it on the
@@ -84,6 +86,8 @@ class FakeInference:
         elif route == "update_weight_version":
             self.weight_version = body["new_version"]
         elif route == "collective_rpc":
+            if body["kwargs"].get("location") in self.unloadable:
+                return web.json_response({"error": f"cannot load {body['kwargs']['location']}"}, status=500)
             return web.json_response({"results": [f"{body['method']} {body['kwargs']}"]})
         return web.json_response({})
 

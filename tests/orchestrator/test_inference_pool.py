@@ -9,6 +9,7 @@ import contextlib
 import pytest
 from rlkube.config import ClientConfig, EnvConfig, SamplingConfig
 from rlkube.envs import load_env
+from rlkube.inference.client import InferenceError
 from rlkube.orchestrator.inference import InferencePool
 from rlkube.orchestrator.rollouts import EnvRunner, lost_its_engine
 
@@ -122,3 +123,16 @@ def test_replicas_of_an_earlier_run_unreachable_ones_and_nccl(tiny_model):
         server.call(server.fake.restart)
         with pytest.raises(RuntimeError, match="weights.type = 'nccl'"):
             asyncio.run(nccl.sync((3, "nccl://trainer:29600"), 60))
+
+
+def test_a_policy_update_passes_a_replica_that_is_down_and_fails_on_one_that_refuses(tiny_model):
+    with replicas(tiny_model, 1, start_paused=False) as (server,):
+        pool = make_pool(tiny_model, [server.url, f"http://127.0.0.1:{free_port()}"])
+        # The down replica is left to `sync` (it gets the newest loaded policy when it is back).
+        asyncio.run(pool.load_policy(2, "/w/step_2", 60))
+        assert server.fake.weight_version == "2" and pool.loaded == (2, "/w/step_2")
+        server.call(server.fake.unloadable.add, "/w/step_3")
+        with pytest.raises(InferenceError, match="cannot load /w/step_3"):
+            asyncio.run(pool.load_policy(3, "/w/step_3", 60))
+        assert pool.loaded == (2, "/w/step_2")
+        assert server.fake.resumed.is_set(), "a failed load still resumes generation"

@@ -21,6 +21,11 @@ class InferenceError(RuntimeError):
     """A call to an inference server failed or timed out."""
 
 
+class ReplicaUnreachable(InferenceError):
+    """The server did not answer at all (refused, reset, timed out): it is down or restarting,
+    as opposed to answering with an error."""
+
+
 def _reason(response: httpx.Response) -> str:
     try:
         body = response.json()
@@ -37,7 +42,9 @@ async def _post(base_url: str, route: str, timeout: float, **kwargs) -> httpx.Re
         async with async_client(timeout) as client:
             response = await client.post(url, **kwargs)
     except httpx.TimeoutException:
-        raise InferenceError(f"POST {url} timed out after {timeout:g}s") from None
+        raise ReplicaUnreachable(f"POST {url} timed out after {timeout:g}s") from None
+    except httpx.TransportError as e:
+        raise ReplicaUnreachable(f"POST {url} failed: {e!r}") from None
     except httpx.HTTPError as e:
         raise InferenceError(f"POST {url} failed: {e!r}") from None
     if response.status_code != 200:
@@ -50,6 +57,8 @@ async def _get(base_url: str, route: str, timeout: float) -> dict:
     try:
         async with async_client(timeout) as client:
             response = await client.get(url)
+    except httpx.TransportError as e:
+        raise ReplicaUnreachable(f"GET {url} failed: {e!r}") from None
     except httpx.HTTPError as e:
         raise InferenceError(f"GET {url} failed: {e!r}") from None
     if response.status_code != 200:
@@ -118,7 +127,7 @@ async def update_weights(base_url: str, step: int, location: str, timeout: float
     try:
         response = await _post(base_url, "/collective_rpc", rpc_timeout + 10, json=rpc)
     except InferenceError as e:
-        raise InferenceError(f"loading weights of step {step} from {location}: {e}") from None
+        raise type(e)(f"loading weights of step {step} from {location}: {e}") from None
     await _post(
         base_url, "/reset_prefix_cache", timeout, params={"reset_running_requests": "true"}
     )

@@ -11,8 +11,9 @@ paused and weight version "default" (`inference.start_paused`), so requests sent
 `sync` brings every replica that does not serve the current policy to it (pause, load the
 policy unless it is the base model's 0, tag the version, resume); the orchestrator runs it
 before its first rollout and then every `client.resync_interval_s` (`watch`), so a replica that
-restarted mid-run serves the current policy before any of its rollouts count. Rollouts that
-were in flight on it when it died failed with it and are not trained.
+restarted mid-run serves the current policy before any of its rollouts count. A policy update
+passes a replica that does not answer (that `sync` is for). Rollouts that were in flight on it
+when it died failed with it; the orchestrator runs them again, and never trains them.
 """
 
 import asyncio
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from rlkube.config import ClientConfig, SamplingConfig
-from rlkube.inference.client import InferenceError
+from rlkube.inference.client import InferenceError, ReplicaUnreachable
 
 logger = logging.getLogger(__name__)
 
@@ -98,20 +99,29 @@ class InferencePool:
     async def load_policy(self, step: int, location: str, timeout_s: float = 600) -> None:
         """Pause, load policy `step` from `location`, resume: on every replica at once.
         Pausing keeps in-flight requests; they finish on the new weights after `resume` (such
-        a rollout then spans two versions, which its `policy_min`/`policy_max` record)."""
+        a rollout then spans two versions, which its `policy_min`/`policy_max` record).
+
+        A replica that does not answer (it died, or is restarting) is left to `sync`, which
+        brings it to the newest loaded policy once it is back; a replica that answers with an
+        error (a snapshot it cannot load) fails the update."""
         from rlkube.inference.client import pause, resume, update_weights
 
-        async def one(url: str) -> None:
-            await pause(url, mode="keep")
+        async def one(url: str) -> bool:
             try:
-                await update_weights(url, step, location, timeout=timeout_s)
-            finally:
-                await resume(url)
+                await pause(url, mode="keep")
+                try:
+                    await update_weights(url, step, location, timeout=timeout_s)
+                finally:
+                    await resume(url)
+            except ReplicaUnreachable as e:
+                logger.warning("replica %s missed policy %d (it is brought to it when it answers again): %s", url, step, e)
+                return False
+            return True
 
         async with self.updating:
-            await asyncio.gather(*(one(url) for url in self.base_urls))
+            loaded = await asyncio.gather(*(one(url) for url in self.base_urls))
             self.loaded = (step, location)
-        logger.info("policy %d loaded on %d replica(s) from %s", step, len(self.base_urls), location)
+        logger.info("policy %d loaded on %d of %d replica(s) from %s", step, sum(loaded), len(loaded), location)
 
     # --- replicas that (re)start ---------------------------------------------------------
 

@@ -12,6 +12,7 @@ from rlkube.transport.server import start_server, stop_server
 from rlkube.transport.tensors import from_proto, to_proto
 
 from tests.fixtures.inference import free_port
+from tests.fixtures.network import VanishingPeerProxy
 
 
 def random_micro_batch(rows: int, seq_len: int, seed: int) -> dict:
@@ -201,4 +202,32 @@ def test_a_get_batch_broken_by_a_restart_reaches_the_new_orchestrator_and_stops(
                 time.sleep(0.05)
         with ServerThread(FakeSource("orchestrator-b"), port):
             waiting.join(60)
+    assert isinstance(outcome.get("error"), OrchestratorRestarted), outcome
+
+
+def test_a_get_batch_on_an_orchestrator_that_vanishes_reaches_its_replacement():
+    """The orchestrator's pod is gone (no reset reaches the trainer): keepalive ends the waiting
+    GetBatch within seconds, and the retry reaches the replacement behind the same address."""
+    old_port, new_port, outcome = free_port(), free_port(), {}
+    proxy = VanishingPeerProxy(old_port)
+    try:
+        with RolloutClient(f"127.0.0.1:{proxy.port}", timeout_s=120, backoff_s=0.1) as client:
+            first = ServerThread(FakeSource("orchestrator-a"), old_port)
+            with first, ServerThread(FakeSource("orchestrator-b"), new_port):
+                client.get_batch(step=1, rank=0, world_size=2)
+
+                def wait_for_step_2():
+                    try:
+                        client.get_batch(step=2, rank=0, world_size=2)
+                    except Exception as e:  # noqa: BLE001 - the outcome is the assertion
+                        outcome["error"] = e
+
+                waiting = threading.Thread(target=wait_for_step_2)
+                waiting.start()
+                while 2 not in first.source.requests:
+                    time.sleep(0.05)
+                proxy.vanish_and_point_to(new_port)
+                waiting.join(60)
+    finally:
+        proxy.close()
     assert isinstance(outcome.get("error"), OrchestratorRestarted), outcome

@@ -25,6 +25,7 @@ from rlkube.transport.weights_storage import (
 from safetensors.torch import load
 
 from tests.fixtures.inference import S3_BUCKET, S3_ENV, free_port
+from tests.fixtures.network import VanishingPeerProxy
 
 
 @pytest.fixture
@@ -202,6 +203,33 @@ def test_grpc_fetch_waits_for_the_server_and_the_step(model_dir):
         starter.join()
         for publisher in publishers:
             publisher.close()
+
+
+def test_grpc_fetch_outlives_a_trainer_that_vanishes_mid_call(model_dir):
+    """A replica waits on step 2 when the trainer's pod dies (no reset reaches it): keepalive
+    notices within seconds and it dials the Service again, which the next trainer serves."""
+    old_port, new_port = free_port(), free_port()
+    old = make_publisher(WeightTransferConfig(type="grpc", grpc_port=old_port), "unused", str(model_dir))
+    new = make_publisher(WeightTransferConfig(type="grpc", grpc_port=new_port), "unused", str(model_dir))
+    proxy = VanishingPeerProxy(old_port)
+    try:
+        old.publish(state(1), 1)
+        fetched = {}
+        fetch = threading.Thread(target=lambda: fetched.update(fetch_snapshot(f"127.0.0.1:{proxy.port}", 2, timeout=60)))
+        fetch.start()
+        time.sleep(1)  # the call waits on the old trainer for step 2
+        proxy.vanish_and_point_to(new_port)
+        old.publish(state(3), 2)  # what the vanished trainer sends goes nowhere
+        new.publish(state(2), 2)
+        started = time.monotonic()
+        fetch.join(60)
+        assert not fetch.is_alive(), "the fetch still waits on the vanished trainer"
+        assert fetched == snapshot_files(state(2), 2, model_dir)
+        print(f"re-dialled after {time.monotonic() - started:.1f} s")
+    finally:
+        proxy.close()
+        old.close()
+        new.close()
 
 
 def test_grpc_fetch_from_nowhere_is_a_clear_error():

@@ -16,6 +16,7 @@ import time
 
 import grpc
 
+from rlkube.transport import keepalive
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
 from rlkube.transport.microbatch import from_message
@@ -43,7 +44,7 @@ class RolloutClient:
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS + keepalive.CLIENT)
         self.stub = pb_grpc.RolloutsStub(self.channel)
         self.orchestrator_id: str | None = None
         """The instance id of the first answer; every later answer must carry the same."""

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import grpc
 
+from rlkube.transport import keepalive
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
 from rlkube.transport.microbatch import to_message
@@ -100,7 +101,7 @@ class RolloutsService(pb_grpc.RolloutsServicer):
 
 async def start_server(source: BatchSource, host: str, port: int) -> grpc.aio.Server:
     """Serve `source` on host:port (port 0 picks a free one: read it from `server.port`)."""
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    server = grpc.aio.server(options=CHANNEL_OPTIONS + keepalive.SERVER)
     pb_grpc.add_RolloutsServicer_to_server(RolloutsService(source), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:

@@ -7,12 +7,13 @@ for a trainer that is still starting or has not published that step yet.
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
 
-from rlkube.transport import rlkube_pb2, rlkube_pb2_grpc
+from rlkube.transport import keepalive, rlkube_pb2, rlkube_pb2_grpc
 from rlkube.transport.weights_snapshot import COMPLETE
 
 logger = logging.getLogger(__name__)
@@ -23,6 +24,7 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", _MAX_MESSAGE),
     ("grpc.max_receive_message_length", _MAX_MESSAGE),
 ]
+_REDIAL_S = 1.0
 
 
 class WeightsServicer(rlkube_pb2_grpc.WeightsServicer):
@@ -76,7 +78,7 @@ class WeightsServicer(rlkube_pb2_grpc.WeightsServicer):
 
 def serve_weights(servicer: WeightsServicer, bind: str) -> grpc.Server:
     """Start a gRPC server for `servicer` on `bind` ("host:port")."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=CHANNEL_OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=CHANNEL_OPTIONS + keepalive.SERVER)
     rlkube_pb2_grpc.add_WeightsServicer_to_server(servicer, server)
     try:
         server.add_insecure_port(bind)  # grpcio raises RuntimeError when it cannot bind
@@ -88,19 +90,32 @@ def serve_weights(servicer: WeightsServicer, bind: str) -> grpc.Server:
 
 
 def fetch_snapshot(address: str, step: int, timeout: float) -> dict[str, bytes]:
-    """Pull snapshot `step` (-1: newest) from the weight server at `address` ("host:port")."""
-    parts: dict[str, list[bytes]] = {}
-    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-        stub = rlkube_pb2_grpc.WeightsStub(channel)
+    """Pull snapshot `step` (-1: newest) from the weight server at `address` ("host:port").
+
+    A server that goes away mid-call is dialled again until the deadline: `address` is the
+    trainer's stable Service, which the next attempt's trainer serves, and that trainer
+    publishes `step` again once it has trained it (or refuses it at once if it holds newer)."""
+    deadline = time.monotonic() + timeout
+    while True:
         try:
-            request = rlkube_pb2.WeightsRequest(step=step)
-            for chunk in stub.Fetch(request, timeout=timeout, wait_for_ready=True):
-                parts.setdefault(chunk.file, []).append(chunk.data)
+            return _fetch_once(address, step, deadline - time.monotonic())
         except grpc.RpcError as e:
-            raise ConnectionError(
-                f"fetching weights of step {step} from grpc://{address} failed: "
-                f"{e.code().name}: {e.details()}"
-            ) from None
+            if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + _REDIAL_S >= deadline:
+                raise ConnectionError(
+                    f"fetching weights of step {step} from grpc://{address} failed: "
+                    f"{e.code().name}: {e.details()}"
+                ) from None
+            logger.warning("weight server grpc://%s went away (%s): dialling again", address, e.details())
+            time.sleep(_REDIAL_S)
+
+
+def _fetch_once(address: str, step: int, timeout: float) -> dict[str, bytes]:
+    parts: dict[str, list[bytes]] = {}
+    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS + keepalive.CLIENT) as channel:
+        stub = rlkube_pb2_grpc.WeightsStub(channel)
+        request = rlkube_pb2.WeightsRequest(step=step)
+        for chunk in stub.Fetch(request, timeout=timeout, wait_for_ready=True):
+            parts.setdefault(chunk.file, []).append(chunk.data)
     if COMPLETE not in parts:
         raise ConnectionError(f"grpc://{address} sent an incomplete snapshot for step {step}")
     return {name: b"".join(chunks) for name, chunks in parts.items()}

@@ -3,8 +3,9 @@ its step, a GetBatch waiting for its batch).
 
 A pod that dies takes its network namespace with it: no reset reaches the other side, whose
 call would otherwise wait out its whole deadline (up to an hour). Clients ping every 10 s and
-give the connection up after 5 s without an answer (UNAVAILABLE, which they retry, reaching the
-peer's replacement through the same Service name); servers accept pings that often.
+give the connection up after 5 s without an answer (UNAVAILABLE: a GetBatch retries, reaching
+the peer's replacement through the same Service name; a Fetch fails, see `fetch_snapshot`);
+servers accept pings that often.
 """
 
 CLIENT = [

@@ -139,6 +139,44 @@ def test_resume_restores_unconsumed_batches_and_samplers(tmp_path):
     assert resumed_runner.sampler.state_dict()["cursor"] > runner.sampler.state_dict()["cursor"]
 
 
+class RefusingPool(FakePool):
+    """A pool whose replicas refuse the first `refusals` loads, as they do while the trainer no
+    longer holds the policy asked for."""
+
+    def __init__(self, refusals):
+        super().__init__()
+        self.refusals = refusals
+
+    async def load_policy(self, step, location, timeout_s):
+        from rlkube.inference.client import InferenceError
+
+        if self.refusals:
+            self.refusals -= 1
+            raise InferenceError(f"no weight snapshot for step {step} (held: [3, 4])")
+        await super().load_policy(step, location, timeout_s)
+
+
+def test_a_resumed_policy_the_trainer_no_longer_holds_is_waited_for(tmp_path, monkeypatch):
+    """The trainer ran past the orchestrator's checkpoint (it holds policies 3 and 4 when the
+    orchestrator resumes at 2); it follows the restart back to 2 and republishes it meanwhile."""
+    from rlkube.orchestrator import orchestrator as orchestrator_module
+
+    monkeypatch.setattr(orchestrator_module, "RESUMED_POLICY_RETRY_S", 0.01)
+    config = make_config(tmp_path, max_steps=2)
+    asyncio.run(run_with_trainer(Orchestrator(config, [FakeRunner()], FakePool(), lambda m, s: None), config))
+
+    config = make_config(tmp_path, max_steps=4)
+    pool = RefusingPool(refusals=2)
+    resumed = Orchestrator(config, [FakeRunner()], pool, lambda m, s: None)
+    results = asyncio.run(run_with_trainer(resumed, config, start_step=3, resume_step=2))
+    assert sorted(results) == [3, 4] and pool.loads[0] == (2, "/w/step_2")
+
+    config = make_config(tmp_path, max_steps=4, weights={"timeout_s": 0.05})
+    never = Orchestrator(config, [FakeRunner()], RefusingPool(refusals=10**6), lambda m, s: None)
+    with pytest.raises(RuntimeError, match=r"resuming at policy 2.*weights.timeout_s.*held: \[3, 4\]"):
+        asyncio.run(asyncio.wait_for(never.run(resume_step=2), timeout=10))
+
+
 def test_bad_requests_are_refused(tmp_path):
     config = make_config(tmp_path)
     orchestrator = Orchestrator(config, [FakeRunner()], FakePool(), lambda m, s: None)

@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
 from rlkube.config import OrchestratorConfig
+from rlkube.inference.client import InferenceError
 from rlkube.launch.checkpoints import checkpoint_root, unmark_after
 from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.advantage import make_advantage_fn
@@ -33,6 +34,7 @@ from rlkube.orchestrator.types import Batch, Rollout
 
 logger = logging.getLogger(__name__)
 
+RESUMED_POLICY_RETRY_S = 2.0
 MetricsFn = Callable[[dict[str, float], int], None]
 EvalFn = Callable[[int], Awaitable[dict[str, float]]]
 
@@ -200,17 +202,33 @@ class Orchestrator:
         await asyncio.gather(*(update_weights(url, step, location, timeout) for url in self.pool.base_urls))
 
     async def load_resumed_policy(self, step: int) -> None:
-        """The policy of the checkpoint resumed from, before any rollout. Over NCCL there is
-        nothing to load from: the resuming trainer republishes `step`. Wait until every replica
-        serves exactly `step` (a replica that outlived the trainer may serve a later, abandoned
-        policy), or until the trainer reports a later one, which the policy loop waits for."""
+        """The policy of the checkpoint resumed from, before any rollout.
+
+        The trainer may have run past that checkpoint and no longer hold the policy (its gRPC
+        server keeps the newest snapshots, storage prunes old ones): it follows this restart
+        back to the same checkpoint and publishes `step` again, so a refused load is retried
+        until `weights.timeout_s`. Over NCCL there is nothing to load from: the resuming trainer
+        republishes `step` into the replicas. Wait until every replica serves exactly `step` (a
+        replica that outlived the trainer may serve a later, abandoned policy), or until the
+        trainer reports a later one, which the policy loop waits for."""
         timeout = self.config.weights.timeout_s
+        deadline = time.monotonic() + timeout
         if not self.policy_location.startswith("nccl://"):
-            await self.pool.load_policy(step, self.policy_location, timeout)
-            return
+            while True:
+                try:
+                    await self.pool.load_policy(step, self.policy_location, timeout)
+                    return
+                except InferenceError as e:
+                    if time.monotonic() + RESUMED_POLICY_RETRY_S > deadline:
+                        raise RuntimeError(
+                            f"resuming at policy {step}: it could not be loaded from {self.policy_location} "
+                            f"within weights.timeout_s ({timeout:g}s): {e}"
+                        ) from None
+                    logger.info("policy %d of the checkpoint is not available yet (the trainer republishes it "
+                                "when it restarts from the same checkpoint): %s", step, e)
+                    await asyncio.sleep(RESUMED_POLICY_RETRY_S)
         from rlkube.inference.client import NCCL_VERSION_POLL_S, weight_version
 
-        deadline = time.monotonic() + timeout
         while self.reports.empty():
             versions = await asyncio.gather(*(weight_version(url) for url in self.pool.base_urls))
             if all(version == str(step) for version in versions):

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 RLKUBE := $(VENV)/bin/rlkube
 PYTEST_ARGS ?=
 
-.PHONY: install reverse-text test test-fast proto crds lint clean
+.PHONY: install reverse-text test test-fast e2e-local proto crds lint clean
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,11 @@ test: install
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# The cluster scenarios (e2e/scenarios) on the local executing cluster (e2e/localcluster): needs
+# root with network namespaces and kubectl. `make test` runs them too.
+e2e-local: install
+	$(PY) -m pytest -ra -s tests/cluster e2e/scenarios $(PYTEST_ARGS)
+
 proto: install
 	$(PY) -m grpc_tools.protoc -I runtime --python_out=runtime --grpc_python_out=runtime \
 		--pyi_out=runtime runtime/rlkube/transport/rlkube.proto
@@ -36,7 +41,7 @@ crds: install
 	$(PY) -m rlkube_operator.crd
 
 lint: install
-	$(VENV)/bin/ruff check runtime operator tests benchmarks
+	$(VENV)/bin/ruff check runtime operator tests benchmarks e2e
 
 clean:
 	rm -rf outputs .pytest_cache

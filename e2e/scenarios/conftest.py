@@ -1,0 +1,41 @@
+"""The cluster the scenarios run on, once per session.
+
+- `RLKUBE_E2E_KUBECONFIG=<path>`: a real cluster (kind: e2e/run.sh) with the operator installed
+  and the runtime image loaded; scenarios run in `$RLKUBE_E2E_NAMESPACE` (default rlkube-e2e).
+- otherwise the local cluster (e2e/localcluster), where the operator runs as a pod too. It needs
+  root with network namespaces and kubectl; without them every scenario skips with the reason.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from e2e.scenarios.harness import KubeCluster, LocalCluster, have_kubectl
+from e2e.scenarios.manifests import operator_manifests
+
+NAMESPACE = os.environ.get("RLKUBE_E2E_NAMESPACE", "rlkube-e2e")
+
+
+def _local_unavailable() -> str | None:
+    if not have_kubectl():
+        return "kubectl is not installed"
+    from e2e.localcluster.network import unavailable_reason
+
+    return unavailable_reason()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    if kubeconfig := os.environ.get("RLKUBE_E2E_KUBECONFIG"):
+        yield KubeCluster(Path(kubeconfig), NAMESPACE)
+        return
+    if reason := _local_unavailable():
+        pytest.skip(f"the local cluster cannot run here: {reason}")
+    local = LocalCluster(tmp_path_factory.mktemp("localcluster"), NAMESPACE).start()
+    try:
+        local.apply(*operator_manifests(local))
+        local.wait(lambda: local.pod_of("app.kubernetes.io/name=rlkube-operator"), 60, "the operator pod")
+        yield local
+    finally:
+        local.stop()

@@ -1,0 +1,244 @@
+"""What a scenario does to a cluster, through `kubectl` like a user: apply, get, delete, wait,
+read a run's status, kill a pod's processes, read a file from a claim.
+
+Two clusters implement it: `LocalCluster` (e2e/localcluster: an emulated API server whose pods
+run as real processes on this machine) and `KubeCluster` (any real cluster, kind included, given
+a kubeconfig). Scenarios only use this interface, so the same files run on both.
+"""
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class ClusterError(AssertionError):
+    pass
+
+
+class Cluster:
+    """The common part: kubectl in one namespace."""
+
+    def __init__(self, kubeconfig: Path | None, namespace: str):
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.started = time.monotonic()
+
+    # --- kubectl ------------------------------------------------------------------------
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60) -> str:
+        env = os.environ | ({"KUBECONFIG": str(self.kubeconfig)} if self.kubeconfig else {})
+        cmd = ["kubectl", "-n", self.namespace, *args]
+        result = subprocess.run(cmd, input=input, capture_output=True, text=True, env=env,
+                                timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            raise ClusterError(f"{shlex.join(cmd)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        return result.stdout
+
+    def apply(self, *docs: dict) -> None:
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+    def get(self, kind: str, name: str) -> dict | None:
+        out = self.kubectl("get", kind, name, "-o", "json", "--ignore-not-found")
+        return json.loads(out) if out.strip() else None
+
+    def names(self, kind: str, selector: str | None = None) -> list[str]:
+        args = ["get", kind, "-o", "jsonpath={.items[*].metadata.name}"]
+        out = self.kubectl(*args, *(["-l", selector] if selector else []))
+        return sorted(out.split())
+
+    def delete(self, kind: str, name: str, *flags: str) -> None:
+        self.kubectl("delete", kind, name, "--ignore-not-found", *flags, timeout=180)
+
+    def status(self, kind: str, name: str) -> dict:
+        return (self.get(kind, name) or {}).get("status") or {}
+
+    def wait(self, predicate: Callable[[], object], timeout: float, what: str, interval: float = 2.0):
+        """Poll until `predicate()` is truthy and return it; on time-out, fail with `what` and
+        the cluster's state (so a CI log says why)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise ClusterError(f"timed out after {timeout:g}s waiting for {what}\n{self.describe_state()}")
+            time.sleep(interval)
+
+    def wait_phase(self, kind: str, name: str, phases: set[str], timeout: float) -> dict:
+        def reached():
+            status = self.status(kind, name)
+            if status.get("phase") == "Failed" and "Failed" not in phases:
+                raise ClusterError(f"{kind}/{name} failed: {status.get('message')}\n{self.describe_state()}")
+            return status if status.get("phase") in phases else None
+
+        return self.wait(reached, timeout, f"{kind}/{name} to reach {sorted(phases)}")
+
+    def describe_state(self) -> str:
+        parts = []
+        for args in (("get", "rlruns,sftruns,jobs,pods", "-o", "wide"),):
+            parts.append(self.kubectl(*args, check=False))
+        parts.append(self.logs_tail())
+        return "\n".join(parts)
+
+    def pod_of(self, selector: str) -> dict | None:
+        """The newest live pod matching a label selector."""
+        pods = json.loads(self.kubectl("get", "pods", "-l", selector, "-o", "json"))["items"]
+        pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        pods.sort(key=lambda p: p["metadata"]["creationTimestamp"])
+        return pods[-1] if pods else None
+
+    # --- what differs between clusters --------------------------------------------------
+    def kill(self, pod: str, sig: int = signal.SIGKILL) -> None:
+        raise NotImplementedError
+
+    def read_file(self, claim: str, path: str) -> str | None:
+        """A file from a PersistentVolumeClaim, None if it does not exist."""
+        raise NotImplementedError
+
+    def logs_tail(self, lines: int = 30) -> str:
+        return ""
+
+    def seed_model(self, claim: str) -> str:
+        """A tiny untrained model where a run's pods can load it; returns its path in the pods."""
+        raise NotImplementedError
+
+    @property
+    def host_address(self) -> str:
+        """An address of this machine that pods can reach (an S3 server for the object-store
+        scenario listens there)."""
+        raise NotImplementedError
+
+
+class LocalCluster(Cluster):
+    """`python -m e2e.localcluster up` as a child process; pods are processes on this machine."""
+
+    def __init__(self, state_dir: Path, namespace: str):
+        super().__init__(state_dir / "kubeconfig", namespace)
+        self.state_dir = state_dir
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> "LocalCluster":
+        with open(self.state_dir / "cluster.log", "w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "e2e.localcluster", "up", "--state-dir", str(self.state_dir),
+                 "--namespace", self.namespace],
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while not (self.kubeconfig.exists() and self._answers()):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise ClusterError(f"the local cluster did not start:\n{(self.state_dir / 'cluster.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+        return self
+
+    def _answers(self) -> bool:
+        env = os.environ | {"KUBECONFIG": str(self.kubeconfig)}
+        ns = subprocess.run(["kubectl", "get", "namespace", self.namespace], env=env, capture_output=True,
+                            check=False, timeout=20)
+        return ns.returncode == 0
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def _pod_netns(self, pod: str) -> str:
+        """The network namespace holding the pod's IP."""
+        ip = self.status("pod", pod).get("podIP")
+        if not ip:
+            raise ClusterError(f"pod {pod} has no IP yet")
+        for netns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                    check=True).stdout.split("\n"):
+            name = netns.split(" ")[0]
+            if name.startswith("rlk-"):
+                addrs = subprocess.run(["ip", "-n", name, "-4", "-o", "addr"], capture_output=True,
+                                       text=True, check=False).stdout
+                if f" {ip}/" in addrs:
+                    return name
+        raise ClusterError(f"no network namespace holds pod {pod}'s IP {ip}")
+
+    def kill(self, pod: str, sig: int = signal.SIGKILL) -> None:
+        """Signal every process of the pod, as the OOM killer or a crash would end them."""
+        netns = self._pod_netns(pod)
+        pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True,
+                              check=True).stdout.split()
+        if not pids:
+            raise ClusterError(f"pod {pod} has no processes")
+        for pid in pids:
+            try:
+                os.kill(int(pid), sig)
+            except ProcessLookupError:
+                pass
+
+    def claim_dir(self, claim: str) -> Path:
+        return self.state_dir / "pvcs" / self.namespace / claim
+
+    def read_file(self, claim: str, path: str) -> str | None:
+        file = self.claim_dir(claim) / path.lstrip("/")
+        return file.read_text() if file.is_file() else None
+
+    def seed_model(self, claim: str) -> str:
+        """`rlkube model init` into the claim (the pods mount claims at /data)."""
+        from rlkube.models.tiny import init_tiny_model
+
+        target = self.claim_dir(claim) / "models" / "tiny"
+        if not (target / "config.json").exists():
+            init_tiny_model(target)
+        return "/data/models/tiny"
+
+    def logs_tail(self, lines: int = 30) -> str:
+        out = []
+        for log in sorted((self.state_dir / "logs").glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {log.name}\n" + "\n".join(tail))
+        return "\n".join(out)
+
+    @property
+    def host_address(self) -> str:
+        return json.loads((self.state_dir / "cluster.json").read_text())["host_ip"]
+
+
+class KubeCluster(Cluster):
+    """A real cluster (kind, or any) from `$KUBECONFIG`; the operator is installed beforehand
+    (e2e/run.sh installs the chart)."""
+
+    def kill(self, pod: str, sig: int = signal.SIGKILL) -> None:
+        self.kubectl("exec", pod, "--", "kill", f"-{int(sig)}", "-1", check=False)
+
+    def seed_model(self, claim: str) -> str:
+        return "/opt/rlkube/models/tiny-reverse-text"  # made in the runtime image
+
+    def read_file(self, claim: str, path: str) -> str | None:
+        overrides = {"spec": {
+            "containers": [{"name": "read", "image": "busybox:1.36", "command": ["cat", f"/mnt/{path}"],
+                            "volumeMounts": [{"name": "claim", "mountPath": "/mnt"}]}],
+            "volumes": [{"name": "claim", "persistentVolumeClaim": {"claimName": claim}}],
+        }}
+        out = self.kubectl("run", f"read-{int(time.time())}", "--rm", "-i", "--restart=Never",
+                           "--image=busybox:1.36", f"--overrides={json.dumps(overrides)}", check=False,
+                           timeout=180)
+        return out or None
+
+    @property
+    def host_address(self) -> str:
+        raise ClusterError("the object-store scenario needs a bucket reachable from the cluster: "
+                           "set RLKUBE_E2E_S3_URL (not implemented for real clusters yet)")
+
+
+def have_kubectl() -> bool:
+    return shutil.which("kubectl") is not None

@@ -1,0 +1,64 @@
+"""Reading a run the way its user would: status from the API, metrics from its claim."""
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from e2e.scenarios.harness import Cluster
+
+COMPONENTS = ("inference", "orchestrator", "trainer")
+
+
+@dataclass
+class Run:
+    cluster: Cluster
+    name: str
+    claim: str
+    kind: str = "rlrun"
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def status(self) -> dict:
+        return self.cluster.status(self.kind, self.name)
+
+    def step(self) -> int:
+        return int(self.status().get("step") or 0)
+
+    def wait_step(self, step: int, timeout: float) -> dict:
+        return self.cluster.wait(lambda: self.step() >= step and self.status(), timeout,
+                                 f"{self.kind}/{self.name} to reach step {step}")
+
+    def metrics(self, process: str) -> list[dict]:
+        text = self.cluster.read_file(self.claim, f"{self.name}/metrics/{process}.jsonl") or ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def trainer_steps(self) -> list[int]:
+        return [r["step"] for r in self.metrics("trainer")]
+
+    def rewards(self) -> dict[int, float]:
+        """The newest reward logged for each step (a step redone after a restart counts once)."""
+        return {r["step"]: r["reward/all/mean"] for r in self.metrics("orchestrator") if "reward/all/mean" in r}
+
+    def pod(self, component: str) -> str:
+        pod = self.cluster.wait(
+            lambda: self.cluster.pod_of(f"rlkube.dev/run={self.name},app.kubernetes.io/component={component}"),
+            120, f"a {component} pod of {self.name}")
+        return pod["metadata"]["name"]
+
+    def children(self) -> dict[str, list[str]]:
+        selector = f"rlkube.dev/run={self.name}"
+        kinds = ("configmaps", "services", "statefulsets", "deployments", "jobs", "pods")
+        return {kind: self.cluster.names(kind, selector) for kind in kinds}
+
+    def recover(self, what: str, action, *, progress: int = 2, timeout: float = 600) -> int:
+        """Do `action` at the current step, wait until the run has trained `progress` steps past
+        it, record the wall time in `timings[what]`; returns the step it was done at."""
+        at = max(self.trainer_steps(), default=0)
+        started = time.monotonic()
+        action()
+        self.cluster.wait(lambda: max(self.trainer_steps(), default=0) >= at + progress
+                          and self.status().get("phase") == "Running",
+                          timeout, f"{self.name} to train {progress} steps past step {at} after: {what}")
+        self.timings[what] = time.monotonic() - started
+        return at
+
+

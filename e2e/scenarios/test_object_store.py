@@ -1,0 +1,72 @@
+"""An RLRun whose weight snapshots AND checkpoints live in an object store (S3 API served by a
+local `moto` server the pods reach on the cluster network): nothing crosses pods through the
+claim. The trainer is killed after a checkpoint; the gang resumes from the checkpoint in the
+bucket; the run succeeds."""
+
+import pytest
+
+from e2e.scenarios.harness import ClusterError
+from e2e.scenarios.manifests import claim, short_rl
+from e2e.scenarios.runs import Run
+
+pytestmark = pytest.mark.slow
+
+NAME = "s3run"
+CLAIM = "s3run-data"
+BUCKET = "rlkube-e2e"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+MAX_STEPS = 8
+
+
+@pytest.fixture
+def s3(cluster):
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    from tests.fixtures.inference import free_port
+
+    try:
+        host, port = cluster.host_address, free_port()
+    except ClusterError as e:
+        pytest.skip(str(e))
+    server = moto_server.ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+    server.start()
+    endpoint = f"http://{host}:{port}"
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    yield endpoint, client
+    server.stop()
+
+
+@pytest.mark.timeout(1800)
+def test_weights_and_checkpoints_through_an_object_store(cluster, s3):
+    endpoint, client = s3
+    cluster.apply(claim(CLAIM), {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-credentials"}, "stringData": CREDENTIALS,
+    })
+    manifest = short_rl(NAME, cluster.seed_model(CLAIM), CLAIM, MAX_STEPS, **{"weights.type": "storage"})
+    manifest["spec"]["storage"]["objectStore"] = {
+        "url": f"s3://{BUCKET}/runs", "endpointUrl": endpoint, "secretName": "s3-credentials",
+    }
+    cluster.apply(manifest)
+    run = Run(cluster, NAME, CLAIM)
+
+    run.wait_step(3, 900)
+    prefix = f"runs/{cluster.namespace}/{NAME}"
+
+    def keys() -> list[str]:
+        return [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
+
+    cluster.wait(lambda: any(k.endswith("trainer/COMPLETE") for k in keys()), 300, "a checkpoint in the bucket")
+    assert any("/weights/" in k for k in keys()), "weight snapshots go to the bucket"
+    assert cluster.read_file(CLAIM, f"{NAME}/checkpoints/step_2/trainer/COMPLETE") is None, \
+        "checkpoints go to the object store, not the claim"
+
+    killed_at = run.recover("trainer killed (checkpoints in S3)", lambda: cluster.kill(run.pod("trainer")))
+    steps = run.trainer_steps()
+    assert steps.count(killed_at) == 2 or killed_at % 2 == 0, f"resumed from the bucket's checkpoint: {steps}"
+    status = cluster.wait_phase("rlrun", NAME, {"Succeeded"}, 900)
+    assert status["step"] == MAX_STEPS and status["restarts"] >= 1
+    assert any(k.endswith(f"step_{MAX_STEPS}/trainer/COMPLETE") for k in keys())
+    print("recovery wall times (s):", {k: round(v, 1) for k, v in run.timings.items()})
+    cluster.delete("rlrun", NAME)

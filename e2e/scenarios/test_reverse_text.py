@@ -1,0 +1,67 @@
+"""The reverse-text example as a user runs it on a cluster, shortened: `sftrun.yaml` (SFT
+warm-up, its own pod) then `rlrun.yaml` (inference, orchestrator and trainer in separate pods,
+weights as snapshots on the shared claim). Both reach Succeeded; while RL runs, `kubectl get
+rlruns` shows a live step and reward; the RL run's reward rises."""
+
+import pytest
+
+from e2e.scenarios.manifests import short_rl, short_sft
+from e2e.scenarios.runs import Run
+
+pytestmark = pytest.mark.slow
+
+CLAIM = "reverse-text-data"
+SFT_STEPS = 30
+RL_STEPS = 24
+# RL that shows its learning signal within 24 steps on two cores: short strings (2-4 characters)
+# and 8 new tokens per answer, 128 rollouts a step at temperature 1, a constant 1e-3 after 3
+# warm-up steps. From the 30-step warm-up, on one machine, the mean training reward went from
+# 0.065 (first third) to 0.113 (last third); with the example's own 2e-4 cosine schedule only
+# from 0.079 to 0.088, and at 3e-3 the policy collapsed to near-uniform (entropy ~5) by step 4.
+RL_CONFIG = {
+    "orchestrator.batch_size": 128, "orchestrator.sampling.temperature": 1.0,
+    "orchestrator.sampling.max_tokens": 8,
+    "orchestrator.envs": [{"id": "reverse_text", "args": {"min_len": 2, "max_len": 4}}],
+    "trainer.optim": {"lr": 1e-3, "max_grad_norm": 1.0},
+    "trainer.scheduler": {"type": "constant", "warmup_steps": 3},
+}
+MIN_RISE = 0.02
+"""Mean reward of the last third over the first: half the rise measured, well above the noise
+of an 8-step mean (~0.005), and a loss with the wrong sign makes it fall."""
+
+
+@pytest.mark.timeout(2400)
+def test_reverse_text_sft_then_rl_on_the_cluster(cluster):
+    pvc, sft = short_sft("/data/models/tiny", CLAIM, SFT_STEPS)
+    cluster.apply(pvc)
+    sft["spec"]["config"]["model"]["name"] = cluster.seed_model(CLAIM)
+    cluster.apply(sft)
+    status = cluster.wait_phase("sftrun", sft["metadata"]["name"], {"Succeeded"}, 900)
+    assert status["step"] == SFT_STEPS
+
+    warm = f"/data/{sft['metadata']['name']}/weights/final"
+    rl = short_rl("reverse-text", warm, CLAIM, RL_STEPS, **RL_CONFIG)
+    cluster.apply(rl)
+    run = Run(cluster, "reverse-text", CLAIM)
+
+    # What `kubectl get rlruns` prints while it trains: a live step and reward.
+    run.wait_step(3, 900)
+    table = cluster.kubectl("get", "rlrun", "reverse-text")
+    header, row = table.splitlines()[:2]
+    cells = dict(zip(header.split(), row.split()))
+    assert cells["PHASE"] == "Running" and int(cells["STEP"]) >= 3, table
+    assert 0 <= float(cells["REWARD"]) <= 1, table
+
+    status = cluster.wait_phase("rlrun", "reverse-text", {"Succeeded"}, 1200)
+    assert status["step"] == RL_STEPS
+    rewards = run.rewards()
+    assert sorted(rewards) == list(range(1, RL_STEPS + 1)), "every step's batch was generated"
+    third = RL_STEPS // 3
+    first = sum(rewards[s] for s in range(1, third + 1)) / third
+    last = sum(rewards[s] for s in range(RL_STEPS - third + 1, RL_STEPS + 1)) / third
+    print(f"reward: first {third} steps {first:.3f}, last {third} steps {last:.3f}")
+    assert last >= first + MIN_RISE, f"the reward did not rise by {MIN_RISE}: {rewards}"
+    # On completion inference is torn down (GPUs freed); the trainer's weights stay on the claim.
+    cluster.wait(lambda: not cluster.names("statefulsets", "rlkube.dev/run=reverse-text"), 120,
+                 "inference to be torn down")
+    assert cluster.read_file(CLAIM, f"reverse-text/checkpoints/step_{RL_STEPS}/trainer/COMPLETE") is not None

@@ -82,12 +82,13 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
 
 
 def test_run_succeeds_once_trainer_and_orchestrator_finished(tmp_path):
-    supervisor = Supervisor(grace_s=2)
+    supervisor, ticks = Supervisor(grace_s=2), []
     code = supervisor.run([
         [sleeper(tmp_path, "server"), exits(tmp_path, "trainer", 0, after=0.2, must_finish=True)],
         [exits(tmp_path, "orchestrator", 0, after=1.5, must_finish=True)],
-    ])
+    ], tick=lambda: ticks.append(1))
     assert code == 0
+    assert len(ticks) >= 3, "the progress line is ticked while the run goes on"
     assert not any(alive(p) for p in pids(tmp_path, "server"))
     assert (tmp_path / "logs" / "trainer.log").read_text().strip() == "bye"
     assert (tmp_path / "logs" / "orchestrator.log").read_text().strip() == "bye", "waited for the orchestrator"

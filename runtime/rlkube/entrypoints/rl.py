@@ -1,7 +1,8 @@
 """`rlkube rl @ rl.toml`: inference, orchestrator and trainer as local child processes.
 
 Writes each process's resolved config to `<output_dir>/configs/` (`--dry-run` stops there),
-starts the children with logs in `<output_dir>/logs/`, stops them all when one fails or on
+starts the children with logs in `<output_dir>/logs/`, shows the run's progress on the console
+(step, reward, seconds per step, ETA, last checkpoint), stops them all when one fails or on
 Ctrl-C, and exits 0 once the trainer has finished `max_steps`.
 """
 
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
         child_stages,
         write_process_configs,
     )
+    from rlkube.launch.progress import RunProgress
     from rlkube.launch.supervisor import Supervisor, install_sigterm_as_interrupt
     from rlkube.logs import setup_logging
 
@@ -41,8 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     if dry_run:
         return 0
     undo = install_sigterm_as_interrupt()
+    status_url = f"http://127.0.0.1:{config.orchestrator.http_port}/status"
     try:
-        code = Supervisor().run(child_stages(config, paths), config.inference.startup_timeout_s)
+        with RunProgress(status_url, config.max_steps) as progress:
+            code = Supervisor().run(child_stages(config, paths), config.inference.startup_timeout_s, tick=progress.tick)
     finally:
         undo()
     log.info("finished" if code == 0 else f"failed (exit code {code}); see {config.output_dir / 'logs'}")

@@ -81,14 +81,15 @@ class Supervisor:
         self.poll_s = poll_s
         self.children: list[Child] = []
 
-    def run(self, stages: list[list[ChildSpec]], health_timeout_s: float = 600.0) -> int:
+    def run(self, stages: list[list[ChildSpec]], health_timeout_s: float = 600.0, tick: Callable[[], None] | None = None) -> int:
+        """`tick` is called every poll while the last stage runs (the console progress line)."""
         try:
             for stage in stages:
                 started = [self._start(spec) for spec in stage]
                 for child in started:
                     if child.spec.health_url:
                         self._wait_healthy(child, health_timeout_s)
-            return self._watch()
+            return self._watch(tick or (lambda: None))
         except ChildFailed as e:
             logger.error("%s; stopping all processes (logs: %s)", e, self._log_dir())
             return e.returncode if e.returncode > 0 else 1
@@ -125,8 +126,9 @@ class Supervisor:
             time.sleep(max(self.poll_s, 0.5))
         logger.info("%s is healthy", child.spec.name)
 
-    def _watch(self) -> int:
+    def _watch(self, tick: Callable[[], None]) -> int:
         while not self._check_children():
+            tick()
             time.sleep(self.poll_s)
         return 0
 

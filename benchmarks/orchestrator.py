@@ -15,7 +15,7 @@ the orchestrator, the renderer's included) counts only the orchestrator. Rows:
 - `orchestration only`: rollouts that complete instantly in-process (scheduler, advantages and
   packing alone).
 The paths alternate for `--rounds` rounds after a warm-up; each row is its path's best round
-(other processes on a shared machine only ever add CPU time). The clock is opened wide
+(other processes on a loaded machine only ever add CPU time). The clock is opened wide
 (`async_level = steps`), so no policy update is waited for.
 """
 

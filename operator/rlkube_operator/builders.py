@@ -7,7 +7,7 @@ manifest carries the run's ownerReference, so deleting the run deletes its child
 import json
 
 from rlkube_operator.names import COMPLETION_INDEX_LABEL, CONFIG_MOUNT, TORCHRUN_PORT, RunRef
-from rlkube_operator.pods import container, http_probes, pod_spec
+from rlkube_operator.pods import container, http_probes, pod_settings, pod_template
 from rlkube_operator.spec import RLRunSpec, RunSpecBase
 
 APPLIED_SPEC_KEY = "applied-spec.json"
@@ -56,8 +56,10 @@ def build_inference_service(run: RunRef, spec: RLRunSpec) -> dict:
 
 def build_inference_statefulset(run: RunRef, spec: RLRunSpec, replicas: int) -> dict:
     cfg = spec.config.inference
+    settings = pod_settings(spec, "inference")
     main = container(
         spec,
+        settings,
         "inference",
         ["rlkube", "inference", "@", f"{CONFIG_MOUNT}/inference.toml"],
         ports=[{"name": "http", "containerPort": cfg.port}],
@@ -65,10 +67,7 @@ def build_inference_statefulset(run: RunRef, spec: RLRunSpec, replicas: int) -> 
         gpus=spec.inference.gpus_per_replica,
         probes=http_probes("/health", "http", cfg.startup_timeout_s),
     )
-    template = {
-        "metadata": {"labels": run.labels("inference")},
-        "spec": pod_spec(run, spec, [main], ["inference.toml"]),
-    }
+    template = pod_template(run, spec, settings, "inference", [main], ["inference.toml"])
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -96,8 +95,10 @@ def build_orchestrator_deployment(run: RunRef, spec: RLRunSpec, replicas: int, a
     """One replica, `Recreate`: two orchestrators would serve two different batch streams.
     The attempt annotation restarts it with the trainer (a gang restart resets batch state)."""
     http_port = spec.config.orchestrator.http_port
+    settings = pod_settings(spec, "orchestrator")
     main = container(
         spec,
+        settings,
         "orchestrator",
         ["rlkube", "orchestrator", "@", f"{CONFIG_MOUNT}/orchestrator.toml"],
         ports=[
@@ -107,17 +108,12 @@ def build_orchestrator_deployment(run: RunRef, spec: RLRunSpec, replicas: int, a
         res=spec.orchestrator.resources,
         probes=http_probes("/healthz", "http", spec.config.inference.startup_timeout_s),
     )
-    template = {
-        "metadata": {
-            "labels": run.labels("orchestrator"),
-            "annotations": {
-                ATTEMPT_ANNOTATION: str(attempt),
-                "prometheus.io/scrape": "true",
-                "prometheus.io/port": str(http_port),
-            },
-        },
-        "spec": pod_spec(run, spec, [main], ["orchestrator.toml"]),
+    annotations = {
+        ATTEMPT_ANNOTATION: str(attempt),
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(http_port),
     }
+    template = pod_template(run, spec, settings, "orchestrator", [main], ["orchestrator.toml"], annotations)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -177,8 +173,10 @@ def build_trainer_job(
             "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
         },
     }
+    settings = pod_settings(spec, "trainer")
     main = container(
         spec,
+        settings,
         "trainer",
         trainer_command(run, spec, module, config_file),
         ports=[{"name": "torchrun", "containerPort": TORCHRUN_PORT}]
@@ -187,10 +185,8 @@ def build_trainer_job(
         gpus=spec.trainer.gpus_per_node,
         env=[index_env, {"name": "MASTER_ADDR", "value": run.trainer_master}],
     )
-    template = {
-        "metadata": {"labels": run.labels("trainer"), "annotations": {ATTEMPT_ANNOTATION: str(attempt)}},
-        "spec": pod_spec(run, spec, [main], [config_file], restartPolicy="Never"),
-    }
+    template = pod_template(run, spec, settings, "trainer", [main], [config_file],
+                            {ATTEMPT_ANNOTATION: str(attempt)}, restartPolicy="Never")
     nodes = spec.trainer.nodes
     metadata = run.metadata("trainer", name=run.trainer_job(attempt))
     metadata["annotations"] = {ATTEMPT_ANNOTATION: str(attempt), RESTARTS_ANNOTATION: str(restarts)}

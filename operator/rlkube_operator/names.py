@@ -18,6 +18,12 @@ SFT_STATUS_PORT = 8080  # the SFT trainer's GET /status on pod 0 (the RLRun's is
 COMPONENTS = ("inference", "orchestrator", "trainer")
 CHILD_PREFIX = {"RLRun": "", "SFTRun": "sft-"}
 RUN_UID_LABEL = "rlkube.dev/run-uid"
+RESERVED_PREFIX = "rlkube.dev/"
+APP_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
+              "app.kubernetes.io/component")
+# What the operator sets in every pod: a user's pod settings may not override it.
+OPERATOR_ENV = ("PYTHONUNBUFFERED", "AWS_ENDPOINT_URL", "NODE_RANK", "MASTER_ADDR")
+OPERATOR_VOLUMES = ("config", "data", "dshm", "tmp")
 # Set by the Job controller on each pod of an Indexed Job (Kubernetes >= 1.28).
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 # A run's name becomes part of its children's names and of their pods' host names and labels
@@ -110,6 +116,11 @@ class RunRef:
     @property
     def trainer_master(self) -> str:
         return f"{self.trainer_master_service}.{self.namespace}.svc"
+
+
+def operator_label(key: str) -> bool:
+    """A label the operator sets on its pods and selects them by."""
+    return key.startswith(RESERVED_PREFIX) or key in APP_LABELS
 
 
 def controller_uid(obj: dict) -> str | None:

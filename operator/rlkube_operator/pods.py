@@ -1,10 +1,40 @@
 """Pod-template pieces every component shares: volumes, the container, scheduling (pure)."""
 
 from rlkube_operator.names import CONFIG_MOUNT, RunRef
-from rlkube_operator.spec import Resources, RunSpecBase
+from rlkube_operator.spec import PodSettings, Resources, RunSpecBase
 from rlkube_operator.wiring import EMPTYDIR_OUTPUT
 
 GPU_RESOURCE = "nvidia.com/gpu"
+GPU_COMPONENTS = ("inference", "trainer")
+
+
+def pod_settings(spec: RunSpecBase, component: str) -> PodSettings:
+    """The component's own `pod` section over the run-level defaults. The run's nodeSelector
+    and tolerations are meant for the GPU nodes: the (CPU) orchestrator gets only its own."""
+    sched = spec.scheduling
+    gpu = component in GPU_COMPONENTS
+    defaults = PodSettings(
+        node_selector=sched.node_selector if gpu else {},
+        tolerations=sched.tolerations if gpu else [],
+        priority_class_name=sched.priority_class_name,
+        scheduler_name=sched.scheduler_name,
+        service_account_name=spec.service_account_name,
+    )
+    return merge_pod_settings(defaults, getattr(spec, component).pod)
+
+
+def merge_pod_settings(base: PodSettings, own: PodSettings) -> PodSettings:
+    """Maps merge (`own` wins), lists are appended after `base`'s, a scalar set in `own` wins."""
+    merged = {}
+    for name in PodSettings.model_fields:
+        a, b = getattr(base, name), getattr(own, name)
+        if isinstance(a, dict) and isinstance(b, dict):
+            merged[name] = a | b
+        elif isinstance(a, list):
+            merged[name] = a + b
+        else:
+            merged[name] = a if b is None else b
+    return PodSettings.model_construct(**merged)
 
 
 def resources(res: Resources, gpus: int) -> dict:
@@ -17,6 +47,7 @@ def resources(res: Resources, gpus: int) -> dict:
 
 
 def volumes(run: RunRef, spec: RunSpecBase, config_files: list[str]) -> list[dict]:
+    """The operator's own volumes (`names.OPERATOR_VOLUMES`)."""
     pvc = spec.storage.pvc
     data = (
         {"persistentVolumeClaim": {"claimName": pvc.claim_name or run.child("data")}}
@@ -50,6 +81,7 @@ def volume_mounts(spec: RunSpecBase) -> list[dict]:
 
 def container(
     spec: RunSpecBase,
+    settings: PodSettings,
     name: str,
     command: list[str],
     *,
@@ -59,10 +91,15 @@ def container(
     env: list[dict] | None = None,
     probes: dict | None = None,
 ) -> dict:
+    """The component's container: the operator's env, envFrom and mounts, then the user's."""
     store = spec.storage.object_store
     env = list(env or []) + [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     if store and store.endpoint_url:
         env.append({"name": "AWS_ENDPOINT_URL", "value": store.endpoint_url})
+    env += [e.model_dump(by_alias=True, exclude_none=True) for e in settings.env]
+    # Credentials stay in the user's Secret; the pod reads them, the operator never does.
+    env_from = [{"secretRef": {"name": store.secret_name}}] if store and store.secret_name else []
+    env_from += settings.env_from
     out = {
         "name": name,
         "image": spec.image,
@@ -71,13 +108,12 @@ def container(
         "ports": ports,
         "env": env,
         "resources": resources(res, gpus),
-        "volumeMounts": volume_mounts(spec),
+        "volumeMounts": volume_mounts(spec) + settings.volume_mounts,
         "securityContext": container_security(spec),
         **(probes or {}),
     }
-    if store and store.secret_name:
-        # Credentials stay in the user's Secret; the pod reads them, the operator never does.
-        out["envFrom"] = [{"secretRef": {"name": store.secret_name}}]
+    if env_from:
+        out["envFrom"] = env_from
     return out
 
 
@@ -88,20 +124,33 @@ def container_security(spec: RunSpecBase) -> dict:
     return out
 
 
-def pod_spec(run: RunRef, spec: RunSpecBase, containers: list[dict], config_files: list[str], **extra) -> dict:
-    sched = spec.scheduling
+def pod_template(run: RunRef, spec: RunSpecBase, settings: PodSettings, component: str, containers: list[dict],
+                 config_files: list[str], annotations: dict[str, str] | None = None, **extra) -> dict:
+    """A component's pod template: the operator's labels and annotations, then the user's
+    (which may not reuse the operator's keys: `PodSettings` refuses them)."""
+    metadata = {"labels": run.labels(component) | settings.labels}
+    if annotations := (annotations or {}) | settings.annotations:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata, "spec": pod_spec(run, spec, settings, containers, config_files, **extra)}
+
+
+def pod_spec(run: RunRef, spec: RunSpecBase, settings: PodSettings, containers: list[dict],
+             config_files: list[str], **extra) -> dict:
     out = {
         "containers": containers,
-        "volumes": volumes(run, spec, config_files),
+        "volumes": volumes(run, spec, config_files) + settings.volumes,
         "enableServiceLinks": False,
         **extra,
     }
     optional = {
-        "nodeSelector": sched.node_selector or None,
-        "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in sched.tolerations] or None,
-        "priorityClassName": sched.priority_class_name,
-        "schedulerName": sched.scheduler_name,
-        "serviceAccountName": spec.service_account_name,
+        "nodeSelector": settings.node_selector or None,
+        "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in settings.tolerations] or None,
+        "affinity": settings.affinity,
+        "topologySpreadConstraints": settings.topology_spread_constraints or None,
+        "priorityClassName": settings.priority_class_name,
+        "schedulerName": settings.scheduler_name,
+        "runtimeClassName": settings.runtime_class_name,
+        "serviceAccountName": settings.service_account_name,
         "imagePullSecrets": [{"name": s} for s in spec.image_pull_secrets] or None,
         "securityContext": spec.security_context.model_dump(by_alias=True, exclude_none=True)
         if spec.security_context else None,

@@ -7,9 +7,11 @@ import tomllib
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import ValidationError
 from rlkube.config import RLConfig, SFTConfig, load_config
+from rlkube.config.cli import format_validation_error
 from rlkube_operator import builders
-from rlkube_operator.names import RunRef
+from rlkube_operator.names import OPERATOR_ENV, OPERATOR_VOLUMES, RunRef, operator_label
 from rlkube_operator.reconcile import WORKLOADS
 from rlkube_operator.spec import PodSecurityContext, RLRunSpec, SFTRunSpec
 
@@ -34,6 +36,29 @@ GPU_RLRUN = {
     },
     "config": {"max_steps": 1000, "ckpt": {"interval": 50}, "weights": {"type": "grpc"}},
 }
+TUNED_PODS = {
+    "inference": {"pod": {"runtimeClassName": "nvidia", "labels": {"team": "rl"},
+                          "env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]}},
+    "orchestrator": {"pod": {"nodeSelector": {"pool": "cpu"}, "annotations": {"prometheus.io/scrape": "false"}}},
+    "trainer": {"nodes": 2, "gpusPerNode": 8, "pod": {
+        "nodeSelector": {"nvidia.com/gpu.product": "B200", "zone": "a"},
+        "tolerations": [{"key": "spot", "operator": "Exists"}],
+        "priorityClassName": "urgent",
+        "serviceAccountName": "trainer-only",
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"team": "rl"}}}]}},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}],
+        "env": [{"name": "NCCL_DEBUG", "value": "INFO"},
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+        "envFrom": [{"configMapRef": {"name": "nccl-tuning"}}],
+        "volumes": [{"name": "cache", "emptyDir": {"sizeLimit": "10Gi"}}],
+        "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+        "labels": {"team": "rl"},
+        "annotations": {"example.com/owner": "rl-team"},
+    }},
+}
+TUNED_RLRUN = GPU_RLRUN | TUNED_PODS
+TUNED_SFTRUN = example("sftrun.yaml")["spec"] | {"trainer": TUNED_PODS["trainer"] | {"nodes": 1}}
 RUN = RunRef("RLRun", "big", "ml", "1234-uid")
 
 
@@ -64,6 +89,8 @@ SPECS = {
     "example-rlrun": ("RLRun", RLRunSpec.model_validate(example("rlrun.yaml")["spec"])),
     "gpu-rlrun": ("RLRun", RLRunSpec.model_validate(GPU_RLRUN)),
     "example-sftrun": ("SFTRun", SFTRunSpec.model_validate(example("sftrun.yaml")["spec"])),
+    "tuned-rlrun": ("RLRun", RLRunSpec.model_validate(TUNED_RLRUN)),
+    "tuned-sftrun": ("SFTRun", SFTRunSpec.model_validate(TUNED_SFTRUN)),
 }
 
 
@@ -91,9 +118,13 @@ def test_gpus_scheduling_and_storage_pass_through():
     assert job_pod["containers"][0]["resources"]["limits"] == {"memory": "900Gi", "nvidia.com/gpu": "8"}
     assert (job["completions"], job["parallelism"]) == (2, 2)
     assert "--nproc-per-node=8" in job_pod["containers"][0]["command"]
-    for pod in (sts_pod, job_pod, objs["Deployment"]["spec"]["template"]["spec"]):
+    orchestrator_pod = objs["Deployment"]["spec"]["template"]["spec"]
+    for pod in (sts_pod, job_pod):
         assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
         assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    # The run-level nodeSelector and tolerations are the GPU nodes': not for the CPU orchestrator.
+    assert "nodeSelector" not in orchestrator_pod and "tolerations" not in orchestrator_pod
+    for pod in (sts_pod, job_pod, orchestrator_pod):
         assert (pod["priorityClassName"], pod["schedulerName"]) == ("training", "volcano")
         assert pod["serviceAccountName"] == "trainer-sa" and pod["imagePullSecrets"] == [{"name": "regcred"}]
         assert pod["volumes"][1]["persistentVolumeClaim"]["claimName"] == "big-data"
@@ -101,6 +132,84 @@ def test_gpus_scheduling_and_storage_pass_through():
     assert objs["PersistentVolumeClaim"]["spec"]["storageClassName"] == "fast"
     ports = {p["name"] for p in objs["Service"]["spec"]["ports"]}  # the trainer Service (last)
     assert ports == {"torchrun", "weights"}
+
+
+def pods_by_component(kind: str, spec) -> dict[str, dict]:
+    """component → its pod template (metadata and spec)."""
+    return {o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]
+            for o in manifests(kind, spec) if "template" in o.get("spec", {})}
+
+
+def test_component_pod_settings_merge_over_the_run_level_defaults():
+    pods = pods_by_component("RLRun", SPECS["tuned-rlrun"][1])
+    trainer, inference, orchestrator = (pods[c]["spec"] for c in ("trainer", "inference", "orchestrator"))
+    # Maps merge with the component winning; lists come after the run-level ones; scalars override.
+    assert trainer["nodeSelector"] == {"nvidia.com/gpu.product": "B200", "zone": "a"}
+    assert trainer["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                                      {"key": "spot", "operator": "Exists"}]
+    assert (trainer["priorityClassName"], trainer["schedulerName"]) == ("urgent", "volcano")
+    assert trainer["serviceAccountName"] == "trainer-only"
+    assert trainer["affinity"] == TUNED_PODS["trainer"]["pod"]["affinity"]
+    assert trainer["topologySpreadConstraints"][0]["topologyKey"] == "zone"
+    (main,) = trainer["containers"]
+    assert [e["name"] for e in main["env"]] == ["NODE_RANK", "MASTER_ADDR", "PYTHONUNBUFFERED", "AWS_ENDPOINT_URL",
+                                                "NCCL_DEBUG", "HF_TOKEN"]
+    assert main["envFrom"] == [{"secretRef": {"name": "s3-creds"}}, {"configMapRef": {"name": "nccl-tuning"}}]
+    assert [v["name"] for v in trainer["volumes"]] == ["config", "data", "dshm", "tmp", "cache"]
+    assert main["volumeMounts"][-1] == {"name": "cache", "mountPath": "/cache"}
+    labels, annotations = pods["trainer"]["metadata"]["labels"], pods["trainer"]["metadata"]["annotations"]
+    assert labels["team"] == "rl" and labels["app.kubernetes.io/component"] == "trainer"
+    assert annotations == {"rlkube.dev/attempt": "0", "example.com/owner": "rl-team"}
+    # Another component gets the run-level settings and its own, never the trainer's.
+    assert inference["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    assert (inference["priorityClassName"], inference["serviceAccountName"]) == ("training", "trainer-sa")
+    assert inference["runtimeClassName"] == "nvidia" and "affinity" not in inference
+    assert inference["containers"][0]["env"][-1] == {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}
+    assert [v["name"] for v in inference["volumes"]] == ["config", "data", "dshm", "tmp"]
+    # The orchestrator: its own nodeSelector only, no GPU tolerations.
+    assert orchestrator["nodeSelector"] == {"pool": "cpu"} and "tolerations" not in orchestrator
+    assert pods["orchestrator"]["metadata"]["annotations"]["prometheus.io/scrape"] == "false"
+
+
+def test_an_sftruns_trainer_takes_the_same_pod_settings():
+    trainer = pods_by_component("SFTRun", SPECS["tuned-sftrun"][1])["trainer"]
+    assert trainer["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "B200", "zone": "a"}
+    assert trainer["spec"]["serviceAccountName"] == "trainer-only"
+    assert trainer["spec"]["volumes"][-1]["name"] == "cache" and trainer["metadata"]["labels"]["team"] == "rl"
+
+
+def test_the_reserved_names_are_exactly_what_the_operator_sets():
+    """What `PodSettings` refuses is what the builders put in every pod by themselves."""
+    env, volumes, labels, annotations = set(), set(), set(), set()
+    for kind, spec in (SPECS["gpu-rlrun"], SPECS["example-sftrun"]):
+        for pod in pods_by_component(kind, spec).values():
+            env |= {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+            volumes |= {v["name"] for v in pod["spec"]["volumes"]}
+            labels |= set(pod["metadata"]["labels"])
+            annotations |= set(pod["metadata"].get("annotations", {}))
+    assert env == set(OPERATOR_ENV)
+    assert volumes == set(OPERATOR_VOLUMES)
+    assert all(operator_label(key) for key in labels)
+    assert {key for key in annotations if key.startswith("rlkube.dev/")} == {"rlkube.dev/attempt"}
+
+
+@pytest.mark.parametrize(("component", "pod", "refusal"), [
+    ("trainer", {"env": [{"name": "MASTER_ADDR", "value": "elsewhere"}]},
+     "trainer.pod: env[0].name 'MASTER_ADDR' is set by the operator"),
+    ("inference", {"env": [{"name": "A", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "0"}]},
+     "inference.pod: env[1].name 'PYTHONUNBUFFERED' is set by the operator"),
+    ("orchestrator", {"labels": {"rlkube.dev/run": "other"}}, "orchestrator.pod: labels 'rlkube.dev/run'"),
+    ("trainer", {"labels": {"app.kubernetes.io/component": "x"}}, "trainer.pod: labels 'app.kubernetes.io/component'"),
+    ("trainer", {"annotations": {"rlkube.dev/attempt": "9"}}, "trainer.pod: annotations 'rlkube.dev/attempt'"),
+    ("orchestrator", {"volumes": [{"name": "data", "emptyDir": {}}]},
+     "orchestrator.pod: volumes[0].name 'data' is the operator's volume"),
+    ("inference", {"volumes": [{"emptyDir": {}}]}, "inference.pod: volumes[0] needs a name"),
+])
+def test_pod_settings_that_override_the_operators_own_are_refused_naming_the_field(component, pod, refusal):
+    spec = GPU_RLRUN | {component: {"pod": pod}}
+    with pytest.raises(ValidationError) as error:
+        RLRunSpec.model_validate(spec)
+    assert refusal in format_validation_error(error.value)
 
 
 RESTRICTED = {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
@@ -136,7 +245,7 @@ def pod_templates(kind: str, spec) -> list[dict]:
     return [o["spec"]["template"]["spec"] for o in manifests(kind, spec) if "template" in o.get("spec", {})]
 
 
-@pytest.mark.parametrize("name", ["example-rlrun", "example-sftrun", "gpu-rlrun"])
+@pytest.mark.parametrize("name", ["example-rlrun", "example-sftrun", "gpu-rlrun", "tuned-rlrun"])
 def test_security_context_makes_every_pod_meet_the_restricted_standard(name):
     kind, spec = SPECS[name]
     plain = spec.model_copy(update={"security_context": None})

@@ -378,11 +378,13 @@ async def test_storage_scheduling_and_rendezvous_reach_the_running_children(clus
     assert pvc["spec"]["storageClassName"] == "fast" and pvc["spec"]["resources"]["requests"]["storage"] == "2Ti"
     assert pvc["metadata"]["ownerReferences"][0]["uid"] == uid
 
-    owners = [cluster.get("StatefulSet", "big-inference"), cluster.get("Deployment", "big-orchestrator"), job]
+    orchestrator = cluster.get("Deployment", "big-orchestrator")
+    owners = [cluster.get("StatefulSet", "big-inference"), orchestrator, job]
     for owner in owners:
         pod = owner["spec"]["template"]["spec"]
-        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
-        assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        if owner is not orchestrator:  # the run's nodeSelector and tolerations are for GPU pods
+            assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+            assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         assert (pod["priorityClassName"], pod["schedulerName"]) == ("training", "volcano")
         assert pod["containers"][0]["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
         claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
@@ -398,6 +400,24 @@ async def test_storage_scheduling_and_rendezvous_reach_the_running_children(clus
         "rlkube.dev/run": "big", "app.kubernetes.io/component": "trainer", "rlkube.dev/run-uid": uid,
         "batch.kubernetes.io/job-completion-index": "0"}
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"torchrun": 29500, "weights": 50052}
+    assert "nodeSelector" not in orchestrator["spec"]["template"]["spec"]
+
+
+async def test_pod_settings_that_override_the_operators_env_are_refused_naming_the_field(cluster):
+    run = rlrun()
+    run["spec"]["trainer"]["pod"] = {"env": [{"name": "MASTER_ADDR", "value": "elsewhere"}]}
+    await cluster.create(run)
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt").get("phase") and cluster.status("RLRun", "rt"))
+    accepted = condition(status, "SpecAccepted")
+    assert (status["phase"], accepted["reason"]) == ("Failed", "InvalidSpec")
+    assert "trainer.pod: env[0].name 'MASTER_ADDR' is set by the operator" in accepted["message"]
+    assert not cluster.names("Job")
+
+    # Under another name the variable reaches the trainer pods, after the operator's own.
+    await cluster.patch("RLRun", "rt", {"spec": {"trainer": {"pod": {"env": [{"name": "MY_ADDR", "value": "x"}]}}}})
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer after the fix")
+    env = [e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]]
+    assert env[-1] == "MY_ADDR" and "MASTER_ADDR" in env[:-1]
 
 
 # --- what crosses a pod boundary, ownership, and status that tells the truth -----------------

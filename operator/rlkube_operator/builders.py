@@ -166,7 +166,9 @@ def build_trainer_job(
     """A PyTorchJob-style indexed Job: pod i is torchrun node i, pod 0 is the master.
     The Job carries its attempt and the restart count so far: the reconciler reads them back.
     `backoffLimit: 0`: one failed pod fails the Job, and the operator restarts the whole gang
-    from the latest checkpoint (a lone replacement pod could not rejoin the rendezvous)."""
+    from the latest checkpoint (a lone replacement pod could not rejoin the rendezvous). A pod
+    failing by a disruption (`DisruptionTarget`: preemption, eviction, node drain) does not
+    fail the Job (`podFailurePolicy`); the operator restarts the gang without counting it."""
     index_env = {
         "name": "NODE_RANK",
         "valueFrom": {
@@ -199,6 +201,7 @@ def build_trainer_job(
             "completions": nodes,
             "parallelism": nodes,
             "backoffLimit": 0,
+            "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
             "suspend": suspend,
             "template": template,
         },

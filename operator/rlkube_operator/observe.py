@@ -131,10 +131,19 @@ def pod_failure(pod: dict) -> str:
     return f"pod {pod['metadata']['name']} failed ({reason})"
 
 
+def disruption(pod: dict) -> dict | None:
+    """The pod's `DisruptionTarget` condition: preempted, evicted, drained, or its node gone."""
+    for cond in pod.get("status", {}).get("conditions", []) or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return cond
+    return None
+
+
 def trainer_outcome(job: dict | None, pods: list[dict]) -> tuple[str, str]:
-    """(`none`|`suspended`|`running`|`succeeded`|`failed`, message) for the current attempt.
-    One failed pod fails the gang even before the Job controller says so; but pods of a
-    suspended Job are killed by the suspension, not failed."""
+    """(`none`|`suspended`|`running`|`succeeded`|`failed`|`disrupted`, message) for the current
+    attempt. One failed pod fails the gang even before the Job controller says so; but pods of a
+    suspended Job are killed by the suspension, not failed. A gang with a disrupted pod is
+    `disrupted`, whichever pod failed first: a peer of a preempted pod fails too, losing it."""
     if job is None:
         return "none", "no trainer Job"
     if (cond := _job_condition(job, "Complete")) is not None:
@@ -143,6 +152,10 @@ def trainer_outcome(job: dict | None, pods: list[dict]) -> tuple[str, str]:
         return "suspended", "trainer Job suspended"
     failed = [p for p in pods if p.get("status", {}).get("phase") == "Failed"]
     if failed:
+        for pod in pods:
+            if (cond := disruption(pod)) is not None:
+                detail = f"{cond.get('reason', 'DisruptionTarget')}: {cond.get('message', '')}".rstrip(": ")
+                return "disrupted", f"pod {pod['metadata']['name']} was disrupted ({detail})"
         return "failed", pod_failure(failed[0])
     if (cond := _job_condition(job, "Failed")) is not None:
         return "failed", f"trainer Job failed: {cond.get('reason', '')} {cond.get('message', '')}".strip()

@@ -201,7 +201,7 @@ class Reconciler:
         pods = self.kube.list("Pod", run.namespace, run.pod_labels())
         trainer_pods = [p for p in pods if _component(p) == "trainer" and observe.pod_attempt(p) == attempt]
         outcome, why = observe.trainer_outcome(job, trainer_pods)
-        if outcome == "failed" and spec.suspend:
+        if outcome in ("failed", "disrupted") and spec.suspend:
             outcome = "suspended"  # pods killed by the suspension are not failures
 
         terminal: str | None = None
@@ -209,14 +209,14 @@ class Reconciler:
         if outcome == "none" and status.get("completionTime") and status.get("phase") in ("Succeeded", "Failed"):
             # Finished, and its Job is gone (TTL controller, or by hand): stay finished, never re-run.
             terminal, why = status["phase"], status.get("message", "")
-        elif outcome == "failed":
-            if restarts >= limit:
-                terminal, why = "Failed", f"BackoffLimitExceeded: {why} after {restarts} restarts"
-            else:
-                attempt, restarts = attempt + 1, restarts + 1
-                events.append(("Warning", "TrainerRestarted",
-                               f"{why}; gang restart {restarts}/{limit} from the latest checkpoint"))
-                older.append(job)
+        elif outcome == "failed" and restarts >= limit:
+            terminal, why = "Failed", f"BackoffLimitExceeded: {why} after {restarts} restarts"
+        elif outcome in ("failed", "disrupted"):
+            # A disruption (preemption, eviction, a drained node) is not the trainer's fault:
+            # the gang restarts all the same, but without spending the run's backoffLimit.
+            attempt, restarts = attempt + 1, restarts + (outcome == "failed")
+            events.append(_restart_event(outcome, why, restarts, limit))
+            older.append(job)
         elif outcome == "succeeded":
             terminal = "Succeeded"
         elif outcome == "suspended" and not spec.suspend:
@@ -376,6 +376,13 @@ def describe_error(e: Exception) -> str:
             detail = e.reason
         return f"{e.status} {e.reason}: {detail}"
     return f"{type(e).__name__}: {e}"
+
+
+def _restart_event(outcome: str, why: str, restarts: int, limit: int) -> tuple[str, str, str]:
+    if outcome == "disrupted":
+        message = f"{why}; gang restart from the latest checkpoint, not counted against backoffLimit"
+        return "Warning", "TrainerDisrupted", f"{message} ({restarts}/{limit} restarts used)"
+    return "Warning", "TrainerRestarted", f"{why}; gang restart {restarts}/{limit} from the latest checkpoint"
 
 
 def _component(pod: dict) -> str | None:

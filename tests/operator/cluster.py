@@ -216,3 +216,9 @@ def pod_failed(exit_code: int = 1, reason: str = "Error") -> dict:
              "state": {"terminated": {"exitCode": exit_code, "reason": reason}}}
         ],
     }
+
+
+def pod_disrupted(reason: str = "PreemptionByScheduler", message: str = "Preempted in order to admit critical pod") -> dict:
+    """Killed by a disruption: the condition Kubernetes adds before preempting or evicting it."""
+    return pod_failed(exit_code=137) | {
+        "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message}]}

@@ -3,7 +3,13 @@
 from rlkube_operator.conditions import Conditions
 from rlkube_operator.observe import component_health, trainer_outcome
 
-from tests.operator.cluster import pod_failed, pod_running, pod_unschedulable, pod_waiting
+from tests.operator.cluster import (
+    pod_disrupted,
+    pod_failed,
+    pod_running,
+    pod_unschedulable,
+    pod_waiting,
+)
 
 
 def pod(name: str, status: dict) -> dict:
@@ -41,3 +47,12 @@ def test_transition_time_moves_only_when_the_status_changes():
     c.now = "t3"
     c.set("Ready", True, "Running", "")
     assert c.items[0]["lastTransitionTime"] == "t3"
+
+
+def test_a_gang_with_a_disrupted_pod_is_disrupted_whichever_pod_failed_first():
+    """Pod 1 is being preempted (still terminating); pod 0 lost its peer and failed first."""
+    job = {"metadata": {"name": "t-0"}, "spec": {}}
+    preempted = pod_running() | {"conditions": pod_disrupted()["conditions"]}
+    outcome, why = trainer_outcome(job, [pod("t-0-0", pod_failed(exit_code=1)), pod("t-0-1", preempted)])
+    assert outcome == "disrupted" and why.startswith("pod t-0-1 was disrupted (PreemptionByScheduler: Preempted")
+    assert trainer_outcome(job, [pod("t-0-0", pod_failed(exit_code=1)), pod("t-0-1", pod_running())])[0] == "failed"

@@ -13,6 +13,7 @@ from rlkube_operator.crd import PRINTER_COLUMNS
 from tests.operator.cluster import (
     NS,
     pod_creating,
+    pod_disrupted,
     pod_failed,
     pod_running,
     pod_unschedulable,
@@ -238,6 +239,30 @@ async def test_backoff_limit_exhausted_fails_the_run_with_the_reason(cluster):
     status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] != "Failed"
                                  and cluster.status("RLRun", "rt"))
     assert status["restarts"] == 2 and "completionTime" not in status
+
+
+async def test_a_disrupted_trainer_restarts_without_spending_the_backoff_limit(cluster):
+    """With backoffLimit 0, a preempted trainer pod still restarts the gang (not counted), and
+    the ordinary failure after it fails the run."""
+    await cluster.create(rlrun(restartPolicy={"backoffLimit": 0}))
+    await start_everything(cluster)
+    job = cluster.get("Job", "rt-trainer-0")
+    assert job["spec"]["podFailurePolicy"] == {
+        "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+
+    await cluster.patch("Pod", "rt-trainer-0-0", {"status": pod_disrupted()})
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="restart after the preemption")
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt").get("attempt") == 1
+                                 and cluster.status("RLRun", "rt"))
+    assert status["restarts"] == 0 and status["phase"] != "Failed"
+    event = await cluster.until(lambda: next(e for e in cluster.events() if e["reason"] == "TrainerDisrupted"))
+    assert "PreemptionByScheduler" in event["message"] and "not counted against backoffLimit" in event["message"]
+
+    await cluster.run_pods(job, 1, **pod_failed(exit_code=1))
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Failed"
+                                 and cluster.status("RLRun", "rt"))
+    assert status["message"].startswith("BackoffLimitExceeded: pod rt-trainer-1-0 failed (Error, exit code 1)")
+    assert cluster.get("Job", "rt-trainer-2") is None
 
 
 async def test_suspend_scales_to_zero_and_resume_continues_from_the_checkpoint(cluster):

@@ -413,7 +413,8 @@ class ContainerRunner:
         self.env = self.pod.kubelet.env_for(hostname) | env
         self.launch_spec = self.pod.dir / f"{self.name}.json"
         self.launch_spec.write_text(json.dumps(
-            {"argv": argv, "env": self.env, "cwd": cwd, "hostname": hostname, "mounts": mounts}, indent=1
+            {"argv": argv, "env": self.env, "cwd": cwd, "hostname": hostname, "mounts": mounts,
+             "image": [str(REPO), str(self.pod.kubelet.venv)]}, indent=1
         ))
 
     async def run(self) -> None:

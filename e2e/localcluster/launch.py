@@ -10,6 +10,10 @@ the container's.
 Sources are opened before anything is mounted, so a volume mounted on `/tmp` cannot hide the
 source of another volume that lives under `/tmp`. Mount targets missing on the host were created
 by the kubelet; targets inside another volume are created here, inside that volume.
+
+The repository and its virtualenv stand in for the image (`spec["image"]`). A volume mounted
+over a directory that holds them (an emptyDir on `/tmp` of a checkout under `/tmp`) would hide
+the image, so each is bound back at its own path inside that volume.
 """
 
 import ctypes
@@ -42,6 +46,7 @@ def main(spec_path: str) -> None:
     mount(None, "/", MS_REC | MS_PRIVATE)
     mounts = sorted(spec["mounts"], key=lambda m: m["target"].rstrip("/").count("/"))
     sources = [os.open(m["source"], os.O_PATH) for m in mounts]
+    image = [(path, os.open(path, os.O_PATH)) for path in spec.get("image", [])]
     for m, fd in zip(mounts, sources):
         if not os.path.lexists(m["target"]):
             if os.path.isdir(m["source"]):
@@ -52,6 +57,11 @@ def main(spec_path: str) -> None:
         mount(f"/proc/self/fd/{fd}", m["target"], MS_BIND | MS_REC)
         if m["read_only"]:
             mount(None, m["target"], MS_BIND | MS_REMOUNT | MS_RDONLY)
+        os.close(fd)
+    for path, fd in image:
+        if any(path.startswith(m["target"].rstrip("/") + "/") for m in mounts):
+            os.makedirs(path, exist_ok=True)
+            mount(f"/proc/self/fd/{fd}", path, MS_BIND | MS_REC)
         os.close(fd)
     socket.sethostname(spec["hostname"])
     os.makedirs(spec["cwd"], exist_ok=True)  # exists unless it lies inside a volume

@@ -339,3 +339,26 @@ async def test_a_process_ignoring_sigterm_is_killed_after_the_grace_period(clust
     await cluster.until(lambda: any(r.params.get("gracePeriodSeconds") == "0" for r in kmock
                                     if r.method == kmock.method.DELETE), 30, "the kubelet's final DELETE")
     assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_volume_over_the_images_directory_does_not_hide_the_image(tmp_path):
+    """The checkout and its venv stand in for the image; an emptyDir mounted on a directory
+    holding them (`/tmp` of a checkout under `/tmp`) must not hide the container's program."""
+    from e2e.localcluster.kubelet import LAUNCH
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    image, empty = tmp_path / "checkout" / "bin", tmp_path.parent / f"{tmp_path.name}-empty"
+    image.mkdir(parents=True)
+    empty.mkdir()
+    (image / "program").write_text("#!/bin/sh\necho from the image\n")
+    (image / "program").chmod(0o755)
+    spec = tmp_path.parent / f"{tmp_path.name}-spec.json"
+    spec.write_text(json.dumps({
+        "argv": [str(image / "program")], "env": {"PATH": "/usr/bin:/bin"}, "cwd": "/", "hostname": "pod",
+        "mounts": [{"source": str(empty), "target": str(tmp_path), "read_only": False}],
+        "image": [str(tmp_path / "checkout")],
+    }))
+    run = subprocess.run([PY, str(LAUNCH), str(spec)], check=False, capture_output=True, text=True, timeout=30)
+    assert (run.returncode, run.stdout) == (0, "from the image\n"), run.stderr

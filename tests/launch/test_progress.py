@@ -3,6 +3,7 @@ orchestrator's: a plain line per new step off a terminal, a live line on one."""
 
 import io
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -70,13 +71,17 @@ def test_plain_lines_off_a_terminal(server, monkeypatch):
     ], "one line per new step; s/step from when steps were first seen (3 s, then 9 s for 2)"
 
 
-def test_a_live_line_on_a_terminal(server):
+@pytest.mark.parametrize("width", [120, 30])
+def test_a_live_line_on_a_terminal_one_row_wide(server, width):
     out = io.StringIO()
     server.set(4, 0.5, 4)
-    with RunProgress(server.url, 10, console=Console(file=out, force_terminal=True, width=120)) as progress:
+    with RunProgress(server.url, 10, console=Console(file=out, force_terminal=True, width=width)) as progress:
         progress.tick()
-    assert "step 4/10 | reward 0.500 | ckpt 4" in out.getvalue()
+    assert "step 4/10 | reward 0.500 | ckpt 4"[: width - 1] in out.getvalue()
     assert "\x1b[" in out.getvalue(), "drawn with terminal control codes"
+    assert ("━" in out.getvalue()) == (width == 120), "a bar where it fits on the row"
+    rows = {row for row in re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", out.getvalue()).replace("\r", "\n").split("\n") if row.strip()}
+    assert all(len(row) <= width for row in rows) and len(rows) == 1, rows
 
 
 def test_durations():

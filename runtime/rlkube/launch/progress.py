@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
 STEP_WINDOW = 10
 """Seconds per step are measured over the newest this many steps (the first ones include the
@@ -112,7 +113,14 @@ class RunProgress:
         return " | ".join(parts)
 
     def render(self) -> Table:
+        """The bar (up to 30 columns, none on a narrow terminal) and the line, on one row."""
         step = int((self.status or {}).get("step") or 0)
+        line = self.line()
+        bar_width = min(30, self.console.width - len(line) - 1)
         grid = Table.grid(padding=(0, 1))
-        grid.add_row(ProgressBar(total=self.max_steps, completed=step, width=30), self.line())
+        text = Text(line, no_wrap=True, overflow="ellipsis")
+        if bar_width >= 10:
+            grid.add_row(ProgressBar(total=self.max_steps, completed=step, width=bar_width), text)
+        else:
+            grid.add_row(text)
         return grid

@@ -95,21 +95,17 @@ def fetch_snapshot(address: str, step: int, timeout: float) -> dict[str, bytes]:
     when its pod vanished without a reset) fails the fetch at once. It is not dialled again:
     its replacement is a new attempt, which publishes this step only after training it on
     rollouts from the very engine that would sit blocked in this load meanwhile."""
-    try:
-        return _fetch_once(address, step, timeout)
-    except grpc.RpcError as e:
-        raise ConnectionError(
-            f"fetching weights of step {step} from grpc://{address} failed: {e.code().name}: {e.details()}"
-        ) from None
-
-
-def _fetch_once(address: str, step: int, timeout: float) -> dict[str, bytes]:
     parts: dict[str, list[bytes]] = {}
     with grpc.insecure_channel(address, options=CHANNEL_OPTIONS + keepalive.CLIENT) as channel:
         stub = rlkube_pb2_grpc.WeightsStub(channel)
-        request = rlkube_pb2.WeightsRequest(step=step)
-        for chunk in stub.Fetch(request, timeout=timeout, wait_for_ready=True):
-            parts.setdefault(chunk.file, []).append(chunk.data)
+        try:
+            request = rlkube_pb2.WeightsRequest(step=step)
+            for chunk in stub.Fetch(request, timeout=timeout, wait_for_ready=True):
+                parts.setdefault(chunk.file, []).append(chunk.data)
+        except grpc.RpcError as e:
+            raise ConnectionError(
+                f"fetching weights of step {step} from grpc://{address} failed: {e.code().name}: {e.details()}"
+            ) from None
     if COMPLETE not in parts:
         raise ConnectionError(f"grpc://{address} sent an incomplete snapshot for step {step}")
     return {name: b"".join(chunks) for name, chunks in parts.items()}

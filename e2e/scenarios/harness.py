@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.fixtures.polling import wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -65,14 +67,7 @@ class Cluster:
     def wait(self, predicate: Callable[[], object], timeout: float, what: str, interval: float = 2.0):
         """Poll until `predicate()` is truthy and return it; on time-out, fail with `what` and
         the cluster's state (so a CI log says why)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise ClusterError(f"timed out after {timeout:g}s waiting for {what}\n{self.describe_state()}")
-            time.sleep(interval)
+        return wait_until(predicate, timeout, what, interval, self.describe_state, ClusterError)
 
     def wait_phase(self, kind: str, name: str, phases: set[str], timeout: float) -> dict:
         def reached():

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.fixtures.polling import wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -57,14 +59,7 @@ class LocalApi:
 
     def until(self, predicate, what: str, timeout: float = 30.0):
         """Poll until predicate() is truthy and return its value."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            time.sleep(0.1)
+        return wait_until(predicate, timeout, what)
 
     def set_pod_status(self, ns: str, name: str, phase: str, ready: bool = False, exit_code: int | None = None,
                        conditions: tuple[dict, ...] = ()) -> dict:

@@ -161,14 +161,16 @@ def trainer_command(run: RunRef, spec: RunSpecBase, module: str, config_file: st
 
 def build_trainer_job(
     run: RunRef, spec: RunSpecBase, *, module: str, config_file: str, attempt: int, restarts: int, suspend: bool,
-    status_port: int | None = None,
+    status_port: int | None = None, active_deadline_seconds: int | None = None,
 ) -> dict:
     """A PyTorchJob-style indexed Job: pod i is torchrun node i, pod 0 is the master.
     The Job carries its attempt and the restart count so far: the reconciler reads them back.
     `backoffLimit: 0`: one failed pod fails the Job, and the operator restarts the whole gang
     from the latest checkpoint (a lone replacement pod could not rejoin the rendezvous). A pod
     failing by a disruption (`DisruptionTarget`: preemption, eviction, node drain) does not
-    fail the Job (`podFailurePolicy`); the operator restarts the gang without counting it."""
+    fail the Job (`podFailurePolicy`); the operator restarts the gang without counting it.
+    `active_deadline_seconds`: what is left of the run's deadline, so that Kubernetes stops the
+    trainer at the deadline even while the operator is down."""
     index_env = {
         "name": "NODE_RANK",
         "valueFrom": {
@@ -192,17 +194,15 @@ def build_trainer_job(
     nodes = spec.trainer.nodes
     metadata = run.metadata("trainer", name=run.trainer_job(attempt))
     metadata["annotations"] = {ATTEMPT_ANNOTATION: str(attempt), RESTARTS_ANNOTATION: str(restarts)}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": metadata,
-        "spec": {
-            "completionMode": "Indexed",
-            "completions": nodes,
-            "parallelism": nodes,
-            "backoffLimit": 0,
-            "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
-            "suspend": suspend,
-            "template": template,
-        },
+    job_spec = {
+        "completionMode": "Indexed",
+        "completions": nodes,
+        "parallelism": nodes,
+        "backoffLimit": 0,
+        "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+        "suspend": suspend,
+        "template": template,
     }
+    if active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = active_deadline_seconds
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}

@@ -15,7 +15,8 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from rlkube_operator.names import controller_uid
+from rlkube_operator import GROUP, VERSION
+from rlkube_operator.names import RunRef, controller_uid
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,19 @@ class Kube:
             return True
         except ApiException as e:
             if e.status == 404:
+                return False
+            raise
+
+    def delete_run(self, run: RunRef) -> bool:
+        """Delete the run itself (its `ttlSecondsAfterFinished` passed), that very object only:
+        not one recreated under its name. False if it is already gone."""
+        body = {"propagationPolicy": "Background", "preconditions": {"uid": run.uid}}
+        try:
+            client.CustomObjectsApi(self._api).delete_namespaced_custom_object(
+                GROUP, VERSION, run.namespace, run.plural, run.name, body=body, _preload_content=False)
+            return True
+        except ApiException as e:
+            if e.status in (404, 409):  # gone, or another object under the name
                 return False
             raise
 

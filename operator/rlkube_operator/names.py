@@ -43,6 +43,11 @@ class RunRef:
     namespace: str
     uid: str
 
+    @property
+    def plural(self) -> str:
+        """The run's resource: `rlruns` or `sftruns`."""
+        return f"{self.kind.lower()}s"
+
     def child(self, component: str) -> str:
         """`<run>-inference`, `<run>-orchestrator`, `<run>-config`, `<run>-data`,
         `<run>-trainer-master` (SFTRun: `<run>-sft-config`, …)."""

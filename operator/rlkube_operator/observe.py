@@ -140,8 +140,8 @@ def disruption(pod: dict) -> dict | None:
 
 
 def trainer_outcome(job: dict | None, pods: list[dict]) -> tuple[str, str]:
-    """(`none`|`suspended`|`running`|`succeeded`|`failed`|`disrupted`, message) for the current
-    attempt. One failed pod fails the gang even before the Job controller says so; but pods of a
+    """(`none`|`suspended`|`running`|`succeeded`|`failed`|`disrupted`|`deadline`, message) for
+    the current attempt. One failed pod fails the gang even before the Job controller says so; but pods of a
     suspended Job are killed by the suspension, not failed. A gang with a disrupted pod is
     `disrupted`, whichever pod failed first: a peer of a preempted pod fails too, losing it."""
     if job is None:
@@ -150,6 +150,10 @@ def trainer_outcome(job: dict | None, pods: list[dict]) -> tuple[str, str]:
         return "succeeded", cond.get("message") or "trainer Job complete"
     if job.get("spec", {}).get("suspend"):
         return "suspended", "trainer Job suspended"
+    # The Job's own deadline (the run's time left) fired: its pods die of it, not of a fault.
+    for type_ in ("FailureTarget", "Failed"):
+        if ((cond := _job_condition(job, type_)) or {}).get("reason") == "DeadlineExceeded":
+            return "deadline", f"trainer Job {cond.get('message') or 'passed its activeDeadlineSeconds'}"
     failed = [p for p in pods if p.get("status", {}).get("phase") == "Failed"]
     if failed:
         for pod in pods:

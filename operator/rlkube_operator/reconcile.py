@@ -16,6 +16,7 @@ condition saying whose it is. A pass that fails any other way writes its error t
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ValidationError
 from rlkube.config.cli import format_validation_error
 
-from rlkube_operator import builders, observe, progress
+from rlkube_operator import builders, lifetime, observe, progress
 from rlkube_operator.conditions import Conditions
 from rlkube_operator.kube import ForeignChild, Kube
 from rlkube_operator.names import SFT_STATUS_PORT, RunRef
@@ -32,7 +33,8 @@ from rlkube_operator.wiring import rl_tomls, sft_tomls
 
 log = logging.getLogger(__name__)
 
-LIVE_FIELDS = {"suspend", "restartPolicy"}  # applied to a running run; anything else is refused
+# Applied to a running run; anything else is refused.
+LIVE_FIELDS = ("suspend", "restartPolicy", "ttlSecondsAfterFinished")
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class Reconciler:
         applied = workload.spec_model.model_validate(_frozen(old) | live)
         shown = ", ".join(changed[:5]) + (" …" if len(changed) > 5 else "")
         return applied, (
-            f"changes to {shown} cannot apply to a started run; only suspend and restartPolicy "
+            f"changes to {shown} cannot apply to a started run; only {', '.join(LIVE_FIELDS)} "
             "do. Delete and recreate the run to change them (a PVC claimName keeps checkpoints)."
         )
 
@@ -131,8 +133,10 @@ class Reconciler:
         jobs.sort(key=observe.job_attempt)
         return (jobs[-1] if jobs else None), jobs[:-1]
 
-    def apply(self, run: RunRef, workload: Workload, spec: RunSpecBase, attempt: int, restarts: int) -> None:
-        """Create or correct every child for `attempt` (idempotent)."""
+    def apply(self, run: RunRef, workload: Workload, spec: RunSpecBase, attempt: int, restarts: int,
+              seconds_left: float | None) -> None:
+        """Create or correct every child for `attempt` (idempotent). A new trainer Job gets the
+        run's time left as its own deadline."""
         k = self.kube
         if (pvc := builders.build_pvc(run, spec)) is not None:
             k.ensure(pvc)
@@ -148,6 +152,7 @@ class Reconciler:
         job = builders.build_trainer_job(
             run, spec, module=workload.module, config_file=workload.config_file,
             attempt=attempt, restarts=restarts, suspend=spec.suspend, status_port=workload.trainer_status_port,
+            active_deadline_seconds=None if seconds_left is None else max(1, math.ceil(seconds_left)),
         )
         existing = k.ensure(job)
         if existing.get("spec", {}).get("suspend") != spec.suspend:
@@ -204,11 +209,19 @@ class Reconciler:
         if outcome in ("failed", "disrupted") and spec.suspend:
             outcome = "suspended"  # pods killed by the suspension are not failures
 
+        # The run's clock starts at its first unsuspended pass (a run queued suspended waits free).
+        status["startTime"] = status.get("startTime") or (None if spec.suspend else now)
+        left = lifetime.seconds_left(spec, status, now)
         terminal: str | None = None
         limit = spec.restart_policy.backoff_limit
         if outcome == "none" and status.get("completionTime") and status.get("phase") in ("Succeeded", "Failed"):
             # Finished, and its Job is gone (TTL controller, or by hand): stay finished, never re-run.
             terminal, why = status["phase"], status.get("message", "")
+        elif outcome == "succeeded":
+            terminal = "Succeeded"
+        elif (outcome == "deadline" or (left is not None and left <= 0)) and not lifetime.finished_before_deadline(
+                spec, status):
+            terminal, why = "Failed", f"DeadlineExceeded: {lifetime.deadline_message(spec, status)}"
         elif outcome == "failed" and restarts >= limit:
             terminal, why = "Failed", f"BackoffLimitExceeded: {why} after {restarts} restarts"
         elif outcome in ("failed", "disrupted"):
@@ -217,8 +230,6 @@ class Reconciler:
             attempt, restarts = attempt + 1, restarts + (outcome == "failed")
             events.append(_restart_event(outcome, why, restarts, limit))
             older.append(job)
-        elif outcome == "succeeded":
-            terminal = "Succeeded"
         elif outcome == "suspended" and not spec.suspend:
             attempt += 1  # resume: a fresh trainer Job that loads the latest checkpoint
             events.append(("Normal", "Resumed", "resuming from the latest checkpoint"))
@@ -228,8 +239,7 @@ class Reconciler:
         if terminal:
             self.teardown(run, workload)
         else:
-            status["startTime"] = status.get("startTime") or now
-            self.apply(run, workload, spec, attempt, restarts)
+            self.apply(run, workload, spec, attempt, restarts, left)
             for stale in older:
                 self.kube.delete("Job", run.namespace, stale["metadata"]["name"], uid=stale["metadata"].get("uid"))
         volumes = self._volume_problems(run, pods)
@@ -250,7 +260,12 @@ class Reconciler:
         else:
             conditions.set("Degraded", True, degraded[1].reason, f"{degraded[0]}: {degraded[1].message}")
         worst = degraded[1] if degraded else None
-        return self._finish(status, phase, message, conditions, events, stalled=terminal == "Failed", worst=worst)
+        result = self._finish(status, phase, message, conditions, events, stalled=terminal == "Failed", worst=worst)
+        if terminal and lifetime.expired(spec, status, now) and self.kube.delete_run(run):
+            why = (f"finished at {status['completionTime']}, ttlSecondsAfterFinished is "
+                   f"{spec.ttl_seconds_after_finished}: deleting the run and its children")
+            result.events.append(("Normal", "Expired", why))
+        return result
 
     def _volume_problems(self, run: RunRef, pods: list[dict]) -> dict[str, dict]:
         """Volume events of pods stuck before starting (read only when a pod is)."""

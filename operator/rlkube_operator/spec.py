@@ -325,6 +325,22 @@ class RunSpecBase(K8sModel):
     restart_policy: RestartPolicy = RestartPolicy()
     """What happens when a trainer pod fails."""
 
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    """The longest the whole run may take, in seconds of wall time from `status.startTime` (its
+    first start; a run created suspended, waiting in a queue, starts its clock when released;
+    time suspended after that counts). Past it the run is Failed with reason
+    `DeadlineExceeded`: inference and the orchestrator are deleted, and the trainer stops, since
+    each trainer Job is created with the time left as its own `activeDeadlineSeconds` (so
+    Kubernetes stops it even while the operator is down). Checkpoints stay. Unset: no limit.
+    Fixed once the run has started."""
+
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """Seconds after the run finished (Succeeded or Failed: `status.completionTime`) when the
+    operator deletes the run itself, and with it every child: the trainer Job and its logs, the
+    ConfigMap, and a PVC the operator created (a `storage.pvc.claimName` claim and object-store
+    data stay). 0 deletes it as soon as it finishes; unset keeps it until deleted. Like a Job's
+    `ttlSecondsAfterFinished`, but for the whole run. Applies live, also to a finished run."""
+
     scheduling: SchedulingSpec = SchedulingSpec()
     """Scheduling knobs for every pod."""
 

@@ -103,7 +103,8 @@ def _granted() -> set[tuple[str, str, str]]:
 
 async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster):
     """A run's whole life (a created PVC, suspend and resume, a gang restart, completion,
-    deletion), with every request the operator makes recorded by the API emulator."""
+    deletion by its ttlSecondsAfterFinished), with every request the operator makes recorded by
+    the API emulator."""
     await cluster.create(rlrun(storage={"pvc": {"size": "1Gi"}}))
     # An inference pod stuck creating (its volume events are read), then everything runs.
     await cluster.until(lambda: cluster.get("StatefulSet", "rt-inference"), what="StatefulSet")
@@ -120,8 +121,8 @@ async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster):
     await cluster.until(lambda: cluster.get("Job", "rt-trainer-2"), what="restart")
     await cluster.patch("Job", "rt-trainer-2", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
     await cluster.until(lambda: not cluster.names("Deployment"), what="teardown")
-    await cluster.delete("RLRun", "rt")
-    await cluster.until(lambda: cluster.get("RLRun", "rt") is None, what="finalizer released")
+    await cluster.patch("RLRun", "rt", {"spec": {"ttlSecondsAfterFinished": 0}})
+    await cluster.until(lambda: cluster.get("RLRun", "rt") is None, what="deleted, finalizer released")
 
     used = set()
     for request in cluster.server:  # kmock iterates over the requests it served

@@ -56,3 +56,13 @@ def test_a_gang_with_a_disrupted_pod_is_disrupted_whichever_pod_failed_first():
     outcome, why = trainer_outcome(job, [pod("t-0-0", pod_failed(exit_code=1)), pod("t-0-1", preempted)])
     assert outcome == "disrupted" and why.startswith("pod t-0-1 was disrupted (PreemptionByScheduler: Preempted")
     assert trainer_outcome(job, [pod("t-0-0", pod_failed(exit_code=1)), pod("t-0-1", pod_running())])[0] == "failed"
+
+
+def test_pods_killed_by_the_jobs_deadline_are_the_runs_deadline_not_a_failure():
+    """The Job controller marks the Job (FailureTarget, then Failed) before killing its pods."""
+    for type_ in ("FailureTarget", "Failed"):
+        job = {"metadata": {"name": "t-0"}, "spec": {"activeDeadlineSeconds": 60}, "status": {"conditions": [
+            {"type": type_, "status": "True", "reason": "DeadlineExceeded",
+             "message": "Job was active longer than specified deadline"}]}}
+        outcome, why = trainer_outcome(job, [pod("t-0-0", pod_failed(exit_code=143))])
+        assert outcome == "deadline" and "longer than specified deadline" in why, type_

@@ -265,6 +265,71 @@ async def test_a_disrupted_trainer_restarts_without_spending_the_backoff_limit(c
     assert cluster.get("Job", "rt-trainer-2") is None
 
 
+async def test_a_run_past_its_deadline_fails_with_deadline_exceeded_and_stops(cluster):
+    """activeDeadlineSeconds bounds the whole run: its trainer Job gets the time left (so
+    Kubernetes stops it), and at the deadline the run is Failed and its GPUs freed; the trainer
+    pods the Job's deadline kills then are not a failure to restart from."""
+    await cluster.create(rlrun(activeDeadlineSeconds=3, restartPolicy={"backoffLimit": 5}))
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer Job")
+    assert 1 <= job["spec"]["activeDeadlineSeconds"] <= 3
+    await cluster.run_pods(cluster.get("StatefulSet", "rt-inference"), 1)
+    await cluster.run_pods(cluster.get("Deployment", "rt-orchestrator"), 1)
+    await cluster.run_pods(job, 1)
+
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Failed"
+                                 and cluster.status("RLRun", "rt"), what="Failed at the deadline")
+    assert status["message"].startswith("DeadlineExceeded: the run passed spec.activeDeadlineSeconds (3 s")
+    assert condition(status, "Stalled")["status"] == "True" and status["completionTime"]
+    await cluster.until(lambda: not cluster.names("StatefulSet") and not cluster.names("Deployment"),
+                        what="GPUs freed")
+    (event,) = await cluster.until(lambda: [e for e in cluster.events() if e["reason"] == "Failed"], what="event")
+    assert event["type"] == "Warning" and "DeadlineExceeded" in event["message"]
+
+    await cluster.patch("Pod", "rt-trainer-0-0", {"status": pod_failed(exit_code=143)})  # the Job's deadline
+    await asyncio.sleep(1)
+    status = cluster.status("RLRun", "rt")
+    assert status["phase"] == "Failed" and status["message"].startswith("DeadlineExceeded")
+    assert status["restarts"] == 0 and cluster.get("Job", "rt-trainer-1") is None
+
+
+async def test_a_run_created_suspended_starts_its_deadline_when_released(cluster):
+    """A run waiting suspended (in a queue) does not spend its activeDeadlineSeconds."""
+    await cluster.create(rlrun(activeDeadlineSeconds=2, suspend=True))
+    await cluster.until(lambda: cluster.status("RLRun", "rt").get("phase") == "Suspended", what="Suspended")
+    await asyncio.sleep(2.5)
+    status = cluster.status("RLRun", "rt")
+    assert status["phase"] == "Suspended" and not status.get("startTime")
+
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="released trainer")
+    assert job["spec"]["activeDeadlineSeconds"] == 2
+    await cluster.until(lambda: cluster.status("RLRun", "rt").get("startTime"), what="the clock started")
+
+
+async def test_a_finished_run_is_deleted_ttl_seconds_after_it_finished(cluster):
+    """ttlSecondsAfterFinished deletes the run object itself (its children go with it by their
+    ownerReferences); it applies live, also to a run that has already finished."""
+    await cluster.create(rlrun(ttlSecondsAfterFinished=1))
+    await cluster.create(rlrun("kept"))
+    await start_everything(cluster)
+    await start_everything(cluster, "kept")
+    await asyncio.sleep(1.5)
+    assert cluster.get("RLRun", "rt") is not None  # running: the TTL counts from the finish
+
+    for name in ("rt", "kept"):
+        await cluster.patch("Job", f"{name}-trainer-0",
+                            {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    await cluster.until(lambda: cluster.status("RLRun", "kept").get("phase") == "Succeeded", what="Succeeded")
+    await cluster.until(lambda: cluster.get("RLRun", "rt") is None, what="the run deleted after its TTL")
+    (event,) = await cluster.until(lambda: [e for e in cluster.events() if e["reason"] == "Expired"], what="event")
+    assert "ttlSecondsAfterFinished is 1" in event["message"]
+    await asyncio.sleep(1.5)
+    assert cluster.get("RLRun", "kept") is not None  # no TTL: kept
+
+    await cluster.patch("RLRun", "kept", {"spec": {"ttlSecondsAfterFinished": 0}})
+    await cluster.until(lambda: cluster.get("RLRun", "kept") is None, what="deleted once given a TTL")
+
+
 async def test_suspend_scales_to_zero_and_resume_continues_from_the_checkpoint(cluster):
     await cluster.create(rlrun())
     await start_everything(cluster)

@@ -10,7 +10,7 @@ from rlkube.http import async_client
 from rlkube.inference.client import is_paused, weight_version
 from rlkube.inference.process import InferenceProcess
 from rlkube.orchestrator.inference import InferencePool
-from rlkube.transport.weights_snapshot import snapshot_files
+from rlkube.transport.weights_snapshot import Snapshot
 from rlkube.transport.weights_storage import write_snapshot
 
 from tests.fixtures.inference import free_port
@@ -27,7 +27,7 @@ def test_a_server_starts_paused_until_the_pool_syncs_it(tiny_model, tmp_path):
     })
     assert config.start_paused, "paused by default"
     state_dict = load_file(tiny_model / "model.safetensors")
-    policy_1 = write_snapshot(str(tmp_path / "weights"), 1, snapshot_files(state_dict, 1, tiny_model))
+    policy_1 = write_snapshot(str(tmp_path / "weights"), Snapshot(state_dict, 1, tiny_model))
 
     async def scenario(url: str) -> None:
         assert await is_paused(url) and await weight_version(url) == "default"

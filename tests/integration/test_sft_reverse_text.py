@@ -39,12 +39,12 @@ def evaluate(server, out: Path) -> dict:
 
 def load_export(server, weights: Path, step: int) -> None:
     from rlkube.inference.client import update_weights
-    from rlkube.transport.weights_snapshot import snapshot_files
+    from rlkube.transport.weights_snapshot import Snapshot
     from rlkube.transport.weights_storage import write_snapshot
     from safetensors.torch import load_file
 
     state_dict = load_file(weights / "model.safetensors")
-    snapshot = write_snapshot(str(weights.parent / "snapshots"), step, snapshot_files(state_dict, step, weights))
+    snapshot = write_snapshot(str(weights.parent / "snapshots"), Snapshot(state_dict, step, weights))
     asyncio.run(update_weights(server.base_url, step, snapshot, timeout=300))
 
 

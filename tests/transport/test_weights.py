@@ -11,9 +11,9 @@ from rlkube.transport.weights import GrpcPublisher, StoragePublisher, make_publi
 from rlkube.transport.weights_grpc import fetch_snapshot
 from rlkube.transport.weights_snapshot import (
     COMPLETE,
+    Snapshot,
     iter_safetensors,
     snapshot_files,
-    weight_files,
 )
 from rlkube.transport.weights_storage import (
     list_steps,
@@ -56,14 +56,23 @@ def test_snapshot_is_bit_exact_with_config_and_marker_last(model_dir):
         assert torch.equal(loaded[name], tensor)
 
 
-def test_large_state_dicts_are_sharded_with_an_index():
-    files = weight_files(state(), max_shard_bytes=300)
+def test_large_state_dicts_are_sharded_with_an_index(model_dir):
+    files = snapshot_files(state(), 1, model_dir, max_shard_bytes=300)
     shards = sorted(f for f in files if f.endswith(".safetensors"))
     assert len(shards) > 1
     index = json.loads(files["model.safetensors.index.json"])
     assert set(index["weight_map"]) == set(state())
     for name, shard in index["weight_map"].items():
         assert name in load(files[shard])
+
+
+def test_storage_writes_the_same_bytes_as_the_in_memory_snapshot(tmp_path, model_dir):
+    """Storage streams each shard to its file (no bytes copy of the model first); gRPC holds the
+    files in memory: both must be the same snapshot."""
+    snapshot = Snapshot(state(), 4, model_dir, max_shard_bytes=300)
+    location = write_snapshot(str(tmp_path / "weights"), snapshot)
+    on_disk = {path.name: path.read_bytes() for path in (tmp_path / "weights" / "step_4").iterdir()}
+    assert location.endswith("step_4") and on_disk == snapshot.files()
 
 
 def test_model_dir_without_config_is_a_clear_error(tmp_path):
@@ -85,7 +94,7 @@ def test_storage_publish_marks_complete_and_prunes(tmp_path, model_dir):
 
 def test_partial_snapshot_is_refused_and_cleaned_up(tmp_path, model_dir):
     root = str(tmp_path / "weights")
-    write_snapshot(root, 1, snapshot_files(state(), 1, model_dir))
+    write_snapshot(root, Snapshot(state(), 1, model_dir))
     partial = tmp_path / "weights" / "step_2"  # a crash mid-publish: files but no marker
     partial.mkdir()
     (partial / "model.safetensors").write_bytes(b"half")
@@ -93,7 +102,7 @@ def test_partial_snapshot_is_refused_and_cleaned_up(tmp_path, model_dir):
         read_marker(str(partial))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_marker(str(tmp_path / "weights" / "step_9"))
-    write_snapshot(root, 3, snapshot_files(state(), 3, model_dir))
+    write_snapshot(root, Snapshot(state(), 3, model_dir))
     assert prune(root, keep_last=None) == [2]
     assert list_steps(root) == {1: True, 3: True}
 
@@ -121,7 +130,7 @@ def test_loading_waits_for_a_snapshot_still_being_published(tmp_path, model_dir)
     location = str(tmp_path / "weights" / "step_1")
     with pytest.raises(FileNotFoundError, match="does not exist"), local_snapshot(location, timeout_s=0.3):
         pass
-    writer = threading.Timer(0.5, write_snapshot, (root, 1, snapshot_files(state(1), 1, model_dir)))
+    writer = threading.Timer(0.5, write_snapshot, (root, Snapshot(state(1), 1, model_dir)))
     writer.start()
     try:
         with local_snapshot(location, timeout_s=30) as path:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from rlkube.config import WeightTransferConfig
-from rlkube.transport.weights_snapshot import snapshot_files
+from rlkube.transport.weights_snapshot import Snapshot
 
 
 class WeightPublisher(ABC):
@@ -40,7 +40,7 @@ class StoragePublisher(WeightPublisher):
     def publish(self, state_dict, step):
         from rlkube.transport.weights_storage import prune, write_snapshot
 
-        location = write_snapshot(self.root, step, snapshot_files(state_dict, step, self.model_dir))
+        location = write_snapshot(self.root, Snapshot(state_dict, step, self.model_dir))
         prune(self.root, self.keep_last)
         return location
 
@@ -67,7 +67,7 @@ class GrpcPublisher(WeightPublisher):
         self.server = serve_weights(self.servicer, f"{bind_host or host}:{port}")
 
     def publish(self, state_dict, step):
-        self.servicer.add(step, snapshot_files(state_dict, step, self.model_dir))
+        self.servicer.add(step, Snapshot(state_dict, step, self.model_dir).files())
         return f"grpc://{self.address}"
 
     def close(self):

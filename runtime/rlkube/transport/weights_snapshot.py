@@ -6,8 +6,8 @@ own), and a `COMPLETE` marker written last. The marker makes publishing atomic o
 filesystem, object stores included, where a directory rename is not atomic: a reader refuses a
 snapshot without it, so it never loads half a snapshot.
 
-Everything here works on in-memory `{file name: bytes}` maps, so the storage transport (write
-the files) and the gRPC transport (stream the files) share one format.
+The storage transport writes a `Snapshot`'s files, the gRPC transport holds them in memory and
+streams them: one format for both.
 """
 
 import json
@@ -25,6 +25,7 @@ MAX_SHARD_BYTES = 4 * 1024**3
 
 _MODEL_FILES = ("config.json", "generation_config.json", "chat_template.jinja", "rlkube_model.json")
 _TOKENIZER_PREFIXES = ("tokenizer", "special_tokens_map", "vocab", "merges")
+_METADATA = {"format": "pt"}
 
 
 def step_dir(root: str, step: int) -> str:
@@ -73,37 +74,60 @@ def _shards(state_dict: dict[str, torch.Tensor], max_bytes: int) -> list[dict[st
     return shards
 
 
-def weight_files(
-    state_dict: dict[str, torch.Tensor], max_shard_bytes: int = MAX_SHARD_BYTES
-) -> dict[str, bytes]:
-    """Safetensors shards (plus the HF index when there is more than one) as bytes."""
-    from safetensors.torch import save
+class Snapshot:
+    """Policy `step` as the files of a servable model directory. The weight shards stay tensors
+    until they are written or sent: on local storage `safetensors.torch.save_file` streams each
+    shard straight into its file, where serializing to bytes first would build (and page in) a
+    whole extra copy of the model per publish."""
 
-    if not state_dict:
-        raise ValueError("cannot publish an empty state dict")
-    shards = _shards(_detached(state_dict), max_shard_bytes)
-    if len(shards) == 1:
-        return {"model.safetensors": save(shards[0], metadata={"format": "pt"})}
-    files, weight_map = {}, {}
-    for i, shard in enumerate(shards):
-        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        files[name] = save(shard, metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, name))
-    total = sum(t.numel() * t.element_size() for shard in shards for t in shard.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    files["model.safetensors.index.json"] = json.dumps(index, indent=2).encode()
-    return files
+    def __init__(
+        self, state_dict: dict[str, torch.Tensor], step: int, model_dir: str | Path,
+        max_shard_bytes: int = MAX_SHARD_BYTES,
+    ):
+        if not state_dict:
+            raise ValueError("cannot publish an empty state dict")
+        self.step = step
+        self.model_files = model_files(model_dir)
+        shards = _shards(_detached(state_dict), max_shard_bytes)
+        if len(shards) == 1:
+            self.shards = {"model.safetensors": shards[0]}
+            return
+        self.shards = {f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors": shard for i, shard in enumerate(shards)}
+        weight_map = {name: file for file, shard in self.shards.items() for name in shard}
+        total = sum(t.numel() * t.element_size() for shard in shards for t in shard.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        self.model_files["model.safetensors.index.json"] = json.dumps(index, indent=2).encode()
+
+    def marker(self) -> bytes:
+        return json.dumps({"step": self.step, "files": sorted([*self.model_files, *self.shards])}).encode()
+
+    def files(self) -> dict[str, bytes]:
+        """Every file in memory (what the gRPC server holds and streams), the marker last."""
+        from safetensors.torch import save
+
+        shards = {name: save(shard, metadata=_METADATA) for name, shard in self.shards.items()}
+        return {**self.model_files, **shards, COMPLETE: self.marker()}
+
+    def write_files(self, fs, directory: str) -> None:
+        """Every file but the marker into `directory` on `fs` (the caller writes the marker last)."""
+        from fsspec.implementations.local import LocalFileSystem
+        from safetensors.torch import save, save_file
+
+        for name, data in self.model_files.items():
+            fs.pipe_file(f"{directory}/{name}", data)
+        for name, shard in self.shards.items():
+            if isinstance(fs, LocalFileSystem):
+                save_file(shard, f"{directory}/{name}", metadata=_METADATA)
+            else:
+                fs.pipe_file(f"{directory}/{name}", save(shard, metadata=_METADATA))
 
 
 def snapshot_files(
     state_dict: dict[str, torch.Tensor], step: int, model_dir: str | Path,
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> dict[str, bytes]:
-    """Every file of a snapshot, the `COMPLETE` marker last (dicts keep insertion order)."""
-    files = model_files(model_dir)
-    files.update(weight_files(state_dict, max_shard_bytes))
-    files[COMPLETE] = json.dumps({"step": step, "files": sorted(files)}).encode()
-    return files
+    """Every file of a snapshot in memory, the `COMPLETE` marker last (dicts keep insertion order)."""
+    return Snapshot(state_dict, step, model_dir, max_shard_bytes).files()
 
 
 def iter_safetensors(files: dict[str, bytes]) -> Iterator[tuple[str, torch.Tensor]]:

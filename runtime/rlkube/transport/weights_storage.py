@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from rlkube.transport.weights_snapshot import COMPLETE, step_dir
+from rlkube.transport.weights_snapshot import COMPLETE, Snapshot, step_dir
 
 logger = logging.getLogger(__name__)
 
@@ -31,17 +31,15 @@ def _join(fs: fsspec.AbstractFileSystem, path: str) -> str:
     return fs.unstrip_protocol(path) if not isinstance(fs, LocalFileSystem) else path
 
 
-def write_snapshot(root: str, step: int, files: dict[str, bytes]) -> str:
-    """Write `files` under `<root>/step_N/`, the `COMPLETE` marker last; returns the location."""
+def write_snapshot(root: str, snapshot: Snapshot) -> str:
+    """Write `snapshot` under `<root>/step_N/`, the `COMPLETE` marker last; returns the location."""
     fs, root_path = _fs(root)
-    target = step_dir(root_path, step)
+    target = step_dir(root_path, snapshot.step)
     if fs.exists(f"{target}/{COMPLETE}"):
         fs.rm(f"{target}/{COMPLETE}")  # republishing a step: unmark it before overwriting
     fs.makedirs(target, exist_ok=True)
-    for name, data in files.items():
-        if name != COMPLETE:
-            fs.pipe_file(f"{target}/{name}", data)
-    fs.pipe_file(f"{target}/{COMPLETE}", files[COMPLETE])
+    snapshot.write_files(fs, target)
+    fs.pipe_file(f"{target}/{COMPLETE}", snapshot.marker())
     return _join(fs, target)
 
 

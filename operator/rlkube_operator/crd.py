@@ -5,10 +5,12 @@
 
 Pydantic writes JSON Schema 2020-12; Kubernetes wants a *structural* OpenAPI v3.0 schema. The
 translation: `$ref`s inlined, `X | None` becomes `nullable`, `int | str` becomes
-`x-kubernetes-int-or-string`, free-form dicts keep unknown fields, numeric exclusive bounds
-become booleans, tuples become bounded arrays. Defaults are kept for the Kubernetes-facing
-fields only: inside `spec.config` the runtime applies its own defaults (shown in the
-descriptions), so the stored object says only what the user wrote, exactly as in a TOML file.
+`x-kubernetes-int-or-string` (keeping the string's pattern), free-form dicts keep unknown
+fields, numeric exclusive bounds become booleans, tuples become bounded arrays. CEL rules inside
+`spec.config` (a spec model's `CONFIG_RULES`) are placed on their nodes. Defaults are kept for
+the Kubernetes-facing fields only: inside `spec.config` the runtime applies its own defaults
+(shown in the descriptions), so the stored object says only what the user wrote, exactly as in
+a TOML file.
 """
 
 import argparse
@@ -73,6 +75,8 @@ def _collapse_any_of(node: dict, defs: dict, where: str) -> dict:
         return {**options[0], **node}
     if {o.get("type") for o in options} == {"integer", "string"}:
         node["x-kubernetes-int-or-string"] = True
+        for pattern in (o["pattern"] for o in options if "pattern" in o):
+            node["pattern"] = pattern  # applies to the string form only (a Quantity's)
         return node
     raise SchemaError(f"{where}: union of {[o.get('type') for o in options]} is not structural")
 
@@ -139,6 +143,11 @@ def build_crd(kind: str) -> dict:
     """The CustomResourceDefinition of `kind` (`RLRun` or `SFTRun`)."""
     plural = kind.lower() + "s"
     spec_schema = _model_schema(KINDS[kind], keep_defaults=True, where="spec")
+    for path, rules in getattr(KINDS[kind], "CONFIG_RULES", {}).items():
+        node = spec_schema["properties"]["config"]
+        for key in path:
+            node = node["properties"][key]
+        node["x-kubernetes-validations"] = rules
     status_schema = _model_schema(RunStatus, keep_defaults=False, where="status")
     conditions = status_schema["properties"]["conditions"]
     conditions.update({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})

@@ -9,12 +9,13 @@ Where pydantic cannot say it in JSON schema, `x-kubernetes-validations` (CEL) ru
 `json_schema_extra` make the API server refuse the object with a field-level message.
 """
 
+import json
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
-from rlkube.config import Config, RLConfig, SFTConfig
+from rlkube.config import Config, OrchestratorSection, RLConfig, SFTConfig
 
 from rlkube_operator.names import OPERATOR_ENV, OPERATOR_VOLUMES, RESERVED_PREFIX, operator_label
 
@@ -29,14 +30,21 @@ def _cel(*rules: tuple[str, str]) -> dict:
     return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
 
 
+# Kubernetes' resource.Quantity (the pattern its own CRD generators emit): a malformed one is
+# refused at admission, not when the operator creates the pods.
+Quantity = int | Annotated[str, Field(pattern=(
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+))]
+
+
 class Resources(K8sModel):
     """Container resources as Kubernetes quantities (`cpu: "4"`, `memory: 16Gi`).
     GPUs come from the `gpus*` fields, not from here."""
 
-    requests: dict[str, int | str] = Field(default_factory=dict)
+    requests: dict[str, Quantity] = Field(default_factory=dict)
     """Requested resources (what the scheduler reserves)."""
 
-    limits: dict[str, int | str] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
     """Resource limits."""
 
 
@@ -297,6 +305,26 @@ PVC_NODES_RULE = (
 )
 
 
+def _one_pod_claim_rule(unless: str = "") -> tuple[str, str]:
+    """ReadWriteOncePod refused for a claim the operator creates, `unless` the run has one pod."""
+    rule = ("!has(self.storage.pvc) || has(self.storage.pvc.claimName)"
+            f" || self.storage.pvc.accessModes != ['ReadWriteOncePod']{unless}")
+    message = ("storage.pvc.accessModes ['ReadWriteOncePod'] lets one pod use the claim, and every pod"
+               " of the run mounts it: use ReadWriteOnce or ReadWriteMany")
+    return rule, message
+
+
+def _or_default(model: type[BaseModel], field: str) -> str:
+    """A config field in CEL, or the runtime's default where the user left it out: the CRD
+    carries no defaults inside `spec.config` (the stored object says only what the user wrote)."""
+    return f"(has(self.{field}) ? self.{field} : {json.dumps(model.model_fields[field].default)})"
+
+
+def _config_rule(rule: str, message: str, field: str) -> dict:
+    """A CEL rule on a node inside `spec.config`; the API server's error names `field`."""
+    return {"message": message, "rule": rule, "fieldPath": f".{field}"}
+
+
 class RunSpecBase(K8sModel):
     """What RLRun and SFTRun share."""
 
@@ -381,6 +409,7 @@ class RLRunSpec(RunSpecBase):
     model_config = ConfigDict(
         json_schema_extra=_cel(
             PVC_NODES_RULE,
+            _one_pod_claim_rule(),  # inference, orchestrator and trainer: 3 pods at least
             (
                 (
                     "!has(self.config) || !has(self.config.inference)"
@@ -402,6 +431,37 @@ class RLRunSpec(RunSpecBase):
             ),
         )
     )
+
+    CONFIG_RULES: ClassVar[dict[tuple[str, ...], list[dict]]] = {
+        # What the runtime's validators check across fields, checked at admission too. Each
+        # rule sits on its own node of `spec.config`, so it runs only when the user set it.
+        ("orchestrator",): [
+            _config_rule(
+                f"{_or_default(OrchestratorSection, 'batch_size')} % {_or_default(OrchestratorSection, 'group_size')}"
+                " == 0",
+                "batch_size must be a multiple of group_size: a batch is whole groups of rollouts"
+                f" (defaults {OrchestratorSection.model_fields['batch_size'].default} and"
+                f" {OrchestratorSection.model_fields['group_size'].default})",
+                "batch_size",
+            ),
+        ],
+        ("orchestrator", "sampling"): [
+            _config_rule(
+                # double(): a `number` written as an integer (`temperature: 0`) compares as one.
+                "!has(self.temperature) || double(self.temperature) > 0.0",
+                "temperature must be > 0 for training: the trainer divides the logits by it to"
+                " recompute the sampled tokens' log-probs (greedy decoding is for eval.sampling)",
+                "temperature",
+            ),
+            _config_rule(
+                "!has(self.top_p) || double(self.top_p) == 1.0",
+                "top_p must be 1 for training: vLLM's log-probs would come from the truncated"
+                " distribution and the trainer's from the full one (eval.sampling may use top_p)",
+                "top_p",
+            ),
+        ],
+    }
+    """CEL rules inside `spec.config`, by path (the CRD generator places them)."""
 
     config: RLConfig = RLConfig()
     """The runtime config, as in `rl.toml`. The operator sets what the cluster decides:
@@ -435,7 +495,9 @@ class RLRunSpec(RunSpecBase):
 class SFTRunSpec(RunSpecBase):
     """Supervised fine-tuning: the trainer alone."""
 
-    model_config = ConfigDict(json_schema_extra=_cel(PVC_NODES_RULE))
+    model_config = ConfigDict(
+        json_schema_extra=_cel(PVC_NODES_RULE, _one_pod_claim_rule(" || self.trainer.nodes <= 1"))
+    )
 
     config: SFTConfig = SFTConfig()
     """The runtime config, as in `sft.toml`. The operator sets the output directory."""

@@ -1,6 +1,7 @@
 """The generated CRDs: fresh, valid CustomResourceDefinitions, structural, with printer
 columns that never depend on list order; and the schema rejects bad specs at the field."""
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,9 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import ValidationError
 from rlkube_operator import crd
+from rlkube_operator.spec import RLRunSpec
 
 from tests.operator.test_operator_kmock import example
 
@@ -168,18 +171,28 @@ def _with_defaults(schema: dict, obj):
     return out
 
 
+def _rules_on(schema: dict, value):
+    """(rule, self) for every CEL rule of a node present in the object, as the API server runs
+    them: a node's rules run only when the object has that node."""
+    for rule in schema.get("x-kubernetes-validations", []):
+        yield rule, value
+    if isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if value.get(key) is not None:
+                yield from _rules_on(sub, value[key])
+
+
 def cel_errors(kind: str, obj: dict) -> list[str]:
-    """Evaluate the CRD's CEL rules (root and spec) with a real CEL interpreter."""
+    """Evaluate the CRD's CEL rules (every node's) with a real CEL interpreter."""
     celpy = pytest.importorskip("celpy", reason="cel-python is not installed")
     root = CRDS[f"rlkube.dev_{kind.lower()}s.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     obj = _with_defaults(root, obj)
     env = celpy.Environment()
     errors = []
-    for node, value in ((root, obj), (root["properties"]["spec"], obj["spec"])):
-        for rule in node.get("x-kubernetes-validations", []):
-            program = env.program(env.compile(rule["rule"]))
-            if not program.evaluate({"self": celpy.json_to_cel(value)}):
-                errors.append(rule["message"])
+    for rule, value in _rules_on(root, obj):
+        program = env.program(env.compile(rule["rule"]))
+        if not program.evaluate({"self": celpy.json_to_cel(value)}):
+            errors.append(rule["message"])
     return errors
 
 
@@ -234,3 +247,88 @@ def test_operator_cli_needs_a_watch_scope():
     with pytest.raises(SystemExit) as exit_info:
         main(["--namespace", "a", "--all-namespaces"])
     assert exit_info.value.code == 2
+
+
+OWN_CLAIM = {"pvc": {"size": "1Gi", "accessModes": ["ReadWriteOncePod"]}}  # a claim the operator creates
+# (kind, the example with these spec fields set (dotted paths; None: left out), what the API
+# server answers; None: accepted)
+ADMISSION = [
+    ("RLRun", {"config.orchestrator.batch_size": 30}, "batch_size must be a multiple of group_size"),
+    ("RLRun", {"config.orchestrator.batch_size": None, "config.orchestrator.group_size": 3},
+     "batch_size must be a multiple of group_size"),  # the default batch_size, 128
+    ("RLRun", {"config.orchestrator.batch_size": 24, "config.orchestrator.group_size": 3}, None),
+    ("RLRun", {"config.orchestrator.sampling.temperature": 0}, "temperature must be > 0 for training"),
+    ("RLRun", {"config.orchestrator.sampling.top_p": 0.9}, "top_p must be 1 for training"),
+    ("RLRun", {"config.orchestrator.eval": {"sampling": {"temperature": 0, "top_p": 0.9}}}, None),
+    ("RLRun", {"storage": OWN_CLAIM}, "storage.pvc.accessModes ['ReadWriteOncePod'] lets one pod use the claim"),
+    ("SFTRun", {"storage": OWN_CLAIM}, None),  # one pod
+    ("SFTRun", {"storage": OWN_CLAIM, "trainer.nodes": 2},
+     "storage.pvc.accessModes ['ReadWriteOncePod'] lets one pod use the claim"),
+]
+
+
+@pytest.mark.parametrize(("kind", "fields", "refusal"), ADMISSION)
+def test_cel_admission_and_the_operator_agree(kind, fields, refusal):
+    """Each cross-field rule the runtime's validators (and so the operator) enforce is refused by
+    the API server too, with its message; what the operator accepts, admission accepts."""
+    from rlkube_operator.spec import KINDS
+
+    run = example(f"{kind.lower()}.yaml")
+    for path, value in fields.items():
+        *parents, last = path.split(".")
+        node = run["spec"]
+        for key in parents:
+            node = node.setdefault(key, {})
+        node.pop(last, None)
+        if value is not None:
+            node[last] = copy.deepcopy(value)
+    errors = cel_errors(kind, run)
+    if refusal is None:
+        assert errors == []
+        KINDS[kind].model_validate(run["spec"])
+    else:
+        assert any(e.startswith(refusal) for e in errors), errors
+        with pytest.raises(ValidationError):
+            KINDS[kind].model_validate(run["spec"])
+
+
+def test_every_cel_field_path_names_a_field_of_its_node():
+    """The API server refuses a CRD whose rule's fieldPath is not in the schema."""
+    def walk(node):
+        for rule in node.get("x-kubernetes-validations", []):
+            if "fieldPath" in rule:
+                assert rule["fieldPath"].lstrip(".") in node["properties"], rule
+                yield rule
+        for sub in node.get("properties", {}).values():
+            yield from walk(sub)
+
+    for crd_ in CRDS.values():
+        list(walk(crd_["spec"]["versions"][0]["schema"]["openAPIV3Schema"]))
+    spec = CRDS["rlkube.dev_rlruns.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert {r["fieldPath"] for r in walk(spec)} == {".batch_size", ".temperature", ".top_p"}
+
+
+@pytest.mark.parametrize(("path", "value", "expected"), [
+    (("trainer", "nodes"), 0, "spec.trainer.nodes: 0 is less than the minimum of 1"),
+    (("config", "inference", "replicas"), 0, "spec.config.inference.replicas: 0 is less than the minimum of 1"),
+    (("inference", "resources", "requests", "memory"), "16 GB", "spec.inference.resources.requests.memory: '16 GB'"),
+    (("trainer", "resources", "limits", "cpu"), "two", "spec.trainer.resources.limits.cpu: 'two' does not match"),
+])
+def test_replicas_and_quantities_are_checked_by_the_schema(path, value, expected):
+    run = example("rlrun.yaml")
+    node = run["spec"]
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    errors = schema_errors("RLRun", run)
+    assert any(e.startswith(expected) for e in errors), errors
+    with pytest.raises(ValidationError, match=path[-1]):
+        RLRunSpec.model_validate(run["spec"])
+
+
+def test_well_formed_quantities_pass_the_schema_and_the_operator():
+    run = example("rlrun.yaml")
+    run["spec"]["inference"]["resources"] = {"requests": {"cpu": "500m", "memory": "1.5Gi", "ephemeral-storage": 10},
+                                             "limits": {"memory": "2e9", "cpu": 4}}
+    assert schema_errors("RLRun", run) == []
+    RLRunSpec.model_validate(run["spec"])

@@ -109,3 +109,84 @@ class WeightsChunk(_message.Message):
     data: bytes
     last_of_file: bool
     def __init__(self, step: _Optional[int] = ..., file: _Optional[str] = ..., data: _Optional[bytes] = ..., last_of_file: _Optional[bool] = ...) -> None: ...
+
+class RolloutSample(_message.Message):
+    __slots__ = ("token_ids", "loss_mask", "logprobs", "temperature")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    loss_mask: _containers.RepeatedScalarFieldContainer[bool]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    temperature: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[bool]] = ..., logprobs: _Optional[_Iterable[float]] = ..., temperature: _Optional[float] = ...) -> None: ...
+
+class RolloutResult(_message.Message):
+    __slots__ = ("env", "example_id", "reward", "samples", "num_turns", "is_truncated", "error", "metrics", "served_versions")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    NUM_TURNS_FIELD_NUMBER: _ClassVar[int]
+    IS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    env: str
+    example_id: str
+    reward: float
+    samples: _containers.RepeatedCompositeFieldContainer[RolloutSample]
+    num_turns: int
+    is_truncated: bool
+    error: str
+    metrics: _containers.ScalarMap[str, float]
+    served_versions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, env: _Optional[str] = ..., example_id: _Optional[str] = ..., reward: _Optional[float] = ..., samples: _Optional[_Iterable[_Union[RolloutSample, _Mapping]]] = ..., num_turns: _Optional[int] = ..., is_truncated: _Optional[bool] = ..., error: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., served_versions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WorkerHello(_message.Message):
+    __slots__ = ("worker_id", "max_groups", "envs")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    ENVS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    max_groups: int
+    envs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., max_groups: _Optional[int] = ..., envs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GroupResult(_message.Message):
+    __slots__ = ("dispatch_id", "rollouts")
+    DISPATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
+    dispatch_id: int
+    rollouts: _containers.RepeatedCompositeFieldContainer[RolloutResult]
+    def __init__(self, dispatch_id: _Optional[int] = ..., rollouts: _Optional[_Iterable[_Union[RolloutResult, _Mapping]]] = ...) -> None: ...
+
+class WorkerMessage(_message.Message):
+    __slots__ = ("hello", "result")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    hello: WorkerHello
+    result: GroupResult
+    def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., result: _Optional[_Union[GroupResult, _Mapping]] = ...) -> None: ...
+
+class GroupTask(_message.Message):
+    __slots__ = ("dispatch_id", "env", "example_id", "group_size", "temperature")
+    DISPATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    dispatch_id: int
+    env: str
+    example_id: str
+    group_size: int
+    temperature: float
+    def __init__(self, dispatch_id: _Optional[int] = ..., env: _Optional[str] = ..., example_id: _Optional[str] = ..., group_size: _Optional[int] = ..., temperature: _Optional[float] = ...) -> None: ...

@@ -254,3 +254,77 @@ class Weights:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class EnvWorkersStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Work = channel.stream_stream(
+                '/rlkube.v1.EnvWorkers/Work',
+                request_serializer=rlkube_dot_transport_dot_rlkube__pb2.WorkerMessage.SerializeToString,
+                response_deserializer=rlkube_dot_transport_dot_rlkube__pb2.GroupTask.FromString,
+                _registered_method=True)
+
+
+class EnvWorkersServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Work(self, request_iterator, context):
+        """A worker's session: it sends a hello, then each finished group; the orchestrator sends
+        groups to run, never more at once than the hello's max_groups.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_EnvWorkersServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Work': grpc.stream_stream_rpc_method_handler(
+                    servicer.Work,
+                    request_deserializer=rlkube_dot_transport_dot_rlkube__pb2.WorkerMessage.FromString,
+                    response_serializer=rlkube_dot_transport_dot_rlkube__pb2.GroupTask.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'rlkube.v1.EnvWorkers', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('rlkube.v1.EnvWorkers', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class EnvWorkers:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Work(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rlkube.v1.EnvWorkers/Work',
+            rlkube_dot_transport_dot_rlkube__pb2.WorkerMessage.SerializeToString,
+            rlkube_dot_transport_dot_rlkube__pb2.GroupTask.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -7,8 +7,10 @@ parameters, ~0.6 GB in fp32), starts one inference server, then for each transpo
 - publish: the trainer's `publish(state_dict, step)` (serialize + write / hand to the gRPC server);
 - load: the orchestrator's `update_weights` (the worker fetches and reloads in place; the
   prefix-cache reset and version tag are included);
-and prints median seconds and seconds per GB. The per-GB figure depends on the disk, the
-machine's load and (for S3) the network; measure on the machine you care about.
+and prints median seconds, seconds per GB and GB/s, beside the machine's plain memory-copy
+bandwidth measured in the same run (the ceiling): into memory already touched, and into fresh
+pages, which is what every new buffer of a snapshot costs. The per-GB figure depends on the
+disk, the machine's load and (for S3) the network; measure on the machine you care about.
 """
 
 import argparse
@@ -27,6 +29,24 @@ def state_dict_of(model_dir: Path, seed: int):
     return {
         k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in load_file(model_dir / "model.safetensors").items()
     }
+
+
+def copy_bandwidth(gigabytes: float, repeats: int) -> dict:
+    """GB/s (best of `repeats`) of copying `gigabytes` into touched memory and into fresh pages."""
+    import torch
+
+    source = torch.ones(int(gigabytes * 1e9) // 4)
+    target = torch.zeros_like(source)
+    touched, fresh = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        touched.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        copy = source.clone()
+        fresh.append(time.perf_counter() - start)
+        del copy
+    return {"touched": gigabytes / min(touched), "fresh": gigabytes / min(fresh)}
 
 
 async def bench_transport(name, publisher, base_url, model_dir, repeats) -> dict:
@@ -48,7 +68,7 @@ async def bench_transport(name, publisher, base_url, model_dir, repeats) -> dict
     return {
         "transport": name, "GB": gigabytes, "publish_s": publish, "load_s": load,
         "publish_s_per_GB": publish / gigabytes, "load_s_per_GB": load / gigabytes,
-        "total_s_per_GB": (publish + load) / gigabytes,
+        "total_s_per_GB": (publish + load) / gigabytes, "GB_per_s": gigabytes / (publish + load),
     }
 
 
@@ -88,6 +108,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8190)
     args = parser.parse_args()
     rows = asyncio.run(run(args))
+    ceiling = copy_bandwidth(rows[0]["GB"], args.repeats)
     from rich.console import Console
     from rich.table import Table
 
@@ -96,7 +117,12 @@ def main() -> None:
         table.add_column(column, justify="left" if column == "transport" else "right")
     for row in rows:
         table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
-    Console(width=160).print(table)
+    console = Console(width=160)
+    console.print(table)
+    console.print(
+        f"memory copy of {rows[0]['GB']:.2f} GB on this machine: {ceiling['touched']:.2f} GB/s into touched "
+        f"memory, {ceiling['fresh']:.2f} GB/s into fresh pages"
+    )
 
 
 if __name__ == "__main__":

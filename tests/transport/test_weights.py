@@ -22,7 +22,7 @@ from rlkube.transport.weights_storage import (
     read_marker,
     write_snapshot,
 )
-from safetensors.torch import load
+from safetensors.torch import load, save
 
 from tests.fixtures.inference import S3_BUCKET, S3_ENV, free_port
 from tests.fixtures.network import VanishingPeerProxy
@@ -54,6 +54,20 @@ def test_snapshot_is_bit_exact_with_config_and_marker_last(model_dir):
     loaded = dict(iter_safetensors(files))
     for name, tensor in state().items():  # tied tensors are stored twice, values intact
         assert torch.equal(loaded[name], tensor)
+
+
+def test_tensors_of_a_fetched_snapshot_are_views_of_its_buffer_in_every_dtype():
+    tensors = {
+        "bf16": torch.randn(3, 4).bfloat16(), "half": torch.randn(7).half(), "long": torch.arange(5),
+        "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 3), "mask": torch.tensor([True, False]),
+    }
+    loaded = dict(iter_safetensors({"model.safetensors": bytearray(save(tensors))}))
+    assert all(loaded[k].dtype == v.dtype and torch.equal(loaded[k], v) for k, v in tensors.items())
+
+    buffer = bytearray(save({"w": torch.ones(4)}))  # as fetch_snapshot returns a file
+    (weights,) = dict(iter_safetensors({"model.safetensors": buffer})).values()
+    buffer[-4:] = torch.tensor([7.0]).numpy().tobytes()
+    assert weights.tolist() == [1, 1, 1, 7], "a view of the fetched bytes, not a copy"
 
 
 def test_large_state_dicts_are_sharded_with_an_index(model_dir):

@@ -19,23 +19,38 @@ logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 * 1024 * 1024
 _MAX_MESSAGE = CHUNK_BYTES + 1024 * 1024
+_SERVICE = rlkube_pb2.DESCRIPTOR.services_by_name["Weights"].full_name
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", _MAX_MESSAGE),
     ("grpc.max_receive_message_length", _MAX_MESSAGE),
 ]
 
 
-class WeightsServicer(rlkube_pb2_grpc.WeightsServicer):
-    """Holds the newest `keep_last` snapshots (`{file: bytes}` per step) and streams them."""
+def encode_chunks(step: int, files: dict[str, bytes]) -> list[bytes]:
+    """A snapshot as the serialized `WeightsChunk` messages of a Fetch, in order."""
+    return [
+        rlkube_pb2.WeightsChunk(
+            step=step, file=name, data=data[start : start + CHUNK_BYTES], last_of_file=start + CHUNK_BYTES >= len(data)
+        ).SerializeToString()
+        for name, data in files.items()
+        for start in range(0, max(len(data), 1), CHUNK_BYTES)
+    ]
+
+
+class WeightsServicer:
+    """Holds the newest `keep_last` snapshots and streams them. Each is held as its encoded
+    chunk messages, made once when it is added: a Fetch (one per replica, while the trainer
+    computes the next step in the same process) then sends them without copying or encoding."""
 
     def __init__(self, keep_last: int | None):
         self.keep_last = keep_last
-        self._snapshots: dict[int, dict[str, bytes]] = {}
+        self._snapshots: dict[int, list[bytes]] = {}
         self._added = threading.Condition()
 
     def add(self, step: int, files: dict[str, bytes]) -> None:
+        chunks = encode_chunks(step, files)
         with self._added:
-            self._snapshots[step] = files
+            self._snapshots[step] = chunks
             if self.keep_last is not None:
                 for old in sorted(self._snapshots)[: -self.keep_last]:
                     del self._snapshots[old]
@@ -49,7 +64,7 @@ class WeightsServicer(rlkube_pb2_grpc.WeightsServicer):
         """Whether `step` (-1: any) may still be added: nothing newer is held yet."""
         return not self._snapshots or (step != -1 and step > max(self._snapshots))
 
-    def Fetch(self, request, context) -> Iterator[rlkube_pb2.WeightsChunk]:
+    def Fetch(self, request, context) -> Iterator[bytes]:
         # A step not published yet is waited for until the caller's deadline (a resumed run
         # asks for its checkpoint's policy while this trainer is still republishing it); one
         # older than a held step was pruned and is refused at once. The wait ends a grace period
@@ -60,24 +75,22 @@ class WeightsServicer(rlkube_pb2_grpc.WeightsServicer):
         with self._added:
             self._added.wait_for(lambda: not self._pending(request.step), timeout=wait)
             step = max(self._snapshots, default=-1) if request.step == -1 else request.step
-            files = self._snapshots.get(step)
-        if files is None:
+            chunks = self._snapshots.get(step)
+        if chunks is None:
             context.abort(
                 grpc.StatusCode.NOT_FOUND,
                 f"no weight snapshot for step {request.step} (held: {self.steps()})",
             )
-        for name, data in files.items():
-            for start in range(0, max(len(data), 1), CHUNK_BYTES):
-                chunk = data[start : start + CHUNK_BYTES]
-                yield rlkube_pb2.WeightsChunk(
-                    step=step, file=name, data=chunk, last_of_file=start + CHUNK_BYTES >= len(data)
-                )
+        yield from chunks
 
 
 def serve_weights(servicer: WeightsServicer, bind: str) -> grpc.Server:
     """Start a gRPC server for `servicer` on `bind` ("host:port")."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=CHANNEL_OPTIONS + keepalive.SERVER)
-    rlkube_pb2_grpc.add_WeightsServicer_to_server(servicer, server)
+    fetch = grpc.unary_stream_rpc_method_handler(  # responses are sent as encoded
+        servicer.Fetch, request_deserializer=rlkube_pb2.WeightsRequest.FromString, response_serializer=None
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, {"Fetch": fetch}),))
     try:
         server.add_insecure_port(bind)  # grpcio raises RuntimeError when it cannot bind
     except RuntimeError:
@@ -87,7 +100,7 @@ def serve_weights(servicer: WeightsServicer, bind: str) -> grpc.Server:
     return server
 
 
-def fetch_snapshot(address: str, step: int, timeout: float) -> dict[str, bytes]:
+def fetch_snapshot(address: str, step: int, timeout: float) -> dict[str, bytearray]:
     """Pull snapshot `step` (-1: newest) from the weight server at `address` ("host:port"),
     waiting up to `timeout` for a server still starting or a step not published yet.
 
@@ -108,4 +121,5 @@ def fetch_snapshot(address: str, step: int, timeout: float) -> dict[str, bytes]:
             ) from None
     if COMPLETE not in parts:
         raise ConnectionError(f"grpc://{address} sent an incomplete snapshot for step {step}")
-    return {name: b"".join(chunks) for name, chunks in parts.items()}
+    # bytearrays: writable, so the worker's tensors are views of them, not copies
+    return {name: bytearray().join(chunks) for name, chunks in parts.items()}

@@ -130,10 +130,27 @@ def snapshot_files(
     return Snapshot(state_dict, step, model_dir, max_shard_bytes).files()
 
 
-def iter_safetensors(files: dict[str, bytes]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs of every safetensors file in a snapshot held in memory."""
-    from safetensors.torch import load
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
 
+
+def iter_safetensors(files: dict[str, bytes | bytearray]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of every safetensors file in a snapshot held in memory. Tensors of a
+    `bytearray` file are views of it, not copies (`safetensors.torch.load` copies each one): the
+    format is an 8-byte little-endian header size, a JSON header of dtype, shape and byte
+    offsets per tensor, then the data."""
     for name in sorted(files):
-        if name.endswith(".safetensors"):
-            yield from load(files[name]).items()
+        if not name.endswith(".safetensors"):
+            continue
+        data = files[name]
+        if not isinstance(data, bytearray):
+            data = bytearray(data)
+        size = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + size])
+        header.pop("__metadata__", None)
+        raw = torch.frombuffer(data, dtype=torch.uint8)[8 + size :]
+        for key, entry in header.items():
+            start, end = entry["data_offsets"]
+            yield key, raw[start:end].view(_DTYPES[entry["dtype"]]).view(entry["shape"])

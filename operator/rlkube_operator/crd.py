@@ -1,6 +1,6 @@
 """Generate the RLRun and SFTRun CustomResourceDefinitions from the pydantic models.
 
-    python -m rlkube_operator.crd            # write crds/*.yaml and the chart's copies
+    python -m rlkube_operator.crd            # write crds/*.yaml and the charts' copies
     python -m rlkube_operator.crd --check    # exit 1 if the committed files are stale
 
 Pydantic writes JSON Schema 2020-12; Kubernetes wants a *structural* OpenAPI v3.0 schema. The
@@ -26,7 +26,8 @@ from rlkube_operator.names import NAME_MAX_LENGTH, NAME_PATTERN
 from rlkube_operator.spec import KINDS, RunStatus
 
 REPO = Path(__file__).resolve().parents[2]
-OUTPUT_DIRS = [REPO / "crds", REPO / "helm" / "rlkube" / "files" / "crds"]
+# kubectl apply -f crds/; the operator chart (crds.install); the CRD-only chart (once per cluster).
+OUTPUT_DIRS = [REPO / "crds"] + [REPO / "helm" / chart / "files" / "crds" for chart in ("rlkube", "rlkube-crds")]
 
 SHORT_NAMES = {"RLRun": ["rlr"], "SFTRun": ["sftr"]}
 NAME_RULES = [

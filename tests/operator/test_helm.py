@@ -21,11 +21,22 @@ VALUES = {
 }
 
 
-def render(values: dict) -> list[dict]:
-    chart = helm.Chart.load(str(CHART))
-    out = chart.render(values, name="rlkube", namespace="rlkube-system", is_install=True)
+CRD_CHART = CHART.parent / "rlkube-crds"
+CLUSTER_SCOPED = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "Namespace"}
+
+
+def render(values: dict, chart: Path = CHART, name: str = "rlkube", namespace: str = "rlkube-system") -> list[dict]:
+    out = helm.Chart.load(str(chart)).render(values, name=name, namespace=namespace, is_install=True)
     return [doc for path, text in sorted(out.items()) if path.endswith(".yaml")
             for doc in yaml.safe_load_all(text) if doc]
+
+
+def owned(objects: list[dict], namespace: str) -> set[tuple]:
+    """What a release owns, as Helm identifies it: a second release rendering one of these fails
+    ("cannot be imported into the current release: invalid ownership metadata")."""
+    return {(o["apiVersion"].split("/")[0] if "/" in o["apiVersion"] else "", o["kind"],
+             None if o["kind"] in CLUSTER_SCOPED else o["metadata"].get("namespace", namespace),
+             o["metadata"]["name"]) for o in objects}
 
 
 @pytest.mark.parametrize("name", sorted(VALUES))
@@ -90,6 +101,30 @@ def test_crds_are_upgradable_templates_kept_on_uninstall():
         committed = yaml.safe_load((REPO / "crds" / f"rlkube.dev_{c['spec']['names']['plural']}.yaml").read_text())
         assert c == committed
     assert not [o for o in render({"crds": {"install": False}}) if o["kind"] == "CustomResourceDefinition"]
+
+
+def test_the_crd_chart_installs_exactly_the_committed_crds():
+    report = helm.lint(str(CRD_CHART), {}, strict=True, kube_version="v1.30.0")
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == []
+    crds = render({}, CRD_CHART, name="rlkube-crds", namespace="default")
+    assert sorted(c["metadata"]["name"] for c in crds) == ["rlruns.rlkube.dev", "sftruns.rlkube.dev"]
+    for c in crds:
+        kubernetes_validate.validate(c, "1.37.0", strict=True)
+        assert c == yaml.safe_load((REPO / "crds" / f"rlkube.dev_{c['spec']['names']['plural']}.yaml").read_text())
+    with pytest.raises(Exception, match="schema"):
+        render({"install": True}, CRD_CHART)  # it takes no values: a typo is not ignored
+
+
+def test_a_second_release_in_another_namespace_owns_nothing_the_first_owns():
+    """The CRDs from their own chart, once; then one operator release per team namespace."""
+    crds = owned(render({}, CRD_CHART, name="rlkube-crds", namespace="default"), "default")
+    releases = [owned(render({"crds": {"install": False}}, name=f"rlkube-{ns}", namespace=ns), ns)
+                for ns in ("team-a", "team-b")]
+    assert not crds & releases[0] and not crds & releases[1] and not releases[0] & releases[1]
+    assert {kind for _, kind, _, _ in releases[0]} >= {"Deployment", "Role", "RoleBinding", "ServiceAccount"}
+    # What the chart's own CRDs would do: the second release would fail on their ownership.
+    both = [owned(render({}, name=f"rlkube-{ns}", namespace=ns), ns) for ns in ("team-a", "team-b")]
+    assert {kind for _, kind, _, _ in both[0] & both[1]} == {"CustomResourceDefinition"}
 
 
 VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", "UPDATE": "patch", "DELETE": "delete"}

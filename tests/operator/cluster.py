@@ -129,12 +129,13 @@ class Cluster:
         ]
 
     async def until(self, predicate, timeout: float = 20.0, what: str = "condition"):
-        """Poll until predicate() is truthy; its value is returned."""
+        """Poll until predicate() is truthy; its value is returned. A predicate that looks
+        something up (`next(...)` over events kopf posts in the background) may not find it yet."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             try:
                 value = predicate()
-            except (KeyError, TypeError, IndexError):
+            except (KeyError, TypeError, IndexError, StopIteration):
                 value = None
             if value:
                 return value

@@ -77,8 +77,8 @@ def trainer_thread(port, max_steps, world_size, results, start_step=1):
             client.report_policy(step, f"/w/step_{step}")
 
 
-async def run_with_trainer(orchestrator, config, world_size=2, start_step=1, resume_step=None):
-    server = await start_server(orchestrator, "127.0.0.1", 0)
+async def run_with_trainer(orchestrator, config, world_size=2, start_step=1, resume_step=None, port=0):
+    server = await start_server(orchestrator, "127.0.0.1", port, workers=orchestrator.workers)
     results: dict = {}
     thread = threading.Thread(target=trainer_thread, args=(server.port, config.max_steps, world_size, results, start_step))
     thread.start()

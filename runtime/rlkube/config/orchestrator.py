@@ -162,6 +162,23 @@ class OrchestratorSection(Config):
     http_port: int = Field(default=8080, ge=1, le=65535)
     """Port of `/metrics` (Prometheus) and `/status` (JSON for the operator)."""
 
+    env_workers: int = Field(default=0, ge=0)
+    """Processes that run the rollouts (`rlkube env-worker`), dialing the orchestrator's gRPC
+    port, while the orchestrator keeps the clock, buffer, advantages and packing. 0 runs them
+    in the orchestrator's own process (~200 single-turn rollouts per CPU-second on the lean
+    path); add workers when rollouts need more CPU than one core (multi-turn and tool
+    environments, many inference replicas). `rlkube rl` starts this many locally; on
+    Kubernetes they are the run's env-worker Deployment."""
+
+    env_worker_timeout_s: float = Field(default=1800, gt=0)
+    """A group an env worker has held this long is sent to another worker too (the first
+    answer is trained): a worker that hangs with its connection open cannot stall the run."""
+
+    @property
+    def max_groups_in_flight(self) -> int:
+        """Whole groups within `client.max_concurrent` rollouts (at least one)."""
+        return max(1, -(-self.client.max_concurrent // self.group_size))
+
     @model_validator(mode="after")
     def _batch_is_whole_groups(self):
         if self.batch_size % self.group_size:

@@ -12,6 +12,7 @@ COMMANDS = {
     "sft": ("rlkube.entrypoints.sft", "supervised fine-tuning"),
     "inference": ("rlkube.entrypoints.inference", "one vLLM server with rlkube's weight updates"),
     "orchestrator": ("rlkube.entrypoints.orchestrator", "rollouts, rewards and batches for the trainer"),
+    "env-worker": ("rlkube.entrypoints.env_worker", "run the orchestrator's rollouts in another process"),
     "trainer": ("rlkube.entrypoints.trainer", "the RL trainer (run under torchrun)"),
     "eval": ("rlkube.entrypoints.eval", "score a model on an environment through vLLM"),
     "model": ("rlkube.entrypoints.model", "make a tiny Hugging Face model (`rlkube model init`)"),

@@ -65,12 +65,13 @@ async def serve(config: OrchestratorConfig) -> None:
     orchestrator = Orchestrator(config, runners, pool, log_metrics, evaluate)
     host = config.rollouts.host
     logger.info("orchestrator instance %s", orchestrator.instance_id)
-    grpc_server = await start_server(orchestrator, host, config.rollouts.port)
+    grpc_server = await start_server(orchestrator, host, config.rollouts.port, workers=orchestrator.workers)
     http, _ = await start_http(make_app(orchestrator.status, prometheus), host, config.http_port)
     try:
         async with contextlib.AsyncExitStack() as stack:
-            for runner in runners:
-                await stack.enter_async_context(runner.serving())
+            if orchestrator.workers is None:  # else the env workers serve the rollouts
+                for runner in runners:
+                    await stack.enter_async_context(runner.serving())
             await pool.wait_until_healthy(config.client.timeout_s)
             await orchestrator.run(resume_step)
         logger.info("finished: policy %d loaded, %d steps done", orchestrator.clock.policy_step, config.max_steps)

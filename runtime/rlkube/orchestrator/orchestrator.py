@@ -3,7 +3,8 @@
 It owns the pieces and the protocol with the trainer (the `BatchSource` the gRPC server
 serves):
 
-- the scheduler generates groups within the clock's limits and cuts batch after batch;
+- the scheduler generates groups within the clock's limits and cuts batch after batch, running
+  them here or in env workers (`orchestrator.env_workers`, rlkube.orchestrator.workers);
 - `get_batch(step, rank, world_size)` packs a cut batch for the trainer's world size (once
   per step) and answers each rank with its rows;
 - `report_policy(step, location)` queues policy `step`; the policy loop pauses every replica,
@@ -28,9 +29,10 @@ from rlkube.orchestrator.buffer import RolloutBuffer
 from rlkube.orchestrator.clock import PolicyClock
 from rlkube.orchestrator.metrics import batch_metrics
 from rlkube.orchestrator.packing import pack_batch
-from rlkube.orchestrator.rollouts import lost_its_engine
+from rlkube.orchestrator.rollouts import run_group
 from rlkube.orchestrator.scheduler import Scheduler
 from rlkube.orchestrator.types import Batch, Rollout
+from rlkube.orchestrator.workers import WorkerHub
 
 logger = logging.getLogger(__name__)
 
@@ -51,16 +53,21 @@ class Orchestrator:
         self.evaluate = evaluate
         self.clock = PolicyClock(config.async_level)
         self.buffer = RolloutBuffer(config.batch_size, config.max_off_policy_steps)
+        self.workers = (
+            WorkerHub(self.clock, config.group_size, list(self.runners), config.env_worker_timeout_s)
+            if config.env_workers else None
+        )
+        """Groups go to env worker processes (served on the gRPC port) instead of running here."""
         self.scheduler = Scheduler(
             runners=runners,
             ratios=[r.config.ratio for r in runners],
-            run_group=self.run_group,
+            run_group=self.workers.run_group if self.workers else self.run_group,
             clock=self.clock,
             buffer=self.buffer,
             advantage_fn=make_advantage_fn(config.advantage, config.sampling.max_tokens),
             group_size=config.group_size,
             max_steps=config.max_steps,
-            max_groups_in_flight=max(1, -(-config.client.max_concurrent // config.group_size)),
+            max_groups_in_flight=config.max_groups_in_flight,
             on_batch=self.on_batch,
             seed=config.seed,
         )
@@ -84,23 +91,11 @@ class Orchestrator:
     # --- rollouts -------------------------------------------------------------------
 
     async def run_group(self, runner, example_id: str, task) -> list[Rollout]:
-        ctx = self.pool.context_for(runner.name, example_id)
-        temperature = self.config.sampling.temperature
-
-        async def one() -> Rollout:
-            async with self.pool.slot():
-                return await runner.rollout(task, example_id, ctx, temperature, lambda: self.clock.policy_step)
-
-        group = list(await asyncio.gather(*(one() for _ in range(self.config.group_size))))
-        while lost := [i for i, rollout in enumerate(group) if lost_its_engine(rollout)]:
-            # Its replica died or restarted mid-call: that says nothing about the policy or the
-            # env, so the rollouts run again once the pool's watcher has the replica back.
-            logger.warning("%d rollout(s) of %s/%s lost their inference replica: re-running them",
-                           len(lost), runner.name, example_id)
-            await asyncio.sleep(self.config.client.resync_interval_s)
-            for i, rollout in zip(lost, await asyncio.gather(*(one() for _ in lost))):
-                group[i] = rollout
-        return group
+        """A group in this process (no env workers)."""
+        return await run_group(
+            runner, self.pool, example_id, task, self.config.group_size, self.config.sampling.temperature,
+            lambda: self.clock.policy_step, self.config.client.resync_interval_s,
+        )
 
     def on_batch(self, batch: Batch) -> None:
         errored = [r for r in batch.rollouts if r.error is not None]
@@ -108,6 +103,8 @@ class Orchestrator:
             # Inference is down or the env is broken: fail loudly instead of training on nothing.
             raise RuntimeError(f"all {len(errored)} rollouts of batch {batch.step} failed, e.g. {errored[0].error}")
         metrics = self.store_batch(batch)
+        if self.workers is not None:
+            metrics |= self.workers.metrics()
         metrics["time/batch"] = time.perf_counter() - self.batch_started
         self.batch_started = time.perf_counter()
         self.log_metrics(metrics, batch.step)

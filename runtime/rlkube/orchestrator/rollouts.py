@@ -8,6 +8,7 @@ harnesses run in-process take the lean path (`rlkube.envs.in_process`): the same
 without the local HTTP hop to verifiers' interception server.
 """
 
+import asyncio
 import logging
 import random
 import statistics
@@ -133,3 +134,27 @@ class EnvRunner:
         rollout = episode_to_rollout(episode, self.name, example_id, temperature, start, policy_version())
         rollout.served_versions = served
         return rollout
+
+
+async def run_group(runner, pool, example_id: str, task: Any, group_size: int, temperature: float, policy_version,
+                    retry_after_s: float) -> list[Rollout]:
+    """`group_size` rollouts of one task on its sticky replica, each once the pool has a slot.
+
+    Rollouts whose replica died or restarted mid-call (`lost_its_engine`) say nothing about the
+    policy or the env: they run again after `retry_after_s`, once the orchestrator's watcher
+    has the replica back on the current policy. What the orchestrator runs in-process, and
+    what an env worker runs for it (`rlkube.orchestrator.env_worker`)."""
+    ctx = pool.context_for(runner.name, example_id)
+
+    async def one() -> Rollout:
+        async with pool.slot():
+            return await runner.rollout(task, example_id, ctx, temperature, policy_version)
+
+    group = list(await asyncio.gather(*(one() for _ in range(group_size))))
+    while lost := [i for i, rollout in enumerate(group) if lost_its_engine(rollout)]:
+        logger.warning("%d rollout(s) of %s/%s lost their inference replica: re-running them",
+                       len(lost), runner.name, example_id)
+        await asyncio.sleep(retry_after_s)
+        for i, rollout in zip(lost, await asyncio.gather(*(one() for _ in lost))):
+            group[i] = rollout
+    return group

@@ -1,4 +1,5 @@
-"""The orchestrator's gRPC server: the trainer pulls batches and reports new policies here.
+"""The orchestrator's gRPC server: the trainer pulls batches and reports new policies here
+(and env workers dial it for groups to run: rlkube.transport.env_workers).
 
 The server knows nothing about rollouts: it adapts a `BatchSource` (the orchestrator) to the
 `Rollouts` service of rlkube.proto. It runs on the orchestrator's asyncio loop (`grpc.aio`).
@@ -99,10 +100,16 @@ class RolloutsService(pb_grpc.RolloutsServicer):
         )
 
 
-async def start_server(source: BatchSource, host: str, port: int) -> grpc.aio.Server:
-    """Serve `source` on host:port (port 0 picks a free one: read it from `server.port`)."""
+async def start_server(source: BatchSource | None, host: str, port: int, workers=None) -> grpc.aio.Server:
+    """Serve `source` on host:port (port 0 picks a free one: read it from `server.port`), and
+    the EnvWorkers service over `workers` (a `WorkerHub`) when given."""
     server = grpc.aio.server(options=CHANNEL_OPTIONS + keepalive.SERVER)
-    pb_grpc.add_RolloutsServicer_to_server(RolloutsService(source), server)
+    if source is not None:
+        pb_grpc.add_RolloutsServicer_to_server(RolloutsService(source), server)
+    if workers is not None:
+        from rlkube.transport.env_workers import EnvWorkersService
+
+        pb_grpc.add_EnvWorkersServicer_to_server(EnvWorkersService(workers), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"rollouts gRPC server: cannot bind {host}:{port}")

@@ -79,3 +79,13 @@ def test_given_base_urls_attach_to_running_servers_instead_of_starting_them(tmp_
     config = RLConfig(output_dir=tmp_path, orchestrator={"client": {"base_urls": ["http://10.0.0.5:8000"]}})
     stages = child_stages(config, write_process_configs(config))
     assert [[s.name for s in stage] for stage in stages] == [["trainer"], ["orchestrator"]]
+
+
+def test_env_workers_start_beside_the_orchestrator_on_its_config(tmp_path):
+    config = RLConfig(output_dir=tmp_path, orchestrator={"env_workers": 2})
+    paths = write_process_configs(config)
+    _, second = child_stages(config, paths)
+    assert [s.name for s in second] == ["orchestrator", "env-worker-0", "env-worker-1"]
+    worker = second[2]
+    assert worker.argv[-3:] == ["rlkube.entrypoints.env_worker", "@", str(paths["orchestrator"])]
+    assert worker.log_path == tmp_path / "logs" / "env-worker-1.log" and not worker.must_finish

@@ -62,7 +62,8 @@ def uses_external_inference(config: RLConfig) -> bool:
 
 def child_stages(config: RLConfig, paths: dict[str, Path]) -> list[list[ChildSpec]]:
     """Inference replicas and the trainer start at once (model loading overlaps vLLM's start);
-    the orchestrator starts once every replica is healthy."""
+    the orchestrator starts once every replica is healthy, with its env workers (they dial it
+    until it listens)."""
     logs = config.output_dir / "logs"
     inference = [] if uses_external_inference(config) else [
         ChildSpec(
@@ -81,5 +82,9 @@ def child_stages(config: RLConfig, paths: dict[str, Path]) -> list[list[ChildSpe
         logs / "orchestrator.log",
         must_finish=True,
     )
-    return [[*inference, trainer], [orchestrator]]
+    env_workers = [
+        ChildSpec(f"env-worker-{i}", [*_module("env_worker"), "@", str(paths["orchestrator"])], logs / f"env-worker-{i}.log")
+        for i in range(config.orchestrator.env_workers)
+    ]
+    return [[*inference, trainer], [orchestrator, *env_workers]]
 

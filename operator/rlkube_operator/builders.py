@@ -83,6 +83,25 @@ def build_inference_statefulset(run: RunRef, spec: RLRunSpec, replicas: int) -> 
     }
 
 
+def build_inference_pdb(run: RunRef) -> dict:
+    """Voluntary disruptions (a node drain, an autoscaler's scale-down) take this run's inference
+    pods one at a time: the orchestrator carries on with the other replicas and brings a
+    rescheduled one back to the current policy, but losing all at once would stall the run.
+    A pod that is not Ready may always be evicted, so a crash-looping replica never blocks a
+    drain. One budget per run (its uid's pods), owned by it: a namespace-wide one would count
+    every run's pods against a single `maxUnavailable`."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": run.metadata("inference"),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": run.service_selector("inference")},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def build_orchestrator_service(run: RunRef, spec: RLRunSpec) -> dict:
     ports = [
         _tcp("grpc", spec.config.rollouts.port),

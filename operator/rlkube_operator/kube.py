@@ -29,6 +29,7 @@ KINDS = {
     "StatefulSet": (client.AppsV1Api, "stateful_set"),
     "Deployment": (client.AppsV1Api, "deployment"),
     "Job": (client.BatchV1Api, "job"),
+    "PodDisruptionBudget": (client.PolicyV1Api, "pod_disruption_budget"),
     "Event": (client.CoreV1Api, "event"),
 }
 IMMUTABLE = {"Job", "PersistentVolumeClaim"}

@@ -146,6 +146,7 @@ class Reconciler:
         if "inference" in workload.components:
             k.ensure(builders.build_inference_service(run, spec))
             k.ensure(builders.build_inference_statefulset(run, spec, replicas * spec.inference.replicas))
+            k.ensure(builders.build_inference_pdb(run))
             k.ensure(builders.build_orchestrator_service(run, spec))
             k.ensure(builders.build_orchestrator_deployment(run, spec, replicas, attempt))
         k.ensure(builders.build_trainer_master_service(run, spec, workload.trainer_status_port))
@@ -159,9 +160,11 @@ class Reconciler:
             k.patch("Job", run.namespace, job["metadata"]["name"], {"spec": {"suspend": spec.suspend}})
 
     def teardown(self, run: RunRef, workload: Workload) -> None:
-        """Free the GPUs: inference and orchestrator go; ConfigMap, PVC and the Job stay."""
+        """Free the GPUs: inference (and its disruption budget) and the orchestrator go;
+        ConfigMap, PVC and the Job stay."""
         if "inference" in workload.components:
             self.kube.delete_owned("StatefulSet", run.namespace, run.child("inference"), run.uid)
+            self.kube.delete_owned("PodDisruptionBudget", run.namespace, run.child("inference"), run.uid)
             self.kube.delete_owned("Deployment", run.namespace, run.child("orchestrator"), run.uid)
 
     # --- the loop ---------------------------------------------------------------------

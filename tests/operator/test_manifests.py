@@ -73,6 +73,7 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
         out += [
             builders.build_inference_service(run, spec),
             builders.build_inference_statefulset(run, spec, spec.inference.replicas),
+            builders.build_inference_pdb(run),
             builders.build_orchestrator_service(run, spec),
             builders.build_orchestrator_deployment(run, spec, 1, attempt),
         ]

@@ -176,6 +176,27 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
     assert cluster.status("RLRun", "rt")["phase"] == "Succeeded"
 
 
+async def test_inference_pods_have_a_disruption_budget_of_their_run(cluster):
+    """A drain evicts one inference pod of a run at a time; the budget selects only this run's
+    pods (not another run's, nor a recreated predecessor's) and goes with the GPUs at the end."""
+    uid = (await cluster.create(rlrun(inference={"replicas": 2})))["metadata"]["uid"]
+    await cluster.create(rlrun("other"))
+    pdb = await cluster.until(lambda: cluster.get("PodDisruptionBudget", "rt-inference"), what="budget")
+    assert pdb["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    await cluster.run_pods(cluster.get("StatefulSet", "rt-inference"), 2)
+    await start_everything(cluster, "other")
+    await cluster.run_pods(cluster.get("Deployment", "rt-orchestrator"), 1)
+    await cluster.run_pods(cluster.get("Job", "rt-trainer-0"), 1)
+    selector = pdb["spec"]["selector"]["matchLabels"]
+    pods = {name for name in cluster.names("Pod")
+            if selector.items() <= cluster.get("Pod", name)["metadata"]["labels"].items()}
+    assert pods == {"rt-inference-0", "rt-inference-1"}  # not its other pods, nor run "other"'s
+    await cluster.patch("Job", "rt-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    await cluster.until(lambda: cluster.get("PodDisruptionBudget", "rt-inference") is None, what="budget gone")
+    assert cluster.get("PodDisruptionBudget", "other-inference") is not None
+
+
 async def start_everything(cluster, name: str = "rt", attempt: int = 0) -> None:
     job = await cluster.until(lambda: cluster.get("Job", f"{name}-trainer-{attempt}"), what="trainer Job")
     await cluster.run_pods(cluster.get("StatefulSet", f"{name}-inference"), 1)

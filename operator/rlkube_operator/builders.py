@@ -102,6 +102,27 @@ def build_inference_pdb(run: RunRef) -> dict:
     }
 
 
+def build_network_policy(run: RunRef, operator_peer: dict, status_port: int) -> dict:
+    """Only the run's own pods reach its pods (rollouts and weights over gRPC, vLLM's HTTP,
+    torchrun and NCCL), and the operator reaches `status_port` (`GET /status`); nothing else,
+    Prometheus included, unless another NetworkPolicy allows it (policies add up). One per
+    run, selecting its uid's pods: a NetworkPolicy cannot say "the same run as the target"."""
+    own = {"podSelector": {"matchLabels": run.pod_labels()}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": run.metadata("network-policy"),
+        "spec": {
+            "podSelector": {"matchLabels": run.pod_labels()},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [own]},
+                {"from": [operator_peer], "ports": [{"protocol": "TCP", "port": status_port}]},
+            ],
+        },
+    }
+
+
 def build_orchestrator_service(run: RunRef, spec: RLRunSpec) -> dict:
     ports = [
         _tcp("grpc", spec.config.rollouts.port),

@@ -30,6 +30,7 @@ KINDS = {
     "Deployment": (client.AppsV1Api, "deployment"),
     "Job": (client.BatchV1Api, "job"),
     "PodDisruptionBudget": (client.PolicyV1Api, "pod_disruption_budget"),
+    "NetworkPolicy": (client.NetworkingV1Api, "network_policy"),
     "Event": (client.CoreV1Api, "event"),
 }
 IMMUTABLE = {"Job", "PersistentVolumeClaim"}

@@ -1,6 +1,7 @@
 """rlkube-operator: the routing table from kopf events to handlers, and the entry point.
 
     rlkube-operator [--namespace NS ... | --all-namespaces] [--interval 5] [--metrics-port 8080]
+                    [--network-policy-peer '{"namespaceSelector": …, "podSelector": …}']
 
 Every RLRun/SFTRun is reconciled by one timer (`Reconciler.reconcile`, level-triggered): kopf
 runs one timer per object at a time, so two passes never race on the same run. Liveness is
@@ -78,6 +79,16 @@ def build_registry(reconciler: Reconciler, *, interval: float, login=kopf.login_
     return registry
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, not {text!r}")
+    return value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rlkube-operator", description=__doc__.splitlines()[0])
     scope = parser.add_mutually_exclusive_group()
@@ -91,6 +102,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=Settings.status_url_template,
         help="template of the progress URL: the orchestrator's (RLRun) or trainer pod 0's (SFTRun) "
         "GET /status ({service}, {namespace}, {port})",
+    )
+    parser.add_argument(
+        "--network-policy-peer",
+        type=_json_object,
+        default=None,
+        help="a NetworkPolicyPeer (JSON) matching the operator's pods: give each run a NetworkPolicy "
+        "that admits only the run's own pods, and this peer on the run's status port",
     )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
@@ -106,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
-    reconciler = Reconciler(Kube(api_client()), Settings(status_url_template=args.status_url))
+    settings = Settings(status_url_template=args.status_url, network_policy_peer=args.network_policy_peer)
+    reconciler = Reconciler(Kube(api_client()), settings)
     kopf.run(
         registry=build_registry(reconciler, interval=args.interval),
         clusterwide=args.all_namespaces,

@@ -65,6 +65,10 @@ class Settings:
     status_url_template: str = progress.DEFAULT_URL_TEMPLATE
     """Where a run's progress is read; see `progress.py` for why the Service, not the proxy."""
 
+    network_policy_peer: dict | None = None
+    """A NetworkPolicyPeer matching the operator's pods: each run then gets a NetworkPolicy that
+    admits only its own pods, and this peer on its status port. None: no NetworkPolicies."""
+
 
 @dataclass
 class Result:
@@ -150,6 +154,9 @@ class Reconciler:
             k.ensure(builders.build_orchestrator_service(run, spec))
             k.ensure(builders.build_orchestrator_deployment(run, spec, replicas, attempt))
         k.ensure(builders.build_trainer_master_service(run, spec, workload.trainer_status_port))
+        if self.settings.network_policy_peer is not None:
+            k.ensure(builders.build_network_policy(run, self.settings.network_policy_peer,
+                                                   _status_port(workload, spec)))
         job = builders.build_trainer_job(
             run, spec, module=workload.module, config_file=workload.config_file,
             attempt=attempt, restarts=restarts, suspend=spec.suspend, status_port=workload.trainer_status_port,
@@ -323,9 +330,10 @@ class Reconciler:
     ) -> None:
         """Step, reward and checkpoint from the orchestrator (RLRun) or trainer pod 0 (SFTRun)."""
         if workload.trainer_status_port is None:
-            source, service, port = "orchestrator", run.child("orchestrator"), spec.config.orchestrator.http_port
+            source, service = "orchestrator", run.child("orchestrator")
         else:
-            source, service, port = "trainer", run.trainer_master_service, workload.trainer_status_port
+            source, service = "trainer", run.trainer_master_service
+        port = _status_port(workload, spec)
         if not health[source].ready:  # every component of the workload has a health
             return
         url = progress.status_url(self.settings.status_url_template, service=service,
@@ -401,6 +409,11 @@ def _restart_event(outcome: str, why: str, restarts: int, limit: int) -> tuple[s
         message = f"{why}; gang restart from the latest checkpoint, not counted against backoffLimit"
         return "Warning", "TrainerDisrupted", f"{message} ({restarts}/{limit} restarts used)"
     return "Warning", "TrainerRestarted", f"{why}; gang restart {restarts}/{limit} from the latest checkpoint"
+
+
+def _status_port(workload: Workload, spec: RunSpecBase) -> int:
+    """The port of the run's `GET /status`: the orchestrator's (RLRun) or trainer pod 0's (SFTRun)."""
+    return workload.trainer_status_port or spec.config.orchestrator.http_port
 
 
 def _component(pod: dict) -> str | None:

@@ -26,13 +26,14 @@ RESOURCES = {
     "apps/v1/deployments": ("Deployment", {"status"}),
     "batch/v1/jobs": ("Job", {"status"}),
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", set()),
+    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", set()),
 }
 PLURAL = {"RLRun": "rlkube.dev/v1alpha1/rlruns", "SFTRun": "rlkube.dev/v1alpha1/sftruns"}
 PATHS = {
     "ConfigMap": "v1/configmaps", "Service": "v1/services", "PersistentVolumeClaim": "v1/persistentvolumeclaims",
     "Pod": "v1/pods", "StatefulSet": "apps/v1/statefulsets", "Deployment": "apps/v1/deployments",
     "Job": "batch/v1/jobs", "Event": "v1/events", "PodDisruptionBudget": "policy/v1/poddisruptionbudgets",
-    **PLURAL,
+    "NetworkPolicy": "networking.k8s.io/v1/networkpolicies", **PLURAL,
 }
 _counter = itertools.count()
 

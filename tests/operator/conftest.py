@@ -59,7 +59,13 @@ async def orchestrator_status():
 
 
 @pytest.fixture
-async def cluster(kmock, orchestrator_status):
+def operator_settings() -> dict:
+    """Extra `Settings` of the operator under test; a test parametrizes it to change them."""
+    return {}
+
+
+@pytest.fixture
+async def cluster(kmock, orchestrator_status, operator_settings):
     """The operator running against kmock; yields the test's handle on the cluster."""
     declare_resources(kmock)
     url = str(kmock.url).rstrip("/")
@@ -67,7 +73,8 @@ async def cluster(kmock, orchestrator_status):
     def login(**_):
         return kopf.ConnectionInfo(server=url, insecure=True, default_namespace=NS)
 
-    reconciler = Reconciler(Kube(api_client(url)), Settings(status_url_template=orchestrator_status.url))
+    settings = Settings(status_url_template=orchestrator_status.url, **operator_settings)
+    reconciler = Reconciler(Kube(api_client(url)), settings)
     registry = build_registry(reconciler, interval=0.3, login=login)
     settings = kopf.OperatorSettings()
     settings.watching.reconnect_backoff = 0.2

@@ -16,6 +16,7 @@ CHART = Path(__file__).resolve().parents[2] / "helm" / "rlkube"
 REPO = CHART.parents[1]
 VALUES = {
     "default": {},
+    "network-policies": {"networkPolicy": {"enabled": True}},
     "cluster-wide": {"watch": {"allNamespaces": True}, "serviceMonitor": {"enabled": True}},
     "two-namespaces": {"watch": {"namespaces": ["team-a", "team-b"]}, "imagePullSecrets": [{"name": "reg"}]},
 }
@@ -130,13 +131,44 @@ def test_a_second_release_in_another_namespace_owns_nothing_the_first_owns():
 VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", "UPDATE": "patch", "DELETE": "delete"}
 
 
-def _granted() -> set[tuple[str, str, str]]:
-    role = next(o for o in render({}) if o["kind"] == "Role")
+def _granted(values: dict) -> set[tuple[str, str, str]]:
+    role = next(o for o in render(values) if o["kind"] == "Role")
     return {(group, res.replace("sftruns", "rlruns"), verb) for rule in role["rules"]
             for group in rule["apiGroups"] for res in rule["resources"] for verb in rule["verbs"]}
 
 
-async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster):
+NETWORK_POLICY = {"networkPolicy": {"enabled": True}}
+
+
+def operator_args(values: dict) -> list[str]:
+    deploy = next(o for o in render(values) if o["kind"] == "Deployment")
+    return deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_network_policies_are_off_unless_enabled_and_then_admit_the_operators_pods():
+    from rlkube_operator.main import parse_args
+
+    assert parse_args(operator_args({})).network_policy_peer is None
+    deploy = next(o for o in render(NETWORK_POLICY) if o["kind"] == "Deployment")
+    peer = parse_args(operator_args(NETWORK_POLICY)).network_policy_peer
+    assert peer == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlkube-system"}},
+                    "podSelector": {"matchLabels": deploy["spec"]["template"]["metadata"]["labels"]}}
+
+
+def test_a_malformed_network_policy_peer_is_refused_saying_why(capsys):
+    from rlkube_operator.main import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--network-policy-peer", "{namespaceSelector: x}"])
+    assert "--network-policy-peer: not JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("operator_settings", "values"), [
+    ({}, {}),
+    ({"network_policy_peer": {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlkube-operator"}}}},
+     NETWORK_POLICY),
+], ids=["default", "network-policies"])
+async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster, values):
     """A run's whole life (a created PVC, suspend and resume, a gang restart, completion,
     deletion by its ttlSecondsAfterFinished), with every request the operator makes recorded by
     the API emulator."""
@@ -173,5 +205,5 @@ async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster):
         for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
             if ref.get("blockOwnerDeletion"):
                 used.add(("rlkube.dev", ref["kind"].lower().replace("sftrun", "rlrun") + "s/finalizers", "update"))
-    assert used - _granted() == set(), "the operator needs verbs the chart does not grant"
-    assert _granted() - used == set(), "the chart grants verbs the operator never uses"
+    assert used - _granted(values) == set(), "the operator needs verbs the chart does not grant"
+    assert _granted(values) - used == set(), "the chart grants verbs the operator never uses"

@@ -60,6 +60,8 @@ TUNED_PODS = {
 TUNED_RLRUN = GPU_RLRUN | TUNED_PODS
 TUNED_SFTRUN = example("sftrun.yaml")["spec"] | {"trainer": TUNED_PODS["trainer"] | {"nodes": 1}}
 RUN = RunRef("RLRun", "big", "ml", "1234-uid")
+OPERATOR_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlkube"}},
+                 "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlkube-operator"}}}
 
 
 def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[dict]:
@@ -79,6 +81,7 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
         ]
     out += [
         builders.build_trainer_master_service(run, spec, workload.trainer_status_port),
+        builders.build_network_policy(run, OPERATOR_PEER, 8080),
         builders.build_trainer_job(run, spec, module=workload.module, config_file=workload.config_file,
                                    attempt=attempt, restarts=attempt, suspend=suspend,
                                    status_port=workload.trainer_status_port),

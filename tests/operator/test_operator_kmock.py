@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 import aiohttp
+import pytest
 import yaml
 from rlkube_operator.crd import PRINTER_COLUMNS
 
@@ -195,6 +196,38 @@ async def test_inference_pods_have_a_disruption_budget_of_their_run(cluster):
     await cluster.patch("Job", "rt-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
     await cluster.until(lambda: cluster.get("PodDisruptionBudget", "rt-inference") is None, what="budget gone")
     assert cluster.get("PodDisruptionBudget", "other-inference") is not None
+
+
+OPERATOR_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlkube"}},
+                 "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlkube-operator"}}}
+
+
+@pytest.mark.parametrize("operator_settings", [{"network_policy_peer": OPERATOR_PEER}])
+async def test_with_network_policies_a_run_admits_only_its_own_pods_and_the_operator(cluster):
+    """Each run's NetworkPolicy selects its pods (every port: gRPC, HTTP, torchrun) and admits
+    its own pods, and the operator on the port it reads /status from."""
+    uid = (await cluster.create(rlrun()))["metadata"]["uid"]
+    sft = example("sftrun.yaml")
+    sft["metadata"]["name"] = "rt"
+    await cluster.create(sft)
+    policy = await cluster.until(lambda: cluster.get("NetworkPolicy", "rt-network-policy"), what="policy")
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == uid
+    run_pods = {"matchLabels": {"rlkube.dev/run-uid": uid}}
+    assert policy["spec"] == {"podSelector": run_pods, "policyTypes": ["Ingress"], "ingress": [
+        {"from": [{"podSelector": run_pods}]},
+        {"from": [OPERATOR_PEER], "ports": [{"protocol": "TCP", "port": 8080}]}]}
+    await start_everything(cluster)
+    selected = {n for n in cluster.names("Pod") if cluster.get("Pod", n)["metadata"]["labels"].items()
+                >= run_pods["matchLabels"].items()}
+    assert selected == {"rt-inference-0", "rt-orchestrator-0", "rt-trainer-0-0"}
+    sft_policy = await cluster.until(lambda: cluster.get("NetworkPolicy", "rt-sft-network-policy"))
+    assert sft_policy["spec"]["ingress"][1]["ports"] == [{"protocol": "TCP", "port": 8080}]  # trainer pod 0's
+
+
+async def test_without_a_network_policy_peer_no_network_policy_is_made(cluster):
+    await cluster.create(rlrun())
+    await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer Job")
+    assert cluster.names("NetworkPolicy") == set()
 
 
 async def start_everything(cluster, name: str = "rt", attempt: int = 0) -> None:

@@ -65,6 +65,10 @@ BUILTIN = [
     Kind("apps", "v1", "replicasets", "ReplicaSet", subresources=("status",), short_names=("rs",),
          categories=("all",)),
     Kind("batch", "v1", "jobs", "Job", subresources=("status",), categories=("all",)),
+    # Stored only (no eviction API, no network plugin): the operator makes them for each run.
+    Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", subresources=("status",),
+         short_names=("pdb",)),
+    Kind("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", short_names=("netpol",)),
 ]
 
 

@@ -565,7 +565,8 @@ class RunStatus(K8sModel):
     the latest checkpoint."""
 
     start_time: datetime | None = None
-    """When the operator first created the run's children."""
+    """When the run first started unsuspended (a run created suspended has none until it is
+    released); `activeDeadlineSeconds` counts from here."""
 
     completion_time: datetime | None = None
     """When the run Succeeded or Failed."""

@@ -1,4 +1,5 @@
-"""Orchestrator CPU per rollout: verifiers' full path against rlkube's lean path, in one run.
+"""Orchestrator CPU per rollout: verifiers' full path against rlkube's lean path, and rollout
+throughput with env workers, in one run.
 
     python benchmarks/orchestrator.py [--steps 4] [--batch-size 64] [--group-size 8] [--max-concurrent 64] [--rounds 3]
 
@@ -17,11 +18,17 @@ the orchestrator, the renderer's included) counts only the orchestrator. Rows:
 The paths alternate for `--rounds` rounds after a warm-up; each row is its path's best round
 (other processes on a loaded machine only ever add CPU time). The clock is opened wide
 (`async_level = steps`), so no policy update is waited for.
+
+The second table runs the lean path in-process (0 env workers) and in 1 and 2 `rlkube
+env-worker` processes behind this process's scheduler over gRPC (rlkube.orchestrator.workers),
+alternating for `--rounds` rounds after each setup's warm-up: rollouts/s (wall, best round) and
+CPU per rollout of the orchestrator and its workers together (/proc), and the scaling ratios.
 """
 
 import argparse
 import asyncio
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -35,10 +42,12 @@ from rlkube.config import AdvantageConfig, ClientConfig, EnvConfig, SamplingConf
 from rlkube.orchestrator.advantage import make_advantage_fn
 from rlkube.orchestrator.buffer import RolloutBuffer
 from rlkube.orchestrator.clock import PolicyClock
+from rlkube.orchestrator.inference import InferencePool
 from rlkube.orchestrator.packing import pack_batch
-from rlkube.orchestrator.rollouts import TaskSampler
+from rlkube.orchestrator.rollouts import EnvRunner, TaskSampler, run_group
 from rlkube.orchestrator.scheduler import Scheduler
 from rlkube.orchestrator.types import Rollout, Sample
+from rlkube.orchestrator.workers import WorkerHub
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 
@@ -63,6 +72,8 @@ class InstantRunner:
 
 
 class NoPool:
+    """Rollouts that need no engine: no slots to wait for, no replica to route to."""
+
     def slot(self):
         return contextlib.nullcontext()
 
@@ -70,19 +81,11 @@ class NoPool:
         return None
 
 
-async def run_scheduler(runner, pool, args) -> tuple[float, float, int]:
+async def run_scheduler(runner, run_group, args, clock: PolicyClock | None = None) -> tuple[float, float, int]:
     """(CPU seconds, wall seconds, errored rollouts) to cut `args.steps` batches and pack each for 2 ranks."""
     batches = []
-
-    async def run_group(runner, example_id, task):
-        async def one():
-            async with pool.slot():
-                return await runner.rollout(task, example_id, pool.context_for(runner.name, example_id), 1.0, lambda: 0)
-
-        return list(await asyncio.gather(*(one() for _ in range(args.group_size))))
-
     scheduler = Scheduler(
-        [runner], [1.0], run_group, PolicyClock(async_level=args.steps),
+        [runner], [1.0], run_group, clock or PolicyClock(async_level=args.steps),
         RolloutBuffer(args.batch_size, max_off_policy_steps=args.steps), make_advantage_fn(AdvantageConfig(), 64),
         args.group_size, args.steps, max_groups_in_flight=max(1, args.max_concurrent // args.group_size),
         on_batch=batches.append,
@@ -95,28 +98,104 @@ async def run_scheduler(runner, pool, args) -> tuple[float, float, int]:
     return time.process_time() - cpu, time.perf_counter() - wall, errors
 
 
+def in_process(pool, args):
+    """The orchestrator's own `run_group` (no env workers)."""
+    async def run(runner, example_id, task):
+        return await run_group(runner, pool, example_id, task, args.group_size, 1.0, lambda: 0, 1.0)
+
+    return run
+
+
+def engine_pool(args, model: Path, url: str) -> InferencePool:
+    return InferencePool(ClientConfig(base_urls=[url], max_concurrent=args.max_concurrent), str(model), str(model),
+                         SamplingConfig(max_tokens=64))
+
+
+def env_config(path: str) -> EnvConfig:
+    return EnvConfig(args={"num_examples": 1000}, rollout_path=path)
+
+
 async def env_path(row: str, args, model: Path, url: str) -> tuple[float, float, int]:
     from pydantic._internal import _fields
     from rlkube.envs import load_env, pydantic_defaults
-    from rlkube.orchestrator.inference import InferencePool
-    from rlkube.orchestrator.rollouts import EnvRunner
 
-    env_config = EnvConfig(args={"num_examples": 1000}, rollout_path="lean" if row == "lean" else "verifiers")
-    runner = EnvRunner(env_config, load_env(env_config), seed=0)  # load_env installs the memo
+    config = env_config("lean" if row == "lean" else "verifiers")
+    runner = EnvRunner(config, load_env(config), seed=0)  # load_env installs the memo
     if row == "before":  # pydantic's own check again, as before the memo
         _fields.takes_validated_data_argument = pydantic_defaults._takes_validated_data
-    pool = InferencePool(ClientConfig(base_urls=[url], max_concurrent=args.max_concurrent), str(model), str(model), SamplingConfig(max_tokens=64))
+    pool = engine_pool(args, model, url)
     async with runner.serving():
         warm = argparse.Namespace(**{**vars(args), "steps": 1})
-        await run_scheduler(runner, pool, warm)  # tokenizer, connections, caches
-        return await run_scheduler(runner, pool, args)
+        await run_scheduler(runner, in_process(pool, warm), warm)  # tokenizer, connections, caches
+        return await run_scheduler(runner, in_process(pool, args), args)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process (its threads included), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.asynccontextmanager
+async def env_workers(n: int, args, model: Path, url: str, tmp: Path):
+    """`n` `rlkube env-worker` processes serving a hub on a fresh port: (hub, their pids)."""
+    from rlkube.config import OrchestratorConfig, write_toml
+    from rlkube.transport.server import start_server, stop_server
+
+    config = OrchestratorConfig(
+        model={"name": str(model)}, envs=[env_config("lean")], sampling=SamplingConfig(max_tokens=64),
+        group_size=args.group_size, batch_size=args.batch_size, env_workers=n,
+        client=ClientConfig(base_urls=[url], max_concurrent=args.max_concurrent), rollouts={"port": free_port()},
+    )
+    path = tmp / f"env-worker-{n}.toml"
+    write_toml(config, path)
+    hub = WorkerHub(PolicyClock(async_level=args.steps), args.group_size, ["reverse_text"], timeout_s=3600)
+    server = await start_server(None, "127.0.0.1", config.rollouts.port, workers=hub)
+    argv = [sys.executable, "-m", "rlkube.entrypoints.env_worker", "@", str(path), "--log.level", "warning"]
+    workers = [subprocess.Popen(argv) for _ in range(n)]  # noqa: ASYNC220 - started once, before timing
+    try:
+        while len(hub.sessions) < n:
+            await asyncio.sleep(0.1)
+        yield hub, [w.pid for w in workers]
+    finally:
+        for worker in workers:
+            worker.terminate()
+            worker.wait(10)
+        await stop_server(server, 1)
+
+
+async def worker_rows(args, model: Path, url: str, tmp: Path) -> dict[int, list[tuple[float, float, int, float]]]:
+    """Rounds of the lean path with 0, 1 and 2 env workers: (CPU s of every process, wall s,
+    errors, CPU s of this process alone)."""
+    from rlkube.envs import load_env
+
+    runner = EnvRunner(env_config("lean"), load_env(env_config("lean")), seed=0)
+    pool = engine_pool(args, model, url)
+    warm = argparse.Namespace(**{**vars(args), "steps": 1})
+    runs: dict[int, list] = {0: [], 1: [], 2: []}
+    async with runner.serving(), env_workers(1, args, model, url, tmp) as one, env_workers(2, args, model, url, tmp) as two:
+        setups = {0: (None, []), 1: one, 2: two}
+        for hub, _ in (one, two):
+            await run_scheduler(runner, hub.run_group, warm, hub.clock)
+        await run_scheduler(runner, in_process(pool, warm), warm)
+        for _ in range(args.rounds):
+            for n, (hub, pids) in setups.items():
+                before = sum(map(cpu_seconds, pids))
+                run = hub.run_group if hub else in_process(pool, args)
+                cpu, wall, errors = await run_scheduler(runner, run, args, hub.clock if hub else None)
+                runs[n].append((cpu + sum(map(cpu_seconds, pids)) - before, wall, errors, cpu))
+    return runs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
 def fake_engine(model: Path, stop_token_id: int):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     argv = [sys.executable, str(FAKE_ENGINE), "--port", str(port), "--stop-token-id", str(stop_token_id), "--model", str(model)]
     server = subprocess.Popen(argv)
     try:
@@ -151,7 +230,8 @@ def main() -> None:
             for _ in range(args.rounds):
                 for row, results in runs.items():
                     results.append(asyncio.run(env_path(row, args, model, url)))
-    instant = asyncio.run(run_scheduler(InstantRunner(), NoPool(), args))
+            workers = asyncio.run(worker_rows(args, model, url, Path(tmp)))
+    instant = asyncio.run(run_scheduler(InstantRunner(), in_process(NoPool(), args), args))
 
     def row(name: str, cpu: float, wall: float, errors: int) -> list[str]:
         return [name, f"{1000 * cpu / rollouts:.2f}", f"{rollouts / cpu:.0f}", f"{rollouts / wall:.0f}", str(errors)]
@@ -171,6 +251,22 @@ def main() -> None:
     Console().print(table)
     Console().print(f"CPU per rollout, before / after: [bold]{best['before'] / best['lean']:.1f}x[/bold] lower "
                     f"(verifiers path + memo / lean: {best['memo'] / best['lean']:.1f}x)")
+
+    table = Table(title=f"env workers, lean path ({rollouts} rollouts, {args.max_concurrent} in flight, "
+                        f"best of {args.rounds} rounds, {os.cpu_count()} CPUs)")
+    for column in ("env workers", "rollouts / s (wall)", "CPU ms / rollout (all processes)",
+                   "CPU ms / rollout (orchestrator)", "errored"):
+        table.add_column(column, justify="right")
+    rate = {}
+    for n, results in workers.items():
+        rate[n] = rollouts / min(r[1] for r in results)
+        cpu, orchestrator = min(r[0] for r in results), min(r[3] for r in results)
+        label = "0 (in-process)" if n == 0 else str(n)
+        table.add_row(label, f"{rate[n]:.0f}", f"{1000 * cpu / rollouts:.2f}", f"{1000 * orchestrator / rollouts:.2f}",
+                      str(sum(r[2] for r in results)))
+    Console().print(table)
+    Console().print(f"rollouts/s, 2 workers / 1 worker: [bold]{rate[2] / rate[1]:.2f}x[/bold]; "
+                    f"1 worker / in-process: {rate[1] / rate[0]:.2f}x; 2 workers / in-process: {rate[2] / rate[0]:.2f}x")
 
 
 if __name__ == "__main__":

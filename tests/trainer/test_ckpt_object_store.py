@@ -20,7 +20,6 @@ from rlkube.trainer.rl.setup import build_training_env
 from rlkube.trainer.rl.trainer import RLTrainer
 
 from tests.fixtures.storage import ckpt_root  # noqa: F401
-from tests.trainer.rl.test_trainer import world_of_one  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,9 +1,18 @@
-"""Load a Hugging Face causal LM from `ModelConfig` and shard it with FSDP2.
+"""Build a Hugging Face causal LM from `ModelConfig`, sharded with FSDP2 from the start.
+
+As torchtitan does: the model is made on the meta device, sharded, given memory for its own
+shard only, and each rank reads just its slices of the checkpoint's safetensors
+(`torch.distributed.checkpoint`'s Hugging Face reader). So host and device memory per rank grow
+with model size / world size; `from_pretrained` would first put the whole model (cast to
+float32: 4 bytes per parameter) on every rank.
 
 Parameters are kept in float32 (the optimizer's master copy); `model.dtype` is the compute
 dtype, applied by FSDP2's mixed-precision policy: `auto` means bfloat16 on GPUs and
 float32 on CPUs.
 """
+
+import os
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -29,24 +38,79 @@ def load_tokenizer(config: ModelConfig):
     return AutoTokenizer.from_pretrained(config.name, trust_remote_code=config.trust_remote_code)
 
 
-def load_model(config: ModelConfig, packed_attention: bool = False) -> nn.Module:
-    """The model on CPU in float32, in training mode, ready for `parallelize`.
+def build_model(
+    config: ModelConfig, parallel: ParallelConfig, device: torch.device, dtype: torch.dtype,
+    packed_attention: bool = False,
+) -> nn.Module:
+    """The model sharded over all ranks on `device`, in float32, in training mode.
 
     `packed_attention`: attend through `rlkube.trainer.rl.attention` (the RL trainer's packed
     rows with shared prompts) instead of the model's default attention."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
+    path = checkpoint_dir(config.name)
     extra = {}
     if packed_attention:
         from rlkube.trainer.rl.attention import register
 
         extra["attn_implementation"] = register()
-    model = AutoModelForCausalLM.from_pretrained(
-        config.name, dtype=torch.float32, trust_remote_code=config.trust_remote_code, **extra
-    )
+    model_config = AutoConfig.from_pretrained(path, trust_remote_code=config.trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            model_config, dtype=torch.float32, trust_remote_code=config.trust_remote_code, **extra
+        )
+    parallelize(model, parallel, dtype)
+    model.to_empty(device=device)
+    init_unsaved_buffers(model)
+    load_checkpoint_shards(model, path)
+    if (path / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(path)
     model.config.use_cache = False
-    model.train()  # from_pretrained returns eval mode, which also turns activation checkpointing off
+    model.train()
     return model
+
+
+def checkpoint_dir(name: str) -> Path:
+    """The local directory of model `name`: itself, or a hub id's download (the hub's cache)."""
+    if os.path.isdir(name):
+        return Path(name)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"]))
+
+
+def init_unsaved_buffers(model: nn.Module) -> None:
+    """Recompute the buffers no checkpoint holds (rotary frequencies), left uninitialized by
+    `to_empty`, with the model's own initializer (its `_init_weights`, the per-module hook
+    Hugging Face models define)."""
+    owners = {name.rpartition(".")[0] for name, _ in model.named_non_persistent_buffers()}
+    with torch.no_grad():
+        for owner in sorted(owners):
+            model._init_weights(model.get_submodule(owner))
+
+
+def load_checkpoint_shards(model: nn.Module, path: Path) -> None:
+    """Collective: each rank reads its own slices of the safetensors under `path` into the
+    sharded parameters. Keys the files lack must be tied to ones they hold (lm_head)."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"model.name: {path} holds no *.safetensors weights (the trainer reads only safetensors)")
+    stored = set()
+    for file in files:
+        with safe_open(file, "pt") as f:
+            stored.update(f.keys())
+    tied: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(param), []).append(name)
+    state = model.state_dict()
+    buffers = set(state) - {name for names in tied.values() for name in names}
+    missing = [names[0] for names in tied.values() if stored.isdisjoint(names)] + sorted(buffers - stored)
+    if missing:
+        raise ValueError(f"model.name: {path} lacks weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    dcp.load({k: v for k, v in state.items() if k in stored}, storage_reader=dcp.HuggingFaceStorageReader(str(path)))
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -57,16 +121,13 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
-def parallelize(
-    model: nn.Module, parallel: ParallelConfig, device: torch.device, dtype: torch.dtype
-) -> nn.Module:
+def parallelize(model: nn.Module, parallel: ParallelConfig, dtype: torch.dtype) -> nn.Module:
     """Activation checkpointing (optional), then FSDP2 `fully_shard` per decoder layer and
-    on the root, over all ranks; moves the model to `device`."""
+    on the root, over all ranks (the parameters stay where they are: meta, in `build_model`)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if parallel.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.to(device)
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
         fully_shard(layer, mp_policy=mp, reshard_after_forward=parallel.reshard_after_forward)

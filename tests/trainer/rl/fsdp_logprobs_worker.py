@@ -8,8 +8,10 @@ import torch
 from rlkube.config import ModelConfig, ParallelConfig
 from rlkube.orchestrator.packing import pack_batch
 from rlkube.trainer.dist import close_distributed, init_distributed
-from rlkube.trainer.model import load_model, parallelize
+from rlkube.trainer.model import build_model
+from rlkube.trainer.rl.attention import register
 from rlkube.trainer.rl.packed import policy_logprobs
+from transformers import AutoModelForCausalLM
 
 from tests.trainer.rl.test_packed import grouped_samples
 
@@ -23,9 +25,9 @@ def objective(model, batch) -> torch.Tensor:
 def main(model_dir: str, out: str) -> None:
     info = init_distributed("cpu", cpu_threads=1)
     batch = pack_batch(grouped_samples(groups=3, group_size=3), 64, world_size=1, micro_batch_rows=2)[0][0]
-    reference = load_model(ModelConfig(name=model_dir), packed_attention=True)
-    sharded = parallelize(load_model(ModelConfig(name=model_dir), packed_attention=True), ParallelConfig(),
-                          info.device, torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=register())
+    reference.train()
+    sharded = build_model(ModelConfig(name=model_dir), ParallelConfig(), info.device, torch.float32, packed_attention=True)
     with torch.no_grad():  # a no-grad forward first (as when scoring), then a training one
         policy_logprobs(sharded, batch)
     expected, got = objective(reference, batch), objective(sharded, batch)

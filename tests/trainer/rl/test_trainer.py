@@ -12,7 +12,6 @@ import pytest
 import torch
 from rlkube.config import TrainerConfig
 from rlkube.launch.checkpoints import is_complete
-from rlkube.trainer.dist import close_distributed
 from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
 from rlkube.trainer.rl.packed import policy_logprobs
 from rlkube.trainer.rl.setup import build_training_env
@@ -106,17 +105,6 @@ def sample_logprob(model, batch, sample):
         lp, _ = policy_logprobs(model, batch)
     keep = batch["loss_mask"] & (batch["sample_ids"] == sample)
     return lp[keep].mean().item()
-
-
-@pytest.fixture
-def world_of_one(monkeypatch):
-    """This test process as rank 0 of 1; the process group is gone afterwards."""
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    yield
-    close_distributed()
 
 
 @pytest.fixture

@@ -89,7 +89,7 @@ def check_attention(model) -> None:
         raise ValueError(
             f"{type(model).__name__} attends with '{implementation}', which cannot express packed rows with "
             f"shared prompts; load it with attn_implementation='{SEGMENT_ATTENTION}' "
-            "(rlkube.trainer.model.load_model(..., packed_attention=True))"
+            "(rlkube.trainer.model.build_model(..., packed_attention=True))"
         )
 
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from rlkube.config import TrainerConfig
 from rlkube.trainer import dist as rdist
-from rlkube.trainer.model import load_model, parallelize, resolve_dtype
+from rlkube.trainer.model import build_model, resolve_dtype
 from rlkube.trainer.optim import build_optimizer, build_scheduler, clip_grad_norm
 from rlkube.trainer.weights import full_state_dict
 
@@ -40,8 +40,8 @@ class TrainingEnv:
 def build_training_env(config: TrainerConfig) -> TrainingEnv:
     info = rdist.init_distributed(config.device, config.cpu_threads)
     torch.manual_seed(config.seed)
-    model = load_model(config.model, packed_attention=True)
-    model = parallelize(model, config.parallel, info.device, resolve_dtype(config.model.dtype, info.device))
+    dtype = resolve_dtype(config.model.dtype, info.device)
+    model = build_model(config.model, config.parallel, info.device, dtype, packed_attention=True)
     optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.scheduler, config.max_steps)
     return TrainingEnv(info.rank, info.world_size, info.device, model, optimizer, scheduler)

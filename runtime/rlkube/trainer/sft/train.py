@@ -23,13 +23,7 @@ from rlkube.logs import get_logger, setup_logging
 from rlkube.metrics import MetricsSink
 from rlkube.trainer.ckpt import CheckpointManager
 from rlkube.trainer.dist import all_reduce_max, all_reduce_sum, close_distributed, init_distributed
-from rlkube.trainer.model import (
-    count_parameters,
-    load_model,
-    load_tokenizer,
-    parallelize,
-    resolve_dtype,
-)
+from rlkube.trainer.model import build_model, count_parameters, load_tokenizer, resolve_dtype
 from rlkube.trainer.optim import build_optimizer, build_scheduler, clip_grad_norm
 from rlkube.trainer.packing import collate, empty_row_batch
 from rlkube.trainer.sft.data import ChatTokenizer, FakeBatches, SFTBatches, load_rows
@@ -63,10 +57,9 @@ class SFTTrainer:
         setup_logging(config.log.level, config.output_dir / "logs" / f"sft_rank{self.dist.rank}.log")
         torch.manual_seed(config.seed)
         self.tokenizer = load_tokenizer(config.model)
-        model = load_model(config.model)
-        self.num_params = count_parameters(model)
         self.dtype = resolve_dtype(config.model.dtype, self.dist.device)
-        self.model = parallelize(model, config.parallel, self.dist.device, self.dtype)
+        self.model = build_model(config.model, config.parallel, self.dist.device, self.dtype)
+        self.num_params = count_parameters(self.model)
         self.optimizer = build_optimizer(self.model, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.scheduler, config.max_steps)
         self.pad_id = self.tokenizer.pad_token_id or 0

@@ -40,3 +40,9 @@ class WeightTransferConfig(Config):
 
     timeout_s: float = Field(default=600, gt=0)
     """How long a weight update may take before it is an error."""
+
+    dtype: Literal["float32", "bfloat16"] | None = None
+    """The dtype weights travel in; None: as the trainer holds them (float32 master weights).
+    `bfloat16` halves the bytes of every update: right when inference computes in bfloat16
+    anyway (vLLM on GPUs), while an engine computing in float32 then samples from rounded
+    weights the trainer does not have (the log-prob mismatch grows)."""

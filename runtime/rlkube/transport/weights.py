@@ -74,10 +74,35 @@ class GrpcPublisher(WeightPublisher):
         self.server.stop(grace=5).wait()
 
 
+class CastingPublisher(WeightPublisher):
+    """Another publisher, given the weights in `dtype` (`weights.dtype`)."""
+
+    def __init__(self, inner: WeightPublisher, dtype: torch.dtype):
+        self.inner, self.dtype = inner, dtype
+
+    def _cast(self, state_dict):
+        return {name: tensor.to(self.dtype) for name, tensor in state_dict.items()}
+
+    def publish(self, state_dict, step):
+        return self.inner.publish(self._cast(state_dict), step)
+
+    def republish(self, state_dict, step):
+        self.inner.republish(self._cast(state_dict), step)
+
+    def close(self):
+        self.inner.close()
+
+
 def make_publisher(
     config: WeightTransferConfig, output_dir: str | Path, model_dir: str
 ) -> WeightPublisher:
-    """The publisher `config.type` selects. `model_dir` supplies config.json and tokenizer."""
+    """The publisher `config.type` selects, sending `config.dtype` when set. `model_dir`
+    supplies config.json and tokenizer."""
+    publisher = _transport_publisher(config, output_dir, model_dir)
+    return CastingPublisher(publisher, getattr(torch, config.dtype)) if config.dtype else publisher
+
+
+def _transport_publisher(config: WeightTransferConfig, output_dir: str | Path, model_dir: str) -> WeightPublisher:
     if config.type == "storage":
         root = config.url or str(Path(output_dir) / "weights")
         return StoragePublisher(root, model_dir, config.keep_last)

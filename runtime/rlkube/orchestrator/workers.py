@@ -121,8 +121,8 @@ class WorkerHub:
         lost = [g for g in groups if g.out == 0 and self._unanswered(g)]
         self.waiting.extendleft(reversed(lost))
         self.reissued += len(lost)
-        logger.warning("env worker %s left holding %d group(s): %d re-issued (%d worker(s) left)",
-                       session.worker_id, len(groups), len(lost), len(self.sessions))
+        logger.log(logging.WARNING if lost else logging.INFO, "env worker %s left holding %d group(s): %d re-issued "
+                   "(%d worker(s) left)", session.worker_id, len(groups), len(lost), len(self.sessions))
         self._dispatch()
 
     def complete(self, session: WorkerSession, result: pb.GroupResult) -> None:

@@ -48,6 +48,8 @@ def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
     data = _shared(run, spec, spec.config.model_dump())
     port = spec.config.inference.port
     data["inference"] |= {"replicas": spec.inference.replicas, "host": ANY_ADDRESS}
+    if spec.inference.gpus_per_replica:  # vLLM shards the model over the pod's GPUs
+        data["inference"]["tensor_parallel_size"] = spec.inference.gpus_per_replica
     data["orchestrator"]["client"]["base_urls"] = [
         f"http://{run.pod_host('inference', i)}:{port}" for i in range(spec.inference.replicas)
     ]

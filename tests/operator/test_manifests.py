@@ -266,6 +266,19 @@ def test_security_context_makes_every_pod_meet_the_restricted_standard(name):
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
+def test_gpus_per_replica_become_vllms_tensor_parallel_size():
+    from rlkube.config import InferenceConfig
+    from rlkube.inference.server import vllm_command
+
+    two = RLRunSpec.model_validate(GPU_RLRUN | {"inference": GPU_RLRUN["inference"] | {"gpusPerReplica": 2}})
+    objects = manifests("RLRun", two)
+    (inference,) = [o for o in objects if o["kind"] == "StatefulSet"]
+    assert inference["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    config = InferenceConfig.model_validate(tomllib.loads(objects[0]["data"]["inference.toml"]))
+    args = vllm_command(config, on_cpu=False).args
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+
+
 def test_the_examples_run_as_the_images_user_on_a_group_owned_volume():
     for name in ("rlrun.yaml", "sftrun.yaml"):
         assert example(name)["spec"]["securityContext"] == RESTRICTED, name

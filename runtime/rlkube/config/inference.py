@@ -45,6 +45,10 @@ class InferenceServerConfig(Config):
     from the trainer and the orchestrator, and vLLM's own 1 s on GPU
     (`rlkube.inference.vllm_plugin`)."""
 
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """GPUs per replica (vLLM's `--tensor-parallel-size`); on Kubernetes the operator sets it
+    from the run's `inference.gpusPerReplica`."""
+
     extra_args: dict[str, Any] = {}
     """Further vLLM engine arguments, passed as `--key value`."""
 
@@ -57,6 +61,10 @@ class InferenceSection(InferenceServerConfig):
 
     replicas: int = Field(default=1, ge=1)
     """Data-parallel inference servers."""
+
+    gpus: list[int] | None = None
+    """`rlkube rl` on a GPU machine: the GPUs (indices among the visible ones) of the replicas,
+    `tensor_parallel_size` per replica in order; the first ones when unset (`rlkube.launch.gpus`)."""
 
 
 class InferenceConfig(InferenceServerConfig):

@@ -24,6 +24,10 @@ class RLTrainerSection(TrainerCommonConfig):
     nproc_per_node: int = Field(default=1, ge=1)
     """Trainer processes `rlkube rl` starts with `torchrun` on this machine."""
 
+    gpus: list[int] | None = None
+    """`rlkube rl` on a GPU machine: the GPU (index among the visible ones) of each trainer
+    rank; the ones after the inference replicas' when unset (`rlkube.launch.gpus`)."""
+
 
 class TrainerConfig(RunConfig, RLTrainerSection):
     """`rlkube trainer @ trainer.toml` (under `torchrun`): the RL trainer."""
@@ -112,7 +116,7 @@ class RLConfig(RunConfig):
         if self.weights.type == "nccl" and not weights["inference_urls"]:
             weights["inference_urls"] = self.inference_urls()  # the trainer drives the replicas
         sections = {"rollouts": self.rollouts.model_dump(), "weights": weights}
-        trainer = TrainerConfig.model_validate(shared | self.trainer.model_dump() | sections)
+        trainer = TrainerConfig.model_validate(shared | self.trainer.model_dump(exclude={"gpus"}) | sections)
         client = ClientConfig.model_validate(
             self.orchestrator.client.model_dump() | {"base_urls": self.inference_urls()}
         )
@@ -120,7 +124,7 @@ class RLConfig(RunConfig):
             shared | self.orchestrator.model_dump() | sections | {"client": client.model_dump()}
         )
         inference = InferenceConfig.model_validate(
-            self.inference.model_dump(exclude={"replicas"})
+            self.inference.model_dump(exclude={"replicas", "gpus"})
             | {"model": shared["model"], "seed": self.seed, "log": shared["log"]}
         )
         return {"inference": inference, "orchestrator": orchestrator, "trainer": trainer}

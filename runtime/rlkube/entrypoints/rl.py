@@ -15,9 +15,11 @@ from rlkube.config import RLConfig, parse_cli
 
 def main(argv: list[str] | None = None) -> int:
     config, dry_run = parse_cli(RLConfig, "rl", argv)
+    from rlkube.launch.gpus import place_gpus, visible_gpus
     from rlkube.launch.local import (
         check_inference_ports,
         child_stages,
+        uses_external_inference,
         write_process_configs,
     )
     from rlkube.launch.progress import RunProgress
@@ -26,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     resuming = config.ckpt is not None and config.ckpt.resume_step is not None
     try:
+        gpus = place_gpus(config, visible_gpus(), uses_external_inference(config))
         if not dry_run:
             check_inference_ports(config)  # before anything is deleted or started
             if config.clean_output_dir:
@@ -40,13 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("rlkube.rl")
     for name, path in paths.items():
         log.info("%s config: %s", name, path)
+    if gpus:
+        log.info("GPUs (CUDA_VISIBLE_DEVICES): %s, trainer %s",
+                 ", ".join(f"inference-{i} {','.join(d)}" for i, d in enumerate(gpus.inference)), ",".join(gpus.trainer))
     if dry_run:
         return 0
     undo = install_sigterm_as_interrupt()
     status_url = f"http://127.0.0.1:{config.orchestrator.http_port}/status"
     try:
         with RunProgress(status_url, config.max_steps) as progress:
-            code = Supervisor().run(child_stages(config, paths), config.inference.startup_timeout_s, tick=progress.tick)
+            code = Supervisor().run(child_stages(config, paths, gpus), config.inference.startup_timeout_s, tick=progress.tick)
     finally:
         undo()
     log.info("finished" if code == 0 else f"failed (exit code {code}); see {config.output_dir / 'logs'}")

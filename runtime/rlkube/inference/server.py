@@ -82,6 +82,8 @@ def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
         args += ["--max-model-len", str(config.max_model_len)]
     if config.enforce_eager:
         args.append("--enforce-eager")
+    if config.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
     if config.model.trust_remote_code:
         args.append("--trust-remote-code")
     if not on_cpu:

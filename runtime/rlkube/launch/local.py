@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from rlkube.config import RLConfig, write_toml
+from rlkube.launch.gpus import GpuPlacement
 from rlkube.launch.supervisor import ChildSpec
 
 PROCESSES = ("inference", "orchestrator", "trainer")
@@ -60,10 +61,12 @@ def uses_external_inference(config: RLConfig) -> bool:
     return "base_urls" in config.orchestrator.client.model_fields_set
 
 
-def child_stages(config: RLConfig, paths: dict[str, Path]) -> list[list[ChildSpec]]:
+def child_stages(
+    config: RLConfig, paths: dict[str, Path], gpus: GpuPlacement | None = None
+) -> list[list[ChildSpec]]:
     """Inference replicas and the trainer start at once (model loading overlaps vLLM's start);
     the orchestrator starts once every replica is healthy, with its env workers (they dial it
-    until it listens)."""
+    until it listens). `gpus`: the devices each replica and the trainer see."""
     logs = config.output_dir / "logs"
     inference = [] if uses_external_inference(config) else [
         ChildSpec(
@@ -71,10 +74,13 @@ def child_stages(config: RLConfig, paths: dict[str, Path]) -> list[list[ChildSpe
             argv=[*_module("inference"), "@", str(paths["inference"]), "--port", str(config.inference.port + i)],
             log_path=logs / f"inference-{i}.log",
             health_url=f"{url}/health",
+            env=gpus.env(gpus.inference[i]) if gpus else {},
         )
         for i, url in enumerate(config.inference_urls()[: config.inference.replicas])
     ]
     trainer_cmd, trainer_env = trainer_argv(config.trainer.nproc_per_node, paths["trainer"])
+    if gpus:
+        trainer_env |= gpus.env(gpus.trainer)
     trainer = ChildSpec("trainer", trainer_cmd, logs / "trainer.log", env=trainer_env, must_finish=True)
     orchestrator = ChildSpec(
         "orchestrator",

@@ -1,0 +1,70 @@
+"""Which GPUs the processes of `rlkube rl` get on one machine (`CUDA_VISIBLE_DEVICES` each).
+
+By default the inference replicas take the first `replicas x tensor_parallel_size` visible
+GPUs, in order, and the trainer's ranks the next `nproc_per_node`; a machine with fewer GPUs
+than that shares them (a single-GPU box runs vLLM beside the trainer, vLLM taking
+`gpu_memory_utilization` of it). `inference.gpus` / `trainer.gpus` place them by hand. NCCL
+weight updates need the trainer's rank 0 and every vLLM worker on different GPUs (NCCL cannot
+form a group of two ranks on one device): an overlap with `weights.type = "nccl"` is refused.
+"""
+
+import os
+from dataclasses import dataclass
+
+from rlkube.config import RLConfig
+
+
+@dataclass
+class GpuPlacement:
+    inference: list[list[str]]
+    """Each replica's devices, as `CUDA_VISIBLE_DEVICES` names them."""
+    trainer: list[str]
+
+    def env(self, devices: list[str]) -> dict[str, str]:
+        return {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use: `CUDA_VISIBLE_DEVICES` when set, else all CUDA devices."""
+    if (visible := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return [device for device in visible.split(",") if device.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def place_gpus(config: RLConfig, visible: list[str], external_inference: bool = False) -> GpuPlacement | None:
+    """The placement of `config`'s processes on `visible` GPUs; None on a machine without GPUs.
+    Raises ValueError naming the field when the placement cannot work."""
+    if not visible:
+        return None
+    per_replica = config.inference.tensor_parallel_size
+    replicas = 0 if external_inference else config.inference.replicas
+    ranks = config.trainer.nproc_per_node
+    inference = _indices("inference.gpus", config.inference.gpus, replicas * per_replica, visible)
+    trainer = _indices("trainer.gpus", config.trainer.gpus, ranks, visible)
+    if config.inference.gpus is None:
+        inference = [i % len(visible) for i in range(replicas * per_replica)]
+    if config.trainer.gpus is None:
+        trainer = [(len(inference) + i) % len(visible) for i in range(ranks)]
+    if config.weights.type == "nccl" and (shared := sorted(set(inference) & set(trainer))):
+        raise ValueError(
+            f"inference.gpus / trainer.gpus: GPU {', '.join(visible[i] for i in shared)} would hold both an inference "
+            f"worker and a trainer rank, and weights.type 'nccl' cannot form a group of two ranks on one GPU; "
+            f"{len(visible)} GPUs are visible, {replicas * per_replica + ranks} are needed apart "
+            "(inference.replicas x inference.tensor_parallel_size + trainer.nproc_per_node)"
+        )
+    replica_devices = [
+        [visible[i] for i in inference[r * per_replica : (r + 1) * per_replica]] for r in range(replicas)
+    ]
+    return GpuPlacement(inference=replica_devices, trainer=[visible[i] for i in trainer])
+
+
+def _indices(field: str, given: list[int] | None, count: int, visible: list[str]) -> list[int]:
+    if given is None:
+        return []
+    if len(given) != count:
+        raise ValueError(f"{field}: {len(given)} GPUs given, {count} needed")
+    if bad := [i for i in given if not 0 <= i < len(visible)]:
+        raise ValueError(f"{field}: {bad} are not among the {len(visible)} visible GPUs (0-{len(visible) - 1})")
+    return list(given)

@@ -167,6 +167,30 @@ def build_orchestrator_deployment(run: RunRef, spec: RLRunSpec, replicas: int, a
     }
 
 
+def build_env_worker_deployment(run: RunRef, spec: RLRunSpec, replicas: int) -> dict:
+    """`<run>-env-worker`: `rlkube env-worker` pods that run the orchestrator's rollouts. Each
+    reads the orchestrator's own config (its environments, model, sampling and inference URLs)
+    and dials the orchestrator Service's gRPC port; nothing dials a worker, so it has no port
+    and no probe. A lost worker's groups are re-issued by the orchestrator, and a worker whose
+    orchestrator restarted redials: the pods need no restart with the trainer. CPU only; they
+    mount the run's volume for a model kept on it (the tokenizer)."""
+    settings = pod_settings(spec, "env-worker")
+    command = ["rlkube", "env-worker", "@", f"{CONFIG_MOUNT}/orchestrator.toml",
+               "--rollouts.host", run.service_host("orchestrator")]
+    main = container(spec, settings, "env-worker", command, ports=[], res=spec.env_workers.resources)
+    template = pod_template(run, spec, settings, "env-worker", [main], ["orchestrator.toml"])
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": run.metadata("env-worker"),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": run.selector("env-worker")},
+            "template": template,
+        },
+    }
+
+
 def build_trainer_master_service(run: RunRef, spec: RunSpecBase, status_port: int | None = None) -> dict:
     """`<run>-trainer-master`: pod 0 of the current trainer Job, whatever the attempt. Headless
     and publishing pods before they are ready: torchrun's rendezvous, the gRPC weight server and

@@ -6,11 +6,14 @@ from rlkube_operator.wiring import EMPTYDIR_OUTPUT
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_COMPONENTS = ("inference", "trainer")
+SPEC_SECTION = {"env-worker": "env_workers"}
+"""A component's section of the spec, where it is not named as the component."""
 
 
 def pod_settings(spec: RunSpecBase, component: str) -> PodSettings:
     """The component's own `pod` section over the run-level defaults. The run's nodeSelector
-    and tolerations are meant for the GPU nodes: the (CPU) orchestrator gets only its own."""
+    and tolerations are meant for the GPU nodes: the (CPU) orchestrator and env workers get
+    only their own."""
     sched = spec.scheduling
     gpu = component in GPU_COMPONENTS
     defaults = PodSettings(
@@ -20,7 +23,7 @@ def pod_settings(spec: RunSpecBase, component: str) -> PodSettings:
         scheduler_name=sched.scheduler_name,
         service_account_name=spec.service_account_name,
     )
-    return merge_pod_settings(defaults, getattr(spec, component).pod)
+    return merge_pod_settings(defaults, getattr(spec, SPEC_SECTION.get(component, component)).pod)
 
 
 def merge_pod_settings(base: PodSettings, own: PodSettings) -> PodSettings:

@@ -84,6 +84,15 @@ def _dump(spec: BaseModel) -> dict:
     return spec.model_dump(mode="json", by_alias=True)
 
 
+def _with_defaults(workload: Workload, applied: dict) -> dict:
+    """A spec applied by an older operator, with the defaults of fields added since (such as
+    `envWorkers`): they are no change the user asked for. As stored if it no longer validates."""
+    try:
+        return _dump(workload.spec_model.model_validate(applied))
+    except ValidationError:
+        return applied
+
+
 def _frozen(spec: dict) -> dict:
     return {k: v for k, v in spec.items() if k not in LIVE_FIELDS}
 
@@ -116,7 +125,7 @@ class Reconciler:
             raise ForeignChild({"kind": "ConfigMap"} | cm)
         if cm is None or builders.APPLIED_SPEC_KEY not in cm.get("data", {}):
             return desired, None
-        old = json.loads(cm["data"][builders.APPLIED_SPEC_KEY])
+        old = _with_defaults(workload, json.loads(cm["data"][builders.APPLIED_SPEC_KEY]))
         if desired is None:
             return workload.spec_model.model_validate(old), None
         new = _dump(desired)
@@ -153,6 +162,8 @@ class Reconciler:
             k.ensure(builders.build_inference_pdb(run))
             k.ensure(builders.build_orchestrator_service(run, spec))
             k.ensure(builders.build_orchestrator_deployment(run, spec, replicas, attempt))
+            if spec.env_workers.replicas:
+                k.ensure(builders.build_env_worker_deployment(run, spec, replicas * spec.env_workers.replicas))
         k.ensure(builders.build_trainer_master_service(run, spec, workload.trainer_status_port))
         if self.settings.network_policy_peer is not None:
             k.ensure(builders.build_network_policy(run, self.settings.network_policy_peer,
@@ -167,12 +178,13 @@ class Reconciler:
             k.patch("Job", run.namespace, job["metadata"]["name"], {"spec": {"suspend": spec.suspend}})
 
     def teardown(self, run: RunRef, workload: Workload) -> None:
-        """Free the GPUs: inference (and its disruption budget) and the orchestrator go;
-        ConfigMap, PVC and the Job stay."""
+        """Free the GPUs: inference (and its disruption budget), the orchestrator and the env
+        workers go; ConfigMap, PVC and the Job stay."""
         if "inference" in workload.components:
             self.kube.delete_owned("StatefulSet", run.namespace, run.child("inference"), run.uid)
             self.kube.delete_owned("PodDisruptionBudget", run.namespace, run.child("inference"), run.uid)
             self.kube.delete_owned("Deployment", run.namespace, run.child("orchestrator"), run.uid)
+            self.kube.delete_owned("Deployment", run.namespace, run.child("env-worker"), run.uid)
 
     # --- the loop ---------------------------------------------------------------------
     def reconcile(self, kind: str, body: dict, now: str) -> Result:

@@ -184,6 +184,24 @@ class OrchestratorSpec(K8sModel):
     defaults."""
 
 
+class EnvWorkersSpec(K8sModel):
+    """Env workers: a Deployment `<run>-env-worker` of `rlkube env-worker` pods that run the
+    rollouts, dialing the orchestrator's gRPC Service, while the orchestrator keeps the policy
+    clock, buffer, advantages and packing (`config.orchestrator.env_workers`). CPU only."""
+
+    replicas: int = Field(default=0, ge=0, le=256)
+    """Env worker pods. 0 (the default) runs the rollouts in the orchestrator's own process and
+    creates no Deployment. Sets `config.orchestrator.env_workers`."""
+
+    resources: Resources = Resources()
+    """CPU and memory of each env worker pod."""
+
+    pod: PodSettings = PodSettings()
+    """Scheduling, env, volumes, labels and annotations of each env worker pod, over the
+    run-level defaults (as for the orchestrator: not the run-level nodeSelector and
+    tolerations, which are the GPU nodes')."""
+
+
 class TrainerSpec(K8sModel):
     """The trainer: an indexed Job of `nodes` pods running `torchrun`, with a headless Service."""
 
@@ -357,7 +375,8 @@ class RunSpecBase(K8sModel):
     """The longest the whole run may take, in seconds of wall time from `status.startTime` (its
     first start; a run created suspended, waiting in a queue, starts its clock when released;
     time suspended after that counts). Past it the run is Failed with reason
-    `DeadlineExceeded`: inference and the orchestrator are deleted, and the trainer stops, since
+    `DeadlineExceeded`: inference, the orchestrator and the env workers are deleted, and the
+    trainer stops, since
     each trainer Job is created with the time left as its own `activeDeadlineSeconds` (so
     Kubernetes stops it even while the operator is down). Checkpoints stay. Unset: no limit.
     Fixed once the run has started."""
@@ -420,6 +439,14 @@ class RLRunSpec(RunSpecBase):
             ),
             (
                 (
+                    "!has(self.config) || !has(self.config.orchestrator)"
+                    " || !has(self.config.orchestrator.env_workers)"
+                    " || self.config.orchestrator.env_workers == self.envWorkers.replicas"
+                ),
+                "config.orchestrator.env_workers must equal envWorkers.replicas (or be left out)",
+            ),
+            (
+                (
                     "(has(self.config) && has(self.config.weights) && has(self.config.weights.type)"
                     " && self.config.weights.type != 'storage')"
                     " || has(self.storage.pvc) || has(self.storage.objectStore)"
@@ -473,8 +500,11 @@ class RLRunSpec(RunSpecBase):
     orchestrator: OrchestratorSpec = OrchestratorSpec()
     """The orchestrator."""
 
+    env_workers: EnvWorkersSpec = EnvWorkersSpec()
+    """Env workers that run the rollouts beside the orchestrator; none by default."""
+
     def _pods(self) -> int:
-        return self.trainer.nodes + self.inference.replicas + 1
+        return self.trainer.nodes + self.inference.replicas + 1 + self.env_workers.replicas
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -483,6 +513,12 @@ class RLRunSpec(RunSpecBase):
             raise ValueError(
                 f"config.inference.replicas ({cfg.replicas}) must equal inference.replicas "
                 f"({self.inference.replicas}) or be left out"
+            )
+        workers = self.config.orchestrator
+        if "env_workers" in workers.model_fields_set and workers.env_workers != self.env_workers.replicas:
+            raise ValueError(
+                f"config.orchestrator.env_workers ({workers.env_workers}) must equal envWorkers.replicas "
+                f"({self.env_workers.replicas}) or be left out"
             )
         if self.config.weights.type == "storage" and not (self.storage.pvc or self.storage.object_store):
             raise ValueError(

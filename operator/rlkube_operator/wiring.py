@@ -54,6 +54,7 @@ def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
         f"http://{run.pod_host('inference', i)}:{port}" for i in range(spec.inference.replicas)
     ]
     data["rollouts"]["host"] = run.service_host("orchestrator")
+    data["orchestrator"]["env_workers"] = spec.env_workers.replicas  # the env-worker Deployment's
     weights = data["weights"]
     if weights["type"] == "storage" and weights.get("url") is None:
         weights["url"] = _object_store_url(run, spec, "weights")

@@ -147,6 +147,7 @@ def test_cel_rules_cover_what_pydantic_validators_check():
     messages = " ".join(r["message"] for r in spec["x-kubernetes-validations"])
     assert "config.inference.replicas must equal inference.replicas" in messages
     assert "needs storage.pvc or storage.objectStore" in messages
+    assert "config.orchestrator.env_workers must equal envWorkers.replicas" in messages
 
 
 def test_operator_imports_without_torch_or_vllm():
@@ -207,6 +208,12 @@ def test_cel_rules_reject_what_pydantic_validators_reject():
     run = example("rlrun.yaml")
     run["spec"]["config"]["inference"]["replicas"] = 3
     assert cel_errors("RLRun", run) == ["config.inference.replicas must equal inference.replicas (or be left out)"]
+    workers = example("rlrun.yaml")
+    workers["spec"]["config"]["orchestrator"]["env_workers"] = 2
+    assert cel_errors("RLRun", workers) == [
+        "config.orchestrator.env_workers must equal envWorkers.replicas (or be left out)"]
+    workers["spec"]["envWorkers"] = {"replicas": 2}
+    assert cel_errors("RLRun", workers) == []
     no_storage = {"metadata": {"name": "m"}, "spec": {"image": "x"}}
     assert any("needs storage.pvc or storage.objectStore" in e for e in cel_errors("RLRun", no_storage))
     long_name = example("sftrun.yaml")

@@ -58,6 +58,9 @@ TUNED_PODS = {
     }},
 }
 TUNED_RLRUN = GPU_RLRUN | TUNED_PODS
+ENV_WORKERS = {"replicas": 3, "resources": {"requests": {"cpu": 2, "memory": "4Gi"}},
+               "pod": {"nodeSelector": {"pool": "cpu"}, "labels": {"team": "rl"},
+                       "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}]}}
 TUNED_SFTRUN = example("sftrun.yaml")["spec"] | {"trainer": TUNED_PODS["trainer"] | {"nodes": 1}}
 RUN = RunRef("RLRun", "big", "ml", "1234-uid")
 OPERATOR_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlkube"}},
@@ -79,6 +82,8 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
             builders.build_orchestrator_service(run, spec),
             builders.build_orchestrator_deployment(run, spec, 1, attempt),
         ]
+        if spec.env_workers.replicas:
+            out.append(builders.build_env_worker_deployment(run, spec, spec.env_workers.replicas))
     out += [
         builders.build_trainer_master_service(run, spec, workload.trainer_status_port),
         builders.build_network_policy(run, OPERATOR_PEER, 8080),
@@ -95,6 +100,7 @@ SPECS = {
     "example-sftrun": ("SFTRun", SFTRunSpec.model_validate(example("sftrun.yaml")["spec"])),
     "tuned-rlrun": ("RLRun", RLRunSpec.model_validate(TUNED_RLRUN)),
     "tuned-sftrun": ("SFTRun", SFTRunSpec.model_validate(TUNED_SFTRUN)),
+    "workers-rlrun": ("RLRun", RLRunSpec.model_validate(GPU_RLRUN | {"envWorkers": ENV_WORKERS})),
 }
 
 
@@ -249,7 +255,7 @@ def pod_templates(kind: str, spec) -> list[dict]:
     return [o["spec"]["template"]["spec"] for o in manifests(kind, spec) if "template" in o.get("spec", {})]
 
 
-@pytest.mark.parametrize("name", ["example-rlrun", "example-sftrun", "gpu-rlrun", "tuned-rlrun"])
+@pytest.mark.parametrize("name", ["example-rlrun", "example-sftrun", "gpu-rlrun", "tuned-rlrun", "workers-rlrun"])
 def test_security_context_makes_every_pod_meet_the_restricted_standard(name):
     kind, spec = SPECS[name]
     plain = spec.model_copy(update={"security_context": None})
@@ -258,7 +264,7 @@ def test_security_context_makes_every_pod_meet_the_restricted_standard(name):
     for pod in pod_templates(kind, plain):
         assert "securityContext" not in pod and "capabilities" not in pod["containers"][0]["securityContext"]
     pods = pod_templates(kind, hardened)
-    assert len(pods) == (3 if kind == "RLRun" else 1)
+    assert len(pods) == (3 + bool(spec.env_workers.replicas) if kind == "RLRun" else 1)
     for pod in pods:
         assert restricted_violations(pod) == []
         assert pod["securityContext"] == RESTRICTED
@@ -277,6 +283,78 @@ def test_gpus_per_replica_become_vllms_tensor_parallel_size():
     config = InferenceConfig.model_validate(tomllib.loads(objects[0]["data"]["inference.toml"]))
     args = vllm_command(config, on_cpu=False).args
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
+
+
+def test_env_workers_are_a_cpu_deployment_running_the_orchestrators_config(tmp_path):
+    """`envWorkers.replicas` pods of `rlkube env-worker @ orchestrator.toml`, dialing the
+    orchestrator's Service; the run's pod labels (so its NetworkPolicy admits them), none of
+    the GPU nodes' scheduling; and the orchestrator told to wait for them."""
+    from rlkube.config import OrchestratorConfig, load_config
+
+    objs = manifests("RLRun", SPECS["workers-rlrun"][1])
+    deployments = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Deployment"}
+    workers = deployments["big-env-worker"]
+    assert set(deployments) == {"big-orchestrator", "big-env-worker"}
+    assert workers["metadata"]["ownerReferences"] == [RUN.owner_reference()]
+    assert workers["spec"]["replicas"] == 3
+    assert workers["spec"]["selector"]["matchLabels"] == {"rlkube.dev/run": "big",
+                                                         "app.kubernetes.io/component": "env-worker"}
+    template = workers["spec"]["template"]
+    labels = template["metadata"]["labels"]
+    assert RUN.pod_labels().items() <= labels.items() and labels["team"] == "rl"
+    policy = next(o for o in objs if o["kind"] == "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    pod = template["spec"]
+    (main,) = pod["containers"]
+    assert main["command"] == ["rlkube", "env-worker", "@", "/etc/rlkube/orchestrator.toml",
+                               "--rollouts.host", "big-orchestrator.ml.svc"]
+    assert main["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}}  # no GPU
+    assert main["ports"] == [] and not {"readinessProbe", "livenessProbe", "startupProbe"} & set(main)
+    assert main["env"][-1] == {"name": "HF_HUB_OFFLINE", "value": "1"}
+    # The GPU nodes' selector and tolerations are not theirs; what goes to every pod is.
+    assert pod["nodeSelector"] == {"pool": "cpu"} and "tolerations" not in pod
+    assert (pod["priorityClassName"], pod["schedulerName"]) == ("training", "volcano")
+    assert pod["volumes"][0]["configMap"]["items"] == [{"key": "orchestrator.toml", "path": "orchestrator.toml"}]
+
+    # The worker's own command line, loaded as `rlkube env-worker` loads it.
+    path = tmp_path / "orchestrator.toml"
+    path.write_text(objs[0]["data"]["orchestrator.toml"])
+    config = load_config(OrchestratorConfig, [str(path) if a.endswith(".toml") else a for a in main["command"][2:]])
+    assert config.env_workers == 3 and config.rollouts.host == "big-orchestrator.ml.svc"
+    assert config.rollouts.port == SPECS["workers-rlrun"][1].config.rollouts.port
+    assert len(config.client.base_urls) == 4
+
+    # None by default: rollouts run in the orchestrator, and nothing waits for workers.
+    plain = manifests("RLRun", SPECS["gpu-rlrun"][1])
+    assert [o["metadata"]["name"] for o in plain if o["kind"] == "Deployment"] == ["big-orchestrator"]
+    assert tomllib.loads(plain[0]["data"]["orchestrator.toml"]).get("env_workers", 0) == 0
+
+
+def test_config_env_workers_must_match_the_env_worker_replicas():
+    with pytest.raises(ValidationError) as error:
+        RLRunSpec.model_validate(GPU_RLRUN | {"config": {"orchestrator": {"env_workers": 2}}})
+    assert "config.orchestrator.env_workers (2) must equal envWorkers.replicas (0)" in str(error.value)
+    both = GPU_RLRUN | {"envWorkers": {"replicas": 2}, "config": {"orchestrator": {"env_workers": 2}}}
+    assert RLRunSpec.model_validate(both).env_workers.replicas == 2
+
+
+def test_a_spec_applied_by_an_older_operator_is_no_change_for_fields_added_since():
+    """A running run whose applied spec predates `envWorkers` is not refused as changed."""
+    import json
+
+    from rlkube_operator.reconcile import WORKLOADS, Reconciler
+
+    spec = SPECS["example-rlrun"][1]
+    stored = json.loads(json.dumps(spec.model_dump(mode="json", by_alias=True)))
+    del stored["envWorkers"]
+
+    class OldConfigMap:
+        def get(self, kind, namespace, name):
+            return {"metadata": {"ownerReferences": [RUN.owner_reference()]},
+                    "data": {builders.APPLIED_SPEC_KEY: json.dumps(stored)}}
+
+    applied, refusal = Reconciler(OldConfigMap()).applied_spec(RUN, WORKLOADS["RLRun"], spec)
+    assert refusal is None and applied.env_workers.replicas == 0
 
 
 def test_the_examples_run_as_the_images_user_on_a_group_owned_volume():

@@ -62,7 +62,7 @@ async def test_rlrun_creates_every_child_with_the_right_spec(cluster):
     assert cluster.names("ConfigMap") == {"rt-config"}
     assert cluster.names("Service") == {"rt-inference", "rt-orchestrator", "rt-trainer-master"}
     assert cluster.names("StatefulSet") == {"rt-inference"}
-    assert cluster.names("Deployment") == {"rt-orchestrator"}
+    assert cluster.names("Deployment") == {"rt-orchestrator"}  # no env workers unless asked for
     assert cluster.names("PersistentVolumeClaim") == set()  # the example brings its own claim
     for kind in ("ConfigMap", "Service", "StatefulSet", "Deployment", "Job"):
         for name in cluster.names(kind):
@@ -97,7 +97,7 @@ async def test_rlrun_creates_every_child_with_the_right_spec(cluster):
     assert orchestrator["client"]["base_urls"] == [
         f"http://rt-inference-{i}.rt-inference.{NS}.svc:8000" for i in range(2)
     ]
-    assert orchestrator["rollouts"]["host"] == "0.0.0.0"
+    assert orchestrator["rollouts"]["host"] == "0.0.0.0" and orchestrator["env_workers"] == 0
     trainer = tomllib.loads(data["trainer.toml"])
     assert trainer["rollouts"]["host"] == f"rt-orchestrator.{NS}.svc"
     assert trainer["output_dir"] == "/data/rt" and trainer["ckpt"]["resume_step"] == "latest"
@@ -407,6 +407,47 @@ async def test_suspend_scales_to_zero_and_resume_continues_from_the_checkpoint(c
     assert trainer["ckpt"]["resume_step"] == "latest"
     status = cluster.status("RLRun", "rt")
     assert status["restarts"] == 0  # a resume is not a failure
+
+
+async def test_env_workers_run_beside_the_orchestrator_suspend_with_it_and_go_on_completion(cluster):
+    """`envWorkers.replicas: 2`: a Deployment of 2 `rlkube env-worker` pods owned by the run,
+    dialing the orchestrator Service, scaled to zero and back with the run, deleted when it
+    finishes (with inference and the orchestrator); the orchestrator's config waits for them."""
+    uid = (await cluster.create(rlrun(envWorkers={"replicas": 2})))["metadata"]["uid"]
+    workers = await cluster.until(lambda: cluster.get("Deployment", "rt-env-worker"), what="env workers")
+    assert cluster.names("Deployment") == {"rt-orchestrator", "rt-env-worker"}
+    (owner,) = workers["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("RLRun", "rt", uid, True)
+    assert workers["spec"]["replicas"] == 2
+    template = workers["spec"]["template"]
+    assert template["metadata"]["labels"]["rlkube.dev/run-uid"] == uid
+    assert template["metadata"]["labels"]["app.kubernetes.io/component"] == "env-worker"
+    (main,) = template["spec"]["containers"]
+    assert main["command"] == ["rlkube", "env-worker", "@", "/etc/rlkube/orchestrator.toml",
+                               "--rollouts.host", f"rt-orchestrator.{NS}.svc"]
+    assert "nvidia.com/gpu" not in str(main["resources"]) and "readinessProbe" not in main
+    orchestrator = tomllib.loads(cluster.get("ConfigMap", "rt-config")["data"]["orchestrator.toml"])
+    assert orchestrator["env_workers"] == 2
+
+    # Their pods count for no component's health: the run runs with them.
+    await start_everything(cluster)
+    await cluster.run_pods(workers, 2)
+    await asyncio.sleep(0.5)
+    assert cluster.status("RLRun", "rt")["phase"] == "Running"
+
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": True}})
+    await cluster.until(lambda: cluster.get("Deployment", "rt-env-worker")["spec"]["replicas"] == 0,
+                        what="env workers scaled to zero")
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
+    await cluster.until(lambda: cluster.get("Deployment", "rt-env-worker")["spec"]["replicas"] == 2,
+                        what="env workers back")
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="resumed trainer")
+
+    await cluster.patch("Job", job["metadata"]["name"],
+                        {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Succeeded", what="Succeeded")
+    await cluster.until(lambda: not cluster.names("Deployment") and not cluster.names("StatefulSet"),
+                        what="env workers, orchestrator and inference deleted")
 
 
 async def test_invalid_spec_is_refused_with_the_field_and_an_event(cluster):

@@ -8,22 +8,11 @@ is where it dials the orchestrator. See rlkube.orchestrator.env_worker.
 
 import sys
 
-from rlkube.config import OrchestratorConfig, parse_cli, to_toml
+from rlkube.entrypoints.orchestrator import serve_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    config, dry_run = parse_cli(OrchestratorConfig, "env-worker", argv)
-    if dry_run:
-        print(to_toml(config))
-        return 0
-    import asyncio
-
-    from rlkube.logs import setup_logging
-    from rlkube.orchestrator.env_worker import serve
-
-    setup_logging(config.log.level)  # `rlkube rl` and the pods capture the console
-    asyncio.run(serve(config))
-    return 0
+    return serve_main("env-worker", "rlkube.orchestrator.env_worker", argv)
 
 
 if __name__ == "__main__":

@@ -8,19 +8,25 @@ import sys
 from rlkube.config import OrchestratorConfig, parse_cli, to_toml
 
 
-def main(argv: list[str] | None = None) -> int:
-    config, dry_run = parse_cli(OrchestratorConfig, "orchestrator", argv)
+def serve_main(command: str, serve_module: str, argv: list[str] | None) -> int:
+    """Parse an orchestrator config (`--dry-run` prints it) and run `serve_module.serve` on it:
+    the orchestrator itself, or one of its env workers, which read the same file."""
+    config, dry_run = parse_cli(OrchestratorConfig, command, argv)
     if dry_run:
         print(to_toml(config))
         return 0
     import asyncio
+    import importlib
 
     from rlkube.logs import setup_logging
-    from rlkube.orchestrator.app import serve
 
     setup_logging(config.log.level)  # `rlkube rl` and the pods capture the console
-    asyncio.run(serve(config))
+    asyncio.run(importlib.import_module(serve_module).serve(config))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return serve_main("orchestrator", "rlkube.orchestrator.app", argv)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ import pytest
 from rlkube.config import InferenceConfig, RLConfig
 from rlkube.entrypoints.rl import main
 from rlkube.inference.server import vllm_command
-from rlkube.launch.gpus import place_gpus
+from rlkube.launch.gpus import place_gpus, visible_gpus
 from rlkube.launch.local import child_stages, write_process_configs
 
 
@@ -36,6 +36,12 @@ def test_gpus_given_by_hand_are_checked():
         place_gpus(rl(trainer={"gpus": [5]}), ["0", "1"])
     with pytest.raises(ValueError, match="GPU 1 would hold both"):
         place_gpus(rl(inference={"gpus": [1]}, trainer={"gpus": [1]}, weights={"type": "nccl"}), ["0", "1"])
+
+
+def test_visible_gpus_are_read_as_cuda_reads_them(monkeypatch):
+    for value, expected in {"4,5": ["4", "5"], "": [], "-1": [], "0,-1,1": ["0"], "GPU-ab12, GPU-cd34": ["GPU-ab12", "GPU-cd34"]}.items():
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert visible_gpus() == expected, value
 
 
 def test_a_machine_without_gpus_places_nothing(tmp_path):

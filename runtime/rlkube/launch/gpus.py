@@ -8,6 +8,7 @@ weight updates need the trainer's rank 0 and every vLLM worker on different GPUs
 form a group of two ranks on one device): an overlap with `weights.type = "nccl"` is refused.
 """
 
+import itertools
 import os
 from dataclasses import dataclass
 
@@ -25,9 +26,11 @@ class GpuPlacement:
 
 
 def visible_gpus() -> list[str]:
-    """The GPUs this process may use: `CUDA_VISIBLE_DEVICES` when set, else all CUDA devices."""
+    """The GPUs this process may use: `CUDA_VISIBLE_DEVICES` when set (read as CUDA does: up to
+    the first invalid entry, so "-1" or "" hides every GPU), else all CUDA devices."""
     if (visible := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
-        return [device for device in visible.split(",") if device.strip()]
+        devices = (device.strip() for device in visible.split(","))
+        return list(itertools.takewhile(lambda d: d and not d.startswith("-"), devices))
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())]

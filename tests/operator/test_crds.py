@@ -109,6 +109,17 @@ def _to_jsonschema(node):
     return out
 
 
+def with_spec_field(run: dict, path: tuple[str, ...], value) -> dict:
+    """`run` with `spec.<path>` set to `value` (removed when None), parents made as needed."""
+    node = run["spec"]
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node.pop(path[-1], None)
+    if value is not None:
+        node[path[-1]] = value
+    return run
+
+
 def schema_errors(kind: str, obj: dict) -> list[str]:
     schema = _to_jsonschema(CRDS[f"rlkube.dev_{kind.lower()}s.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
     validator = jsonschema.Draft7Validator(schema)
@@ -132,11 +143,7 @@ def test_examples_pass_the_schema():
     ],
 )
 def test_schema_rejects_bad_fields_with_their_path(path, value, expected):
-    run = example("rlrun.yaml")
-    node = run["spec"]
-    for key in path[:-1]:
-        node = node.setdefault(key, {})
-    node[path[-1]] = value
+    run = with_spec_field(example("rlrun.yaml"), path, value)
     errors = schema_errors("RLRun", run)
     assert any(e.startswith(expected) for e in errors), errors
 
@@ -282,13 +289,7 @@ def test_cel_admission_and_the_operator_agree(kind, fields, refusal):
 
     run = example(f"{kind.lower()}.yaml")
     for path, value in fields.items():
-        *parents, last = path.split(".")
-        node = run["spec"]
-        for key in parents:
-            node = node.setdefault(key, {})
-        node.pop(last, None)
-        if value is not None:
-            node[last] = copy.deepcopy(value)
+        run = with_spec_field(run, tuple(path.split(".")), copy.deepcopy(value))
     errors = cel_errors(kind, run)
     if refusal is None:
         assert errors == []
@@ -322,11 +323,7 @@ def test_every_cel_field_path_names_a_field_of_its_node():
     (("trainer", "resources", "limits", "cpu"), "two", "spec.trainer.resources.limits.cpu: 'two' does not match"),
 ])
 def test_replicas_and_quantities_are_checked_by_the_schema(path, value, expected):
-    run = example("rlrun.yaml")
-    node = run["spec"]
-    for key in path[:-1]:
-        node = node.setdefault(key, {})
-    node[path[-1]] = value
+    run = with_spec_field(example("rlrun.yaml"), path, value)
     errors = schema_errors("RLRun", run)
     assert any(e.startswith(expected) for e in errors), errors
     with pytest.raises(ValidationError, match=path[-1]):

@@ -13,7 +13,6 @@ from rlkube.transport.weights_snapshot import (
     COMPLETE,
     Snapshot,
     iter_safetensors,
-    snapshot_files,
 )
 from rlkube.transport.weights_storage import (
     list_steps,
@@ -45,7 +44,7 @@ def state(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def test_snapshot_is_bit_exact_with_config_and_marker_last(model_dir):
-    files = snapshot_files(state(), 3, model_dir)
+    files = Snapshot(state(), 3, model_dir).files()
     assert list(files)[-1] == COMPLETE
     assert {"config.json", "tokenizer.json", "model.safetensors"} <= set(files)
     assert files["model.safetensors"] != b"not copied"
@@ -71,7 +70,7 @@ def test_tensors_of_a_fetched_snapshot_are_views_of_its_buffer_in_every_dtype():
 
 
 def test_large_state_dicts_are_sharded_with_an_index(model_dir):
-    files = snapshot_files(state(), 1, model_dir, max_shard_bytes=300)
+    files = Snapshot(state(), 1, model_dir, max_shard_bytes=300).files()
     shards = sorted(f for f in files if f.endswith(".safetensors"))
     assert len(shards) > 1
     index = json.loads(files["model.safetensors.index.json"])
@@ -91,7 +90,7 @@ def test_storage_writes_the_same_bytes_as_the_in_memory_snapshot(tmp_path, model
 
 def test_model_dir_without_config_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
-        snapshot_files(state(), 1, tmp_path)
+        Snapshot(state(), 1, tmp_path)
 
 
 def test_storage_publish_marks_complete_and_prunes(tmp_path, model_dir):
@@ -195,7 +194,7 @@ def test_grpc_publish_and_fetch(model_dir):
         publisher.publish(state(2), 2)
         address = location.removeprefix("grpc://")
         files = fetch_snapshot(address, 2, timeout=30)
-        assert files == snapshot_files(state(2), 2, model_dir)
+        assert files == Snapshot(state(2), 2, model_dir).files()
         assert fetch_snapshot(address, -1, timeout=30) == files
         with pytest.raises(ConnectionError, match="NOT_FOUND"):
             fetch_snapshot(address, 1, timeout=30)  # pruned by keep_last=1
@@ -213,7 +212,7 @@ def test_grpc_server_binds_one_address_and_advertises_another(model_dir):
     try:
         location = publisher.publish(state(1), 1)
         assert location == f"grpc://localhost:{config.grpc_port}"
-        assert fetch_snapshot(location.removeprefix("grpc://"), 1, timeout=30) == snapshot_files(state(1), 1, model_dir)
+        assert fetch_snapshot(location.removeprefix("grpc://"), 1, timeout=30) == Snapshot(state(1), 1, model_dir).files()
     finally:
         publisher.close()
     taken = WeightTransferConfig(type="grpc", grpc_host="localhost", grpc_bind_host="192.0.2.1", grpc_port=free_port())
@@ -236,7 +235,7 @@ def test_grpc_fetch_waits_for_the_server_and_the_step(model_dir):
     starter.start()
     try:
         files = fetch_snapshot(f"127.0.0.1:{config.grpc_port}", 1, timeout=30)
-        assert files == snapshot_files(state(1), 1, model_dir)
+        assert files == Snapshot(state(1), 1, model_dir).files()
         assert time.monotonic() - started >= 1.0
     finally:
         starter.join()

@@ -44,12 +44,8 @@ def place_gpus(config: RLConfig, visible: list[str], external_inference: bool = 
     per_replica = config.inference.tensor_parallel_size
     replicas = 0 if external_inference else config.inference.replicas
     ranks = config.trainer.nproc_per_node
-    inference = _indices("inference.gpus", config.inference.gpus, replicas * per_replica, visible)
-    trainer = _indices("trainer.gpus", config.trainer.gpus, ranks, visible)
-    if config.inference.gpus is None:
-        inference = [i % len(visible) for i in range(replicas * per_replica)]
-    if config.trainer.gpus is None:
-        trainer = [(len(inference) + i) % len(visible) for i in range(ranks)]
+    inference = _indices("inference.gpus", config.inference.gpus, replicas * per_replica, visible, first=0)
+    trainer = _indices("trainer.gpus", config.trainer.gpus, ranks, visible, first=len(inference))
     if config.weights.type == "nccl" and (shared := sorted(set(inference) & set(trainer))):
         raise ValueError(
             f"inference.gpus / trainer.gpus: GPU {', '.join(visible[i] for i in shared)} would hold both an inference "
@@ -63,9 +59,11 @@ def place_gpus(config: RLConfig, visible: list[str], external_inference: bool = 
     return GpuPlacement(inference=replica_devices, trainer=[visible[i] for i in trainer])
 
 
-def _indices(field: str, given: list[int] | None, count: int, visible: list[str]) -> list[int]:
+def _indices(field: str, given: list[int] | None, count: int, visible: list[str], first: int) -> list[int]:
+    """`given` checked against `count` and the visible GPUs; when None, `count` GPUs from the
+    `first`-th on, wrapping around (shared) when there are too few."""
     if given is None:
-        return []
+        return [(first + i) % len(visible) for i in range(count)]
     if len(given) != count:
         raise ValueError(f"{field}: {len(given)} GPUs given, {count} needed")
     if bad := [i for i in given if not 0 <= i < len(visible)]:

@@ -122,14 +122,6 @@ class Snapshot:
                 fs.pipe_file(f"{directory}/{name}", save(shard, metadata=_METADATA))
 
 
-def snapshot_files(
-    state_dict: dict[str, torch.Tensor], step: int, model_dir: str | Path,
-    max_shard_bytes: int = MAX_SHARD_BYTES,
-) -> dict[str, bytes]:
-    """Every file of a snapshot in memory, the `COMPLETE` marker last (dicts keep insertion order)."""
-    return Snapshot(state_dict, step, model_dir, max_shard_bytes).files()
-
-
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,

@@ -89,3 +89,4 @@ def test_env_workers_start_beside_the_orchestrator_on_its_config(tmp_path):
     worker = second[2]
     assert worker.argv[-3:] == ["rlkube.entrypoints.env_worker", "@", str(paths["orchestrator"])]
     assert worker.log_path == tmp_path / "logs" / "env-worker-1.log" and not worker.must_finish
+    assert worker.max_restarts > 0, "a dead env worker is started again, not the end of the run"

@@ -145,3 +145,26 @@ def test_grandchildren_get_the_grace_period_after_their_leader_exits(tmp_path):
     assert result["code"] == 3
     assert (tmp_path / "cleaned").read_text() == "yes", "the worker was killed during its cleanup"
     assert not alive(pid) and not alive(worker_pid)
+
+
+def test_a_restartable_child_that_dies_is_started_again_and_the_run_goes_on(tmp_path):
+    """An env worker killed mid-run comes back (its log appended) and the run still succeeds."""
+    worker = sleeper(tmp_path, "env-worker-0", max_restarts=2)
+    supervisor = Supervisor(grace_s=1)
+    thread, result = run_in_thread(supervisor, [[exits(tmp_path, "orchestrator", 0, after=8.0, must_finish=True), worker]])
+    first = pids(tmp_path, "env-worker-0")
+    (tmp_path / "env-worker-0.pids").unlink()
+    os.kill(first[0], signal.SIGKILL)
+    second = pids(tmp_path, "env-worker-0")
+    assert second != first, "started again"
+    assert not any(alive(p) for p in first), "what was left of the dead worker's group was killed"
+    thread.join(timeout=30)
+    assert result["code"] == 0
+    assert not any(alive(p) for p in second)
+
+
+def test_a_child_past_its_restart_limit_fails_the_run(tmp_path):
+    code = Supervisor(grace_s=1).run([[sleeper(tmp_path, "trainer", must_finish=True),
+                                       exits(tmp_path, "env-worker-0", 3, after=0.1, max_restarts=1)]])
+    assert code == 3
+    assert (tmp_path / "logs" / "env-worker-0.log").read_text().split() == ["bye", "bye"], "ran twice, then failed"

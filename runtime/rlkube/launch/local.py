@@ -15,6 +15,9 @@ from rlkube.launch.gpus import GpuPlacement
 from rlkube.launch.supervisor import ChildSpec
 
 PROCESSES = ("inference", "orchestrator", "trainer")
+ENV_WORKER_RESTARTS = 5
+"""An env worker that dies is started again (the orchestrator re-issues its rollouts), up to this
+many times per worker before the run fails: a crash-looping worker is a bug to see, not hide."""
 
 
 def check_inference_ports(config: RLConfig) -> None:
@@ -89,7 +92,8 @@ def child_stages(
         must_finish=True,
     )
     env_workers = [
-        ChildSpec(f"env-worker-{i}", [*_module("env_worker"), "@", str(paths["orchestrator"])], logs / f"env-worker-{i}.log")
+        ChildSpec(f"env-worker-{i}", [*_module("env_worker"), "@", str(paths["orchestrator"])],
+                  logs / f"env-worker-{i}.log", max_restarts=ENV_WORKER_RESTARTS)
         for i in range(config.orchestrator.env_workers)
     ]
     return [[*inference, trainer], [orchestrator, *env_workers]]

@@ -3,7 +3,9 @@
 Each child runs in its own session (process group), so stopping it reaches everything it
 spawned (vLLM's engine core, torchrun's workers), and a Ctrl-C in the terminal reaches only the
 supervisor, which then stops the children in order. If any child dies unexpectedly (SIGKILL
-included) the others are stopped and the supervisor reports failure within seconds.
+included) the others are stopped and the supervisor reports failure within seconds, except a
+child declared restartable (an env worker, whose lost rollouts the orchestrator re-issues): it is
+started again after a backoff, like a Deployment's pod, up to its restart limit.
 """
 
 import logging
@@ -39,11 +41,16 @@ class ChildSpec:
     must_finish: bool = False
     """The run succeeds once every such child exited with code 0 (trainer, orchestrator);
     any other exit of any child is a failure."""
+    max_restarts: int = 0
+    """Times the child is started again after an exit (backoff 1, 2, 4, ... 30 s) before its
+    exit fails the run."""
 
 
 class Child:
-    def __init__(self, spec: ChildSpec):
-        self.spec = spec
+    def __init__(self, spec: ChildSpec, restarts: int = 0):
+        self.spec, self.restarts = spec, restarts
+        self.restart_at: float | None = None
+        """When an exited restartable child is started again (monotonic seconds)."""
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(spec.log_path, "ab")  # noqa: SIM115 (open while the child runs)
         self.process = subprocess.Popen(
@@ -108,14 +115,30 @@ class Supervisor:
         return self.children[0].spec.log_path.parent if self.children else None
 
     def _check_children(self) -> bool:
-        """Raise ChildFailed for an unexpected exit; True when the run is finished."""
+        """Raise ChildFailed for an unexpected exit (restart a restartable child instead);
+        True when the run is finished."""
         finished = True
-        for child in self.children:
+        for i, child in enumerate(self.children):
             code = child.poll()
             if code is not None and (code != 0 or not child.spec.must_finish):
-                raise ChildFailed(child.spec.name, code)
+                if child.restarts >= child.spec.max_restarts:
+                    raise ChildFailed(child.spec.name, code)
+                self.children[i] = self._restart(child, code)
             finished &= code == 0 or not child.spec.must_finish
         return finished and any(c.spec.must_finish for c in self.children)
+
+    def _restart(self, child: Child, code: int) -> Child:
+        """The same child again once its backoff has passed (what is left of its group first)."""
+        now = time.monotonic()
+        if child.restart_at is None:
+            child.restart_at = now + min(2.0 ** child.restarts, 30.0)
+            logger.warning("%s; restarting it in %.0f s (restart %d of %d)", ChildFailed(child.spec.name, code),
+                           child.restart_at - now, child.restarts + 1, child.spec.max_restarts)
+            child.signal_group(signal.SIGKILL)
+        if now < child.restart_at:
+            return child
+        child.close()
+        return Child(child.spec, restarts=child.restarts + 1)
 
     def _wait_healthy(self, child: Child, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -8,11 +8,13 @@ packing against `benchmarks/fake_engine.py`, an instant stand-in for vLLM's toke
 route in its own process, so this process's CPU clock (`time.process_time`: every thread of
 the orchestrator, the renderer's included) counts only the orchestrator. Rows:
 - `verifiers path (before)`: the chat harness posts to verifiers' interception server over local
-  HTTP, whose training client calls the engine, with pydantic asking `inspect.signature` about
-  every default factory (rlkube before the lean path);
-- `verifiers path + pydantic memo`: the same with `rlkube.envs.pydantic_defaults` installed;
+  HTTP, whose training client calls the engine, with rlkube's memos taken out (`as_before`:
+  pydantic asking `inspect.signature` about every default factory, renderers tokenizing the
+  assistant header on every response, ...; rlkube before the lean path);
+- `verifiers path + memos`: the same with `rlkube.envs.pydantic_defaults` and
+  `rlkube.envs.reasoning_headers` installed;
 - `lean path (after)`: the harness calls the interception handler in-process and the engine over
-  one aiohttp pool per replica (`rlkube.envs.in_process`), with the memo;
+  one aiohttp pool per replica (`rlkube.envs.in_process`), with the memos;
 - `orchestration only`: rollouts that complete instantly in-process (scheduler, advantages and
   packing alone).
 The paths alternate for `--rounds` rounds after a warm-up; each row is its path's best round
@@ -115,19 +117,40 @@ def env_config(path: str) -> EnvConfig:
     return EnvConfig(args={"num_examples": 1000}, rollout_path=path)
 
 
-async def env_path(row: str, args, model: Path, url: str) -> tuple[float, float, int]:
+@contextlib.contextmanager
+def as_before():
+    """verifiers', pydantic's and renderers' own code again, as before rlkube's memos: the
+    default-factory and header-ids memos out, the reverse-text task hashing its data on every
+    read, and the chat harness's plugin lookup searching verifiers' package first."""
     from pydantic._internal import _fields
-    from rlkube.envs import load_env, pydantic_defaults
+    from renderers import reasoning
+    from rlkube.envs import chat_harness, pydantic_defaults, reasoning_headers
+    from rlkube.envs.reverse_text import ReverseTextTask
+
+    _fields.takes_validated_data_argument = pydantic_defaults._takes_validated_data
+    reasoning._after_header = reasoning_headers._original_after_header
+    remembered_hash = ReverseTextTask.__dict__["hash"]
+    del ReverseTextTask.hash
+    namespaced = f"verifiers.v1.harnesses.{chat_harness.HARNESS_ID}"
+    harness_module = sys.modules.pop(namespaced)
+    try:
+        yield
+    finally:
+        ReverseTextTask.hash = remembered_hash
+        sys.modules[namespaced] = harness_module  # the next load_env installs the memos again
+
+
+async def env_path(row: str, args, model: Path, url: str) -> tuple[float, float, int]:
+    from rlkube.envs import load_env
 
     config = env_config("lean" if row == "lean" else "verifiers")
-    runner = EnvRunner(config, load_env(config), seed=0)  # load_env installs the memo
-    if row == "before":  # pydantic's own check again, as before the memo
-        _fields.takes_validated_data_argument = pydantic_defaults._takes_validated_data
+    runner = EnvRunner(config, load_env(config), seed=0)  # load_env installs the memos
     pool = engine_pool(args, model, url)
-    async with runner.serving():
-        warm = argparse.Namespace(**{**vars(args), "steps": 1})
-        await run_scheduler(runner, in_process(pool, warm), warm)  # tokenizer, connections, caches
-        return await run_scheduler(runner, in_process(pool, args), args)
+    with as_before() if row == "before" else contextlib.nullcontext():
+        async with runner.serving():
+            warm = argparse.Namespace(**{**vars(args), "steps": 1})
+            await run_scheduler(runner, in_process(pool, warm), warm)  # tokenizer, connections, caches
+            return await run_scheduler(runner, in_process(pool, args), args)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -241,7 +264,7 @@ def main() -> None:
     for column in ("path", "CPU ms / rollout", "rollouts / CPU-s", "rollouts / s (wall)", "errored"):
         table.add_column(column, justify="left" if column == "path" else "right")
     best = {}
-    labels = {"before": "verifiers path (before)", "memo": "verifiers path + pydantic memo", "lean": "lean path (after)"}
+    labels = {"before": "verifiers path (before)", "memo": "verifiers path + memos", "lean": "lean path (after)"}
     for path, label in labels.items():
         cpu, wall, _ = min(runs[path])
         errors = sum(r[2] for r in runs[path])
@@ -250,7 +273,7 @@ def main() -> None:
     table.add_row(*row("orchestration only", *instant))
     Console().print(table)
     Console().print(f"CPU per rollout, before / after: [bold]{best['before'] / best['lean']:.1f}x[/bold] lower "
-                    f"(verifiers path + memo / lean: {best['memo'] / best['lean']:.1f}x)")
+                    f"(verifiers path + memos / lean: {best['memo'] / best['lean']:.1f}x)")
 
     table = Table(title=f"env workers, lean path ({rollouts} rollouts, {args.max_concurrent} in flight, "
                         f"best of {args.rounds} rounds, {os.cpu_count()} CPUs)")

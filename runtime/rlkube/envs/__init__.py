@@ -20,8 +20,10 @@ def load_env(env_config: "EnvConfig") -> "Env":
     import importlib
 
     from rlkube.envs.pydantic_defaults import remember_default_factory_signatures
+    from rlkube.envs.reasoning_headers import remember_header_ids
 
     remember_default_factory_signatures()  # verifiers' rollouts build many pydantic models
+    remember_header_ids()  # and parse every response for an assistant header
     if env_config.id in BUILTIN_ENVS:
         module = importlib.import_module(BUILTIN_ENVS[env_config.id])
         try:

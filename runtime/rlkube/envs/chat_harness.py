@@ -29,8 +29,14 @@ from rlkube.http import async_client
 HARNESS_ID = "rlkube_chat"
 CHAT_ROUTE = "/v1/chat/completions"
 # verifiers resolves a harness id by importing a top-level module of that name; register this
-# module under it (as rlkube.envs.reverse_text does for its taskset).
+# module under it (as rlkube.envs.reverse_text does for its taskset). Every episode builds its
+# agents afresh and resolves the id again, asking first for a built-in harness of that name
+# (`importlib.util.find_spec("verifiers.v1.harnesses.rlkube_chat")`), a search of verifiers'
+# package directory each time (~60 us per rollout) that finds nothing. Registering the module
+# under that name too answers it from `sys.modules`: the same module, so the same class.
+# verifiers lists its built-in harnesses from the package directory, so the list is unchanged.
 sys.modules.setdefault(HARNESS_ID, sys.modules[__name__])
+sys.modules.setdefault(f"verifiers.v1.harnesses.{HARNESS_ID}", sys.modules[__name__])
 
 
 class InProcessChatHarness(vf.Harness[vf.HarnessConfig]):

@@ -10,7 +10,9 @@ fields, numeric exclusive bounds become booleans, tuples become bounded arrays. 
 `spec.config` (a spec model's `CONFIG_RULES`) are placed on their nodes. Defaults are kept for
 the Kubernetes-facing fields only: inside `spec.config` the runtime applies its own defaults
 (shown in the descriptions), so the stored object says only what the user wrote, exactly as in
-a TOML file.
+a TOML file. Transition rules (`oldSelf`) keep a run's spec as created, but for the fields that
+apply live and, while the run is suspended, its components' sizes (`reconcile.LIVE_FIELDS`,
+`reconcile.SUSPENDED_FIELDS`: the operator refuses the same changes).
 """
 
 import argparse
@@ -23,6 +25,7 @@ import yaml
 
 from rlkube_operator import GROUP, VERSION
 from rlkube_operator.names import NAME_MAX_LENGTH, NAME_PATTERN
+from rlkube_operator.reconcile import LIVE_FIELDS, SUSPENDED_FIELDS
 from rlkube_operator.spec import KINDS, RunStatus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -140,6 +143,29 @@ def _model_schema(model, *, keep_defaults: bool, where: str) -> dict:
     return structural(schema, schema.get("$defs", {}), keep_defaults=keep_defaults, where=where)
 
 
+def _unchanged(path: str) -> str:
+    """CEL: `spec.<path>` is as it was, set or left out alike."""
+    return f"has(self.{path}) == has(oldSelf.{path}) && (!has(self.{path}) || self.{path} == oldSelf.{path})"
+
+
+def immutability_rules(spec_schema: dict) -> list[dict]:
+    """Transition rules on `spec` (they reference `oldSelf`, so the API server runs them on
+    updates only): every field but the live ones stays as created, except the resumable ones of
+    a run that was suspended before the update (they apply when it resumes)."""
+    rules = []
+    for name, node in spec_schema["properties"].items():
+        if name in LIVE_FIELDS:
+            continue
+        rule, message = _unchanged(name), f"spec.{name} cannot change once the run is created"
+        if resumable := SUSPENDED_FIELDS.get(name):
+            kept = " && ".join(_unchanged(f"{name}.{sub}") for sub in node["properties"] if sub not in resumable)
+            rule = f"(has(oldSelf.suspend) && oldSelf.suspend) ? ({kept or 'true'}) : ({rule})"
+            message += f", but for {', '.join(resumable)} while the run is suspended"
+        message += ": delete and recreate the run to change it (a PVC claimName keeps the checkpoints)"
+        rules.append({"rule": rule, "message": message, "fieldPath": f".{name}"})
+    return rules
+
+
 def build_crd(kind: str) -> dict:
     """The CustomResourceDefinition of `kind` (`RLRun` or `SFTRun`)."""
     plural = kind.lower() + "s"
@@ -149,6 +175,8 @@ def build_crd(kind: str) -> dict:
         for key in path:
             node = node["properties"][key]
         node["x-kubernetes-validations"] = rules
+    spec_schema["x-kubernetes-validations"] = spec_schema.get("x-kubernetes-validations", []) + immutability_rules(
+        spec_schema)
     status_schema = _model_schema(RunStatus, keep_defaults=False, where="status")
     conditions = status_schema["properties"]["conditions"]
     conditions.update({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})

@@ -6,6 +6,8 @@ image or crash-loops surfaces here with Kubernetes' own reason and the pod's mes
 
 from dataclasses import dataclass
 
+from rlkube.config.cli import VERSION_SKEW
+
 from rlkube_operator.builders import ATTEMPT_ANNOTATION
 
 # Container waiting reasons that will not fix themselves.
@@ -22,6 +24,9 @@ BAD_WAITING = {
 VOLUME_REASONS = {"FailedAttachVolume", "FailedMount"}
 # Reasons under which the run is Pending (nothing can run yet) rather than Initializing.
 PENDING_REASONS = {"Unschedulable", "ImagePullBackOff", "ErrImagePull", "InvalidImageName"} | VOLUME_REASONS
+# The run's image is older than the operator that wrote its config, and someone set a field the
+# image does not know: no restart fixes that (the runtime's termination message says which).
+CONFIG_INCOMPATIBLE = "ConfigIncompatible"
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,7 @@ class Health:
 
     @property
     def bad(self) -> bool:
-        return self.reason in BAD_WAITING or self.reason in PENDING_REASONS
+        return self.reason in BAD_WAITING or self.reason in PENDING_REASONS or self.reason == CONFIG_INCOMPATIBLE
 
 
 def _containers(pod: dict) -> list[dict]:
@@ -43,8 +48,25 @@ def _containers(pod: dict) -> list[dict]:
     return status.get("initContainerStatuses", []) + status.get("containerStatuses", [])
 
 
+def _terminations(pod: dict) -> list[dict]:
+    """The containers' current and last terminated states."""
+    states = [cs.get(key, {}).get("terminated") for cs in _containers(pod) for key in ("state", "lastState")]
+    return [t for t in states if t]
+
+
+def config_incompatibility(pod: dict) -> str | None:
+    """The runtime's error, on one line, when the pod's config has a field its image does not
+    know (`rlkube.config.cli` writes it to the termination message)."""
+    for term in _terminations(pod):
+        if VERSION_SKEW in (message := term.get("message") or ""):
+            return "; ".join(line.strip() for line in message.strip().splitlines())
+    return None
+
+
 def _pod_problem(pod: dict, volume_events: dict[str, dict]) -> tuple[str, str] | None:
     name = pod["metadata"]["name"]
+    if (incompatible := config_incompatibility(pod)) is not None:
+        return CONFIG_INCOMPATIBLE, f"pod {name}: {incompatible}"
     if creating(pod) and (event := volume_events.get(name)) is not None:
         return event["reason"], f"pod {name}: {event.get('message', event['reason'])}"
     for cs in _containers(pod):
@@ -126,7 +148,8 @@ def pod_failure(pod: dict) -> str:
         term = cs.get("state", {}).get("terminated") or cs.get("lastState", {}).get("terminated")
         if term and term.get("exitCode", 0) != 0:
             detail = f"{term.get('reason', 'Error')}, exit code {term['exitCode']}"
-            return f"pod {pod['metadata']['name']} failed ({detail})"
+            incompatible = config_incompatibility(pod)
+            return f"pod {pod['metadata']['name']} failed ({detail})" + (f": {incompatible}" if incompatible else "")
     reason = pod.get("status", {}).get("reason") or "Failed"
     return f"pod {pod['metadata']['name']} failed ({reason})"
 

@@ -6,6 +6,11 @@ trainer master Service, the output directory on the PVC, and the object-store UR
 weights and checkpoints. Addresses a process binds are `0.0.0.0`; addresses it dials are
 Service DNS names that survive restarts.
 
+The files carry what the user set in `spec.config` and what the operator sets, nothing else:
+the runtime fills in its own defaults. An operator that knows a config field the run's image
+does not therefore still starts it, as long as nobody sets that field (and if someone does,
+the runtime names the field and both versions).
+
 The files do not depend on the attempt: `ckpt.resume_step = "latest"` from the first start,
 so any process that restarts (a gang restart, a killed orchestrator or inference pod, a resume
 after suspend) rejoins the run's newest complete checkpoint, or starts fresh when there is none.
@@ -13,7 +18,7 @@ after suspend) rejoins the run's newest complete checkpoint, or starts fresh whe
 
 from pathlib import PurePosixPath
 
-from rlkube.config import RLConfig, SFTConfig, to_toml
+from rlkube.config import RLConfig, to_toml
 
 from rlkube_operator.names import SFT_STATUS_PORT, RunRef
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
@@ -43,36 +48,50 @@ def _shared(run: RunRef, spec: RunSpecBase, data: dict) -> dict:
     return data
 
 
+def _user_set(spec: RunSpecBase) -> dict:
+    """`spec.config` as the user wrote it: only the fields they set."""
+    return spec.config.model_dump(exclude_unset=True)
+
+
+def _section(data: dict, *path: str) -> dict:
+    """`data[path]`, made (empty) where the user left it out."""
+    for key in path:
+        data = data.setdefault(key, {})
+    return data
+
+
 def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
-    """The RLRun's config with the cluster's addresses, before splitting per process."""
-    data = _shared(run, spec, spec.config.model_dump())
+    """The RLRun's config with the cluster's addresses, before splitting per process. Its set
+    fields are the user's and the operator's."""
+    data = _shared(run, spec, _user_set(spec))
     port = spec.config.inference.port
-    data["inference"] |= {"replicas": spec.inference.replicas, "host": ANY_ADDRESS}
+    inference = _section(data, "inference")
+    inference |= {"replicas": spec.inference.replicas, "host": ANY_ADDRESS}
     if spec.inference.gpus_per_replica:  # vLLM shards the model over the pod's GPUs
-        data["inference"]["tensor_parallel_size"] = spec.inference.gpus_per_replica
-    data["orchestrator"]["client"]["base_urls"] = [
+        inference["tensor_parallel_size"] = spec.inference.gpus_per_replica
+    _section(data, "orchestrator", "client")["base_urls"] = [
         f"http://{run.pod_host('inference', i)}:{port}" for i in range(spec.inference.replicas)
     ]
-    data["rollouts"]["host"] = run.service_host("orchestrator")
-    data["orchestrator"]["env_workers"] = spec.env_workers.replicas  # the env-worker Deployment's
-    weights = data["weights"]
-    if weights["type"] == "storage" and weights.get("url") is None:
+    _section(data, "rollouts")["host"] = run.service_host("orchestrator")
+    _section(data, "orchestrator")["env_workers"] = spec.env_workers.replicas  # the env-worker Deployment's
+    weights, transfer = _section(data, "weights"), spec.config.weights.type
+    if transfer == "storage" and weights.get("url") is None:
         weights["url"] = _object_store_url(run, spec, "weights")
-    if weights["type"] in ("grpc", "nccl"):
+    if transfer in ("grpc", "nccl"):
         # Inference dials (gRPC) or rendezvous at (NCCL) the trainer's rank 0 by its stable
         # Service; the weight server binds every interface of its pod.
         weights |= {"grpc_host": run.trainer_master, "grpc_bind_host": ANY_ADDRESS}
-    return RLConfig.model_validate(data)
+    return type(spec.config).model_validate(data)
 
 
 def rl_tomls(run: RunRef, spec: RLRunSpec) -> dict[str, str]:
     """`{inference,orchestrator,trainer}.toml` → text."""
-    configs = rl_config(run, spec).process_configs()
+    configs = rl_config(run, spec).process_configs(exclude_unset=True)
     configs["orchestrator"].rollouts.host = ANY_ADDRESS  # where it serves batches
-    return {f"{name}.toml": to_toml(config) for name, config in configs.items()}
+    return {f"{name}.toml": to_toml(config, exclude_unset=True) for name, config in configs.items()}
 
 
 def sft_tomls(run: RunRef, spec: SFTRunSpec) -> dict[str, str]:
-    data = _shared(run, spec, spec.config.model_dump())
+    data = _shared(run, spec, _user_set(spec))
     data |= {"status_port": SFT_STATUS_PORT, "status_host": ANY_ADDRESS}
-    return {"sft.toml": to_toml(SFTConfig.model_validate(data))}
+    return {"sft.toml": to_toml(type(spec.config).model_validate(data), exclude_unset=True)}

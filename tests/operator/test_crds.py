@@ -11,10 +11,11 @@ import kubernetes_validate
 import pytest
 import yaml
 from pydantic import ValidationError
-from rlkube_operator import crd
-from rlkube_operator.spec import RLRunSpec
+from rlkube_operator import crd, reconcile
+from rlkube_operator.spec import KINDS, RLRunSpec
 
 from tests.operator.test_operator_kmock import example
+from tests.operator.test_upgrade import applied, user_set
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = {name: yaml.safe_load(text) for name, text in crd.render_all().items()}
@@ -179,27 +180,33 @@ def _with_defaults(schema: dict, obj):
     return out
 
 
-def _rules_on(schema: dict, value):
-    """(rule, self) for every CEL rule of a node present in the object, as the API server runs
-    them: a node's rules run only when the object has that node."""
+def _rules_on(schema: dict, value, old):
+    """(rule, self, oldSelf) for every CEL rule of a node present in the object, as the API
+    server runs them: a node's rules run only when the object has that node, and a transition
+    rule (one that reads `oldSelf`) only on an update whose old object has it too."""
     for rule in schema.get("x-kubernetes-validations", []):
-        yield rule, value
+        if "oldSelf" not in rule["rule"] or old is not None:
+            yield rule, value, old
     if isinstance(value, dict):
         for key, sub in schema.get("properties", {}).items():
             if value.get(key) is not None:
-                yield from _rules_on(sub, value[key])
+                yield from _rules_on(sub, value[key], old.get(key) if isinstance(old, dict) else None)
 
 
-def cel_errors(kind: str, obj: dict) -> list[str]:
-    """Evaluate the CRD's CEL rules (every node's) with a real CEL interpreter."""
+def cel_errors(kind: str, obj: dict, old: dict | None = None) -> list[str]:
+    """Evaluate the CRD's CEL rules (every node's) with a real CEL interpreter; with `old`, as an
+    update of `old` to `obj` (transition rules included)."""
     celpy = pytest.importorskip("celpy", reason="cel-python is not installed")
     root = CRDS[f"rlkube.dev_{kind.lower()}s.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    obj = _with_defaults(root, obj)
+    obj, old = _with_defaults(root, obj), None if old is None else _with_defaults(root, old)
     env = celpy.Environment()
     errors = []
-    for rule, value in _rules_on(root, obj):
+    for rule, value, old_value in _rules_on(root, obj, old):
         program = env.program(env.compile(rule["rule"]))
-        if not program.evaluate({"self": celpy.json_to_cel(value)}):
+        activation = {"self": celpy.json_to_cel(value)}
+        if old_value is not None:
+            activation["oldSelf"] = celpy.json_to_cel(old_value)
+        if not program.evaluate(activation):
             errors.append(rule["message"])
     return errors
 
@@ -285,8 +292,6 @@ ADMISSION = [
 def test_cel_admission_and_the_operator_agree(kind, fields, refusal):
     """Each cross-field rule the runtime's validators (and so the operator) enforce is refused by
     the API server too, with its message; what the operator accepts, admission accepts."""
-    from rlkube_operator.spec import KINDS
-
     run = example(f"{kind.lower()}.yaml")
     for path, value in fields.items():
         run = with_spec_field(run, tuple(path.split(".")), copy.deepcopy(value))
@@ -313,7 +318,8 @@ def test_every_cel_field_path_names_a_field_of_its_node():
     for crd_ in CRDS.values():
         list(walk(crd_["spec"]["versions"][0]["schema"]["openAPIV3Schema"]))
     spec = CRDS["rlkube.dev_rlruns.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert {r["fieldPath"] for r in walk(spec)} == {".batch_size", ".temperature", ".top_p"}
+    inside_config = {r["fieldPath"] for r in walk(spec) if "oldSelf" not in r["rule"]}
+    assert inside_config == {".batch_size", ".temperature", ".top_p"}
 
 
 @pytest.mark.parametrize(("path", "value", "expected"), [
@@ -336,3 +342,52 @@ def test_well_formed_quantities_pass_the_schema_and_the_operator():
                                              "limits": {"memory": "2e9", "cpu": 4}}
     assert schema_errors("RLRun", run) == []
     RLRunSpec.model_validate(run["spec"])
+
+
+RESOURCES = {"requests": {"cpu": "3", "memory": "7Gi"}}
+# (kind, the old spec's fields, the update's fields (dotted paths), the spec field refused; None: accepted)
+TRANSITIONS = [
+    ("RLRun", {}, {}, None),
+    ("RLRun", {}, {"suspend": True, "restartPolicy.backoffLimit": 5, "ttlSecondsAfterFinished": 60}, None),
+    ("RLRun", {}, {"image": "other:2"}, "image"),
+    ("RLRun", {}, {"trainer.resources": RESOURCES}, "trainer"),
+    ("RLRun", {}, {"suspend": True, "trainer.resources": RESOURCES}, "trainer"),  # suspend first
+    ("RLRun", {"suspend": True}, {"trainer.resources": RESOURCES}, None),
+    ("RLRun", {"suspend": True}, {"suspend": False, "inference.replicas": 2, "inference.resources": RESOURCES,
+                                  "orchestrator.resources": RESOURCES, "envWorkers.replicas": 3}, None),
+    ("RLRun", {"suspend": True}, {"trainer.nodes": 2}, "trainer"),
+    ("RLRun", {"suspend": True}, {"envWorkers.pod": {"labels": {"team": "a"}}}, "envWorkers"),
+    ("RLRun", {"suspend": True}, {"config.max_steps": 7}, "config"),
+    ("SFTRun", {"suspend": True}, {"trainer.resources": RESOURCES}, None),
+    ("SFTRun", {}, {"trainer.resources": RESOURCES}, "trainer"),
+    ("SFTRun", {"suspend": True}, {"storage.pvc.mountPath": "/elsewhere"}, "storage"),
+]
+
+
+@pytest.mark.parametrize(("kind", "before", "update", "refused"), TRANSITIONS)
+def test_transition_rules_and_the_operator_agree_on_what_a_run_may_change(kind, before, update, refused):
+    """Admission (CEL transition rules) refuses what the operator would refuse as
+    ChangeRequiresRecreate, naming the field; live fields change any time, components' sizes
+    while the run is suspended."""
+    old = example(f"{kind.lower()}.yaml")
+    for path, value in before.items():
+        old = with_spec_field(old, tuple(path.split(".")), copy.deepcopy(value))
+    new = copy.deepcopy(old)
+    for path, value in update.items():
+        new = with_spec_field(new, tuple(path.split(".")), copy.deepcopy(value))
+    errors = cel_errors(kind, new, old)
+    _, refusal = applied(user_set(old["spec"], KINDS[kind]), new["spec"], reconcile.WORKLOADS[kind])
+    if refused is None:
+        assert errors == [] and refusal is None, (errors, refusal)
+    else:
+        assert [e for e in errors if e.startswith(f"spec.{refused} cannot change")] == errors != [], errors
+        assert f"spec.{refused}" in refusal, refusal
+
+
+def test_transition_rules_are_updates_only():
+    """A create has no old object: the rules that read `oldSelf` do not run."""
+    spec = CRDS["rlkube.dev_rlruns.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    transitions = [r for r in spec["x-kubernetes-validations"] if "oldSelf" in r["rule"]]
+    assert {r["fieldPath"] for r in transitions} >= {".image", ".config", ".trainer", ".inference", ".storage"}
+    assert not {".suspend", ".restartPolicy", ".ttlSecondsAfterFinished"} & {r["fieldPath"] for r in transitions}
+    assert cel_errors("RLRun", with_spec_field(example("rlrun.yaml"), ("image",), "other:2")) == []

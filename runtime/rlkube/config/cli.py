@@ -2,8 +2,14 @@
 
 TOML files merge left to right (tables deep-merge, lists replace), then dotted flags win.
 Keys may be kebab- or snake-case. Every error names the field path and the reason.
+
+Every TOML rlkube writes starts with `# written by rlkube <version>`: a runtime that meets a
+field it does not know (a file from a newer operator or launcher) names both versions in its
+error, and leaves that error in the container's termination message for the operator to show.
 """
 
+import contextlib
+import importlib.metadata
 import json
 import sys
 import tomllib
@@ -20,6 +26,22 @@ from rlkube.config.base import Config
 
 class ConfigError(ValueError):
     """Invalid configuration input; the message names the field and the reason."""
+
+
+def _installed_version() -> str:
+    try:
+        return importlib.metadata.version("rlkube")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+RLKUBE_VERSION = _installed_version()
+WRITER_PREFIX = "# written by rlkube "
+VERSION_SKEW = "the config was written by rlkube"
+"""Starts the reason of a field this runtime does not know in a file a (newer) rlkube wrote;
+the operator looks for it in termination messages."""
+TERMINATION_LOG = Path("/dev/termination-log")
+"""Where Kubernetes reads a container's termination message (its `terminationMessagePath`)."""
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
@@ -81,6 +103,13 @@ def load_toml(path: str | Path) -> dict:
         raise ConfigError(f"{path}: config file not found") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+
+
+def written_by(path: str | Path) -> str | None:
+    """The rlkube version on the file's `# written by rlkube <version>` first line, if any."""
+    with open(path, encoding="utf-8") as f:
+        first = f.readline()
+    return first.removeprefix(WRITER_PREFIX).split()[0] if first.startswith(WRITER_PREFIX) else None
 
 
 def _parse_value(text: str) -> Any:
@@ -164,24 +193,29 @@ def parse_flags(args: list[str], model: type[BaseModel]) -> dict:
     return data
 
 
-def format_validation_error(error: ValidationError) -> str:
+def format_validation_error(error: ValidationError, writer: str | None = None) -> str:
+    """One line per field: its path and the reason. `writer`: the rlkube version that wrote the
+    config, named with this runtime's own in the reason of a field this runtime does not know."""
     lines = []
     for e in error.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
         reason = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             reason = "unknown field"
+            if writer is not None:
+                reason += (f": {VERSION_SKEW} {writer} and this runtime is rlkube {RLKUBE_VERSION}"
+                           f" (run an image of rlkube {writer}, or leave the field unset)")
         elif "input" in e and not isinstance(e["input"], (dict, list)):
             reason += f" (got {e['input']!r})"
         lines.append(f"  {where}: {reason}")
     return "invalid config:\n" + "\n".join(lines)
 
 
-def validate(model: type[Config], data: dict) -> Config:
+def validate(model: type[Config], data: dict, writer: str | None = None) -> Config:
     try:
         return model.model_validate(normalize_keys(data, model))
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e)) from None
+        raise ConfigError(format_validation_error(e, writer)) from None
 
 
 def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -211,11 +245,16 @@ def load_config(model: type[Config], argv: list[str]) -> Config:
     for path in files:
         data = deep_merge(data, normalize_keys(load_toml(path), model))
     data = deep_merge(data, parse_flags(flags, model))
-    return validate(model, data)
+    writers = sorted({w for path in files if (w := written_by(path)) is not None})
+    return validate(model, data, ", ".join(writers) or None)
 
 
-def to_toml(config: BaseModel) -> str:
-    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
+def to_toml(config: BaseModel, *, exclude_unset: bool = False) -> str:
+    """The config as TOML under a `# written by rlkube <version>` line. `exclude_unset`: only the
+    fields that were set, so a runtime reading it applies its own defaults (and an older one is
+    never handed a field it does not know unless someone set it)."""
+    body = tomli_w.dumps(config.model_dump(mode="json", exclude_none=True, exclude_unset=exclude_unset))
+    return f"{WRITER_PREFIX}{RLKUBE_VERSION}\n{body}"
 
 
 def write_toml(config: BaseModel, path: Path) -> None:
@@ -277,5 +316,15 @@ def parse_cli(model: type[Config], command: str, argv: list[str] | None = None) 
         check_references(config)
         return config, dry_run
     except ConfigError as e:
-        print(f"rlkube {command}: error: {e}", file=sys.stderr)
+        message = f"rlkube {command}: error: {e}"
+        print(message, file=sys.stderr)
+        _write_termination_message(message)
         sys.exit(2)
+
+
+def _write_termination_message(message: str) -> None:
+    """In a Kubernetes container (the file exists there), the error becomes the container's
+    termination message: the operator reads it from the pod's status."""
+    with contextlib.suppress(OSError):  # unwritable: the error is on stderr all the same
+        if TERMINATION_LOG.exists():
+            TERMINATION_LOG.write_text(message)  # the kubelet keeps its first 4096 bytes

@@ -108,23 +108,27 @@ class RLConfig(RunConfig):
         host, port = self.inference.host, self.inference.port
         return [f"http://{host}:{port + i}" for i in range(self.inference.replicas)]
 
-    def process_configs(self) -> dict[str, Config]:
+    def process_configs(self, exclude_unset: bool = False) -> dict[str, Config]:
         """Each process's resolved config: `trainer`, `orchestrator` and one `inference` for
-        all replicas (the local launcher and the operator set each replica's port)."""
-        shared = self.model_dump(include=set(RunConfig.model_fields))
-        weights = self.weights.model_dump()
-        if self.weights.type == "nccl" and not weights["inference_urls"]:
+        all replicas (the local launcher and the operator set each replica's port).
+        `exclude_unset`: each carries only what was set here (and what is derived from it, the
+        inference URLs), so its TOML leaves the rest to the defaults of the runtime reading it."""
+
+        def dump(model: Config, **kwargs) -> dict:
+            return model.model_dump(exclude_unset=exclude_unset, **kwargs)
+
+        shared = dump(self, include=set(RunConfig.model_fields))
+        weights = dump(self.weights)
+        if self.weights.type == "nccl" and not self.weights.inference_urls:
             weights["inference_urls"] = self.inference_urls()  # the trainer drives the replicas
-        sections = {"rollouts": self.rollouts.model_dump(), "weights": weights}
-        trainer = TrainerConfig.model_validate(shared | self.trainer.model_dump(exclude={"gpus"}) | sections)
-        client = ClientConfig.model_validate(
-            self.orchestrator.client.model_dump() | {"base_urls": self.inference_urls()}
-        )
+        sections = {"rollouts": dump(self.rollouts), "weights": weights}
+        trainer = TrainerConfig.model_validate(shared | dump(self.trainer, exclude={"gpus"}) | sections)
+        client = ClientConfig.model_validate(dump(self.orchestrator.client) | {"base_urls": self.inference_urls()})
         orchestrator = OrchestratorConfig.model_validate(
-            shared | self.orchestrator.model_dump() | sections | {"client": client.model_dump()}
+            shared | dump(self.orchestrator) | sections | {"client": dump(client)}
         )
         inference = InferenceConfig.model_validate(
-            self.inference.model_dump(exclude={"replicas", "gpus"})
-            | {"model": shared["model"], "seed": self.seed, "log": shared["log"]}
+            dump(self.inference, exclude={"replicas", "gpus"})
+            | {key: shared[key] for key in ("model", "seed", "log") if key in shared}
         )
         return {"inference": inference, "orchestrator": orchestrator, "trainer": trainer}

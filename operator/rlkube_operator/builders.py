@@ -13,6 +13,8 @@ from rlkube_operator.spec import RLRunSpec, RunSpecBase
 APPLIED_SPEC_KEY = "applied-spec.json"
 ATTEMPT_ANNOTATION = "rlkube.dev/attempt"
 RESTARTS_ANNOTATION = "rlkube.dev/restarts"
+SUSPEND_ANNOTATION = "rlkube.dev/suspend"
+"""The `spec.suspend` the operator last gave the trainer Job: see `queueing.suspend_patch`."""
 
 
 def build_configmap(run: RunRef, tomls: dict[str, str], applied_spec: dict) -> dict:
@@ -257,7 +259,8 @@ def build_trainer_job(
                             {ATTEMPT_ANNOTATION: str(attempt)}, restartPolicy="Never")
     nodes = spec.trainer.nodes
     metadata = run.metadata("trainer", name=run.trainer_job(attempt))
-    metadata["annotations"] = {ATTEMPT_ANNOTATION: str(attempt), RESTARTS_ANNOTATION: str(restarts)}
+    metadata["annotations"] = {ATTEMPT_ANNOTATION: str(attempt), RESTARTS_ANNOTATION: str(restarts),
+                               SUSPEND_ANNOTATION: str(suspend).lower()}
     job_spec = {
         "completionMode": "Indexed",
         "completions": nodes,

@@ -1,5 +1,6 @@
 """Pod-template pieces every component shares: volumes, the container, scheduling (pure)."""
 
+from rlkube_operator import gang
 from rlkube_operator.names import CONFIG_MOUNT, RunRef
 from rlkube_operator.spec import PodSettings, Resources, RunSpecBase
 from rlkube_operator.wiring import EMPTYDIR_OUTPUT
@@ -131,8 +132,9 @@ def pod_template(run: RunRef, spec: RunSpecBase, settings: PodSettings, componen
                  config_files: list[str], annotations: dict[str, str] | None = None, **extra) -> dict:
     """A component's pod template: the operator's labels and annotations, then the user's
     (which may not reuse the operator's keys: `PodSettings` refuses them)."""
-    metadata = {"labels": run.labels(component) | settings.labels}
-    if annotations := (annotations or {}) | settings.annotations:
+    group_labels, group_annotations = gang.pod_marks(run, settings.scheduler_name)
+    metadata = {"labels": run.labels(component) | group_labels | settings.labels}
+    if annotations := (annotations or {}) | group_annotations | settings.annotations:
         metadata["annotations"] = annotations
     return {"metadata": metadata, "spec": pod_spec(run, spec, settings, containers, config_files, **extra)}
 

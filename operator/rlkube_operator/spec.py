@@ -82,7 +82,8 @@ class SchedulingSpec(K8sModel):
     """Pod priority class."""
 
     scheduler_name: str | None = None
-    """A gang scheduler (Volcano, Kueue's, …) instead of the default scheduler."""
+    """The scheduler of the pods instead of the default one (for example `volcano`). Kueue is a
+    queue, not a scheduler: use `spec.queue` for it."""
 
 
 class EnvVar(K8sModel):
@@ -277,6 +278,16 @@ class StorageSpec(K8sModel):
     """Weight snapshots and checkpoints in an object store, so the pods need no shared filesystem."""
 
 
+class QueueSpec(K8sModel):
+    """A Kueue LocalQueue: the run is admitted, evicted and finished as one Kueue Workload."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """The LocalQueue in the run's namespace (what `kueue.x-k8s.io/queue-name` names)."""
+
+    priority_class_name: str | None = None
+    """A Kueue WorkloadPriorityClass: the Workload's priority in its ClusterQueue."""
+
+
 class RestartPolicy(K8sModel):
     backoff_limit: int = Field(default=3, ge=0, le=100)
     """Gang restarts of the trainer (from the latest checkpoint) before the run is Failed."""
@@ -390,6 +401,12 @@ class RunSpecBase(K8sModel):
 
     scheduling: SchedulingSpec = SchedulingSpec()
     """Scheduling knobs for every pod."""
+
+    queue: QueueSpec | None = None
+    """Queue the run in Kueue: until its Workload is admitted the run has no pods (phase
+    Pending, reason `Queued`) and its `activeDeadlineSeconds` does not run; evicted, it scales
+    to zero without spending `backoffLimit` and resumes from the latest checkpoint when
+    admitted again. Unset: the run starts at once."""
 
     security_context: PodSecurityContext | None = None
     """Security context of every pod; the cluster's defaults when unset."""

@@ -169,7 +169,8 @@ def test_component_pod_settings_merge_over_the_run_level_defaults():
     assert main["volumeMounts"][-1] == {"name": "cache", "mountPath": "/cache"}
     labels, annotations = pods["trainer"]["metadata"]["labels"], pods["trainer"]["metadata"]["annotations"]
     assert labels["team"] == "rl" and labels["app.kubernetes.io/component"] == "trainer"
-    assert annotations == {"rlkube.dev/attempt": "0", "example.com/owner": "rl-team"}
+    assert annotations == {"rlkube.dev/attempt": "0", "example.com/owner": "rl-team",
+                           "scheduling.k8s.io/group-name": "big-pod-group"}  # Volcano's gang
     # Another component gets the run-level settings and its own, never the trainer's.
     assert inference["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
     assert (inference["priorityClassName"], inference["serviceAccountName"]) == ("training", "trainer-sa")

@@ -1,0 +1,246 @@
+"""Queueing: the run waits, as one unit, for whoever hands out the cluster's capacity.
+
+Two ways a run is held without being suspended by its user:
+
+- Someone else suspends its trainer Job (a queue controller, an admin). The operator gives a
+  Job's `spec.suspend` a value only when the run's own `suspend` changed since it last did
+  (the value it gave is on the Job, `rlkube.dev/suspend`, so the pass stays stateless): it
+  never fights that suspension, reports the run Pending (`Queued`), and when the Job is
+  released the trainer just runs, as the same attempt.
+- `spec.queue` names a Kueue LocalQueue: the run is one Kueue `Workload` (Kueue's integration
+  for workloads it does not know: the controller creates the Workload, starts when it is
+  admitted, stops when it is evicted and marks it Finished), one podSet per component.
+  Until admitted the run has no pods and its deadline clock does not start; evicted, it
+  scales to zero without spending its `backoffLimit` and resumes from the latest checkpoint
+  when admitted again.
+
+And a run whose `scheduling.schedulerName` is a gang scheduler gets its PodGroup (`gang.py`).
+"""
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from rlkube_operator import builders, gang, pods
+from rlkube_operator.kube import MERGE_PATCH, ForeignChild, Kube
+from rlkube_operator.names import RunRef, controller_uid
+from rlkube_operator.spec import RLRunSpec, RunSpecBase
+
+log = logging.getLogger(__name__)
+
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+QUEUE_LABEL = f"{KUEUE_GROUP}/queue-name"
+WORKLOAD_PRIORITY_SOURCE = f"{KUEUE_GROUP}/workloadpriorityclass"
+
+
+# --- the trainer Job's suspend ------------------------------------------------------------
+def _last_applied_suspend(job: dict) -> bool | None:
+    """What the operator last set the Job's `spec.suspend` to; None on a Job made before it said."""
+    value = (job.get("metadata", {}).get("annotations") or {}).get(builders.SUSPEND_ANNOTATION)
+    return None if value is None else value == "true"
+
+
+def suspend_patch(job: dict, suspend: bool) -> dict | None:
+    """The merge patch that carries the run's `suspend` to its trainer Job, or None: only a
+    change of the run's own suspend is applied, so a suspension (or release) made by someone
+    else since stays. A Job from before the annotation is annotated with its current value."""
+    last = _last_applied_suspend(job)
+    current = bool(job.get("spec", {}).get("suspend"))
+    if last == suspend:
+        return None
+    patch: dict = {"metadata": {"annotations": {builders.SUSPEND_ANNOTATION: str(suspend).lower()}}}
+    if (current if last is None else last) != suspend:
+        patch["spec"] = {"suspend": suspend}
+    return patch
+
+
+def suspended_from_outside(job: dict | None) -> str | None:
+    """Why the trainer Job is suspended though the operator last left it running (None if it is
+    not): naming the field manager that owns its `spec.suspend` now, the one that set it."""
+    if job is None or not job.get("spec", {}).get("suspend") or _last_applied_suspend(job) is not False:
+        return None
+    managers = [m.get("manager") for m in job["metadata"].get("managedFields") or []
+                if "f:suspend" in ((m.get("fieldsV1") or {}).get("f:spec") or {})]
+    who = ", ".join(m for m in managers if m) or "another controller or a user"
+    return f"trainer Job {job['metadata']['name']} suspended by {who}; it runs when released"
+
+
+# --- Kueue ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Admission:
+    """Where the run's Kueue Workload stands."""
+
+    admitted: bool
+    message: str
+    """Why the run waits (empty when admitted)."""
+
+    evicted: bool = False
+    """Kueue evicted it and still holds its quota until the run has stopped."""
+
+    workload: dict = field(default_factory=dict, compare=False)
+    """The Workload as read: what the status writes (`Kueue.release`, `Kueue.finish`) start from."""
+
+
+def _condition(obj: dict, type_: str) -> dict | None:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or []
+                 if c.get("type") == type_ and c.get("status") == "True"), None)
+
+
+def admission(wl: dict) -> Admission:
+    """Read Kueue's verdict: admitted (quota reserved and every admission check passed),
+    evicted (preempted, deactivated, a check retracted: Kueue waits for the run to stop), or
+    pending, with Kueue's own message (`couldn't assign flavors to pod set trainer: …`)."""
+    name, queue = wl["metadata"]["name"], wl["spec"].get("queueName")
+    reserved = _condition(wl, "QuotaReserved")
+    if _condition(wl, "Finished") is not None:
+        return Admission(True, "", workload=wl)
+    if (evicted := _condition(wl, "Evicted")) is not None and reserved is not None:
+        why = f"{evicted.get('reason', 'Evicted')}: {evicted.get('message', '')}".rstrip(": ")
+        return Admission(False, f"Kueue evicted Workload {name} ({why}); it resumes from the latest "
+                                "checkpoint when admitted again", evicted=True, workload=wl)
+    if _condition(wl, "Admitted") is not None and reserved is not None:
+        return Admission(True, "", workload=wl)
+    pending = next((c for c in (wl.get("status") or {}).get("conditions") or []
+                    if c.get("type") == "QuotaReserved" and c.get("message")), None)
+    detail = f": {pending['message']}" if pending else ""
+    return Admission(False, f"Workload {name} waits for Kueue to admit it (LocalQueue {queue}){detail}",
+                     workload=wl)
+
+
+def component_pods(spec: RunSpecBase) -> dict[str, int]:
+    """How many pods each component of the run has when it runs."""
+    counts = {}
+    if isinstance(spec, RLRunSpec):
+        counts = {"inference": spec.inference.replicas, "orchestrator": 1}
+        if spec.env_workers.replicas:
+            counts["env-worker"] = spec.env_workers.replicas
+    return counts | {"trainer": spec.trainer.nodes}
+
+
+def pod_sets(run: RunRef, spec: RunSpecBase, trainer_job: dict) -> list[dict]:
+    """One podSet per component, with the templates (and so the resources) its pods get."""
+    owners = {"trainer": lambda: trainer_job,
+              "inference": lambda: builders.build_inference_statefulset(run, spec, 0),
+              "orchestrator": lambda: builders.build_orchestrator_deployment(run, spec, 0, 0),
+              "env-worker": lambda: builders.build_env_worker_deployment(run, spec, 0)}
+    return [{"name": component, "count": count, "template": owners[component]()["spec"]["template"]}
+            for component, count in component_pods(spec).items()]
+
+
+def build_pod_group(run: RunRef, spec: RunSpecBase) -> dict | None:
+    """The run's PodGroup when its `scheduling.schedulerName` is a gang scheduler (None
+    otherwise): `minMember` counts every pod that scheduler places, so none starts before all
+    of them fit."""
+    scheduler = spec.scheduling.scheduler_name
+    kind = gang.GANG_SCHEDULERS.get(scheduler or "")
+    if kind is None:
+        return None
+    members = sum(count for component, count in component_pods(spec).items()
+                  if pods.pod_settings(spec, component).scheduler_name == scheduler)
+    return {"apiVersion": kind.api_version, "kind": "PodGroup",
+            "metadata": run.metadata("pod-group", gang.pod_group_name(run)), "spec": {"minMember": members}}
+
+
+def build_workload(run: RunRef, spec: RunSpecBase, trainer_job: dict) -> dict:
+    """The run as one Kueue Workload, owned by the run (it goes with it), in `spec.queue`'s
+    LocalQueue; inactive while the run is suspended, which releases its quota."""
+    queue = spec.queue
+    metadata = run.metadata("workload")
+    metadata["labels"] = metadata.get("labels", {}) | {QUEUE_LABEL: queue.name}
+    wl_spec = {"queueName": queue.name, "active": not spec.suspend,
+               "podSets": pod_sets(run, spec, trainer_job)}
+    if queue.priority_class_name:
+        wl_spec |= {"priorityClassName": queue.priority_class_name, "priorityClassSource": WORKLOAD_PRIORITY_SOURCE}
+    return {"apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "Workload", "metadata": metadata,
+            "spec": wl_spec}
+
+
+class CustomObjects:
+    """Objects of kinds the operator does not own the API of (Kueue's Workloads, PodGroups),
+    through the custom-objects API: as `Kube`, only those the run controls."""
+
+    def __init__(self, kube: Kube):
+        self._kube = kube
+
+    @property
+    def _api(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self._kube.api_client)  # on use: runs without a queue never need it
+
+    def get_or_create(self, run: RunRef, plural: str, desired: dict) -> dict:
+        """The run's object under `desired`'s name, created from `desired` when missing."""
+        group, version = desired["apiVersion"].split("/")
+        name = desired["metadata"]["name"]
+        try:
+            obj = _json(self._api.get_namespaced_custom_object(group, version, run.namespace, plural, name,
+                                                               _preload_content=False))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            obj = _json(self._api.create_namespaced_custom_object(group, version, run.namespace, plural, desired,
+                                                                  _preload_content=False))
+            log.info("created %s %s/%s", desired["kind"], run.namespace, name)
+        if controller_uid(obj) != run.uid:
+            raise ForeignChild({"kind": desired["kind"]} | obj)
+        return obj
+
+    def patch(self, obj: dict, plural: str, patch: dict, status: bool = False) -> dict:
+        group, version = obj["apiVersion"].split("/")
+        method = self._api.patch_namespaced_custom_object_status if status else self._api.patch_namespaced_custom_object
+        meta = obj["metadata"]
+        return _json(method(group, version, meta["namespace"], plural, meta["name"], patch,
+                            _content_type=MERGE_PATCH, _preload_content=False))
+
+
+class Kueue:
+    """The Workload calls: create, `spec.active`, and the two status writes Kueue leaves to a
+    workload's controller."""
+
+    def __init__(self, objects: CustomObjects):
+        self._objects = objects
+
+    def ensure(self, run: RunRef, desired: dict) -> Admission:
+        """Create the run's Workload once (its podSets are immutable), keep `spec.active`
+        in step with the run's suspend, and read its admission."""
+        wl = self._objects.get_or_create(run, "workloads", desired)
+        active = desired["spec"]["active"]
+        if wl["spec"].get("active", True) != active:
+            wl = self._objects.patch(wl, "workloads", {"spec": {"active": active}})
+        return admission(wl)
+
+    def release(self, wl: dict, now: str) -> None:
+        """After an eviction the run has stopped: give the quota back (Kueue requeues the
+        Workload), as Kueue's own job integrations do."""
+        why = (_condition(wl, "Evicted") or {}).get("message", "evicted")
+        conditions = _set_condition(wl, "QuotaReserved", "False", "Pending", why, now)
+        conditions = _set_condition({"status": {"conditions": conditions}}, "Admitted", "False", "NoReservation",
+                                    "the workload has no reservation", now)
+        self._objects.patch(wl, "workloads", {"status": {"admission": None, "conditions": conditions}}, status=True)
+
+    def finish(self, wl: dict, phase: str, message: str, now: str) -> None:
+        """Mark the Workload Finished (once): Kueue frees its quota for the next in line."""
+        if _condition(wl, "Finished") is None:
+            conditions = _set_condition(wl, "Finished", "True", phase, message or phase, now)
+            self._objects.patch(wl, "workloads", {"status": {"conditions": conditions}}, status=True)
+
+
+def ensure_pod_group(objects: CustomObjects, run: RunRef, desired: dict) -> None:
+    """Create the run's PodGroup, and keep its `minMember` to the run's size (replicas may
+    change while the run is suspended)."""
+    group = objects.get_or_create(run, "podgroups", desired)
+    if group.get("spec", {}).get("minMember") != desired["spec"]["minMember"]:
+        objects.patch(group, "podgroups", {"spec": {"minMember": desired["spec"]["minMember"]}})
+
+
+def _json(response) -> dict:
+    return json.loads(response.data or b"{}")
+
+
+def _set_condition(wl: dict, type_: str, status: str, reason: str, message: str, now: str) -> list[dict]:
+    """The Workload's conditions with `type_` set (a merge patch replaces the whole list)."""
+    new = {"type": type_, "status": status, "reason": reason, "message": message[:32768],
+           "lastTransitionTime": now}
+    others = [c for c in (wl.get("status") or {}).get("conditions") or [] if c.get("type") != type_]
+    return [*others, new]

@@ -1,0 +1,200 @@
+"""Queueing against kmock: the operator leaves an external suspend alone, and a run with
+`spec.queue` is one Kueue Workload (the test plays Kueue, writing the Workload's status)."""
+
+import asyncio
+import tomllib
+
+import pytest
+from rlkube_operator.builders import SUSPEND_ANNOTATION
+from rlkube_operator.queueing import suspend_patch
+
+from tests.operator.cluster import pod_disrupted, pod_failed
+from tests.operator.test_helm import VALUES, _granted, operator_requests
+from tests.operator.test_operator_kmock import condition, rlrun, start_everything
+
+KUEUE_SUSPENDS = {"metadata": {"managedFields": [
+    {"manager": "kueue", "operation": "Update", "apiVersion": "batch/v1", "fieldsType": "FieldsV1",
+     "fieldsV1": {"f:spec": {"f:suspend": {}}}}]}}
+
+
+def _status(cluster) -> dict:
+    return cluster.status("RLRun", "rt")
+
+
+def _compute(cluster) -> dict[str, int]:
+    """Replicas of every scaled child, and whether the trainer Job runs (1) or not (0)."""
+    out = {f"{kind} {name}": cluster.get(kind, name)["spec"]["replicas"]
+           for kind in ("StatefulSet", "Deployment") for name in cluster.names(kind)}
+    return out | {f"Job {name}": int(not cluster.get("Job", name)["spec"]["suspend"]) for name in cluster.names("Job")}
+
+
+def _kueue_conditions(*true: str, false: tuple[str, ...] = ()) -> list[dict]:
+    now = "2026-01-01T00:00:00Z"
+    return [{"type": t, "status": s, "reason": t if s == "True" else "Pending", "message": f"{t} by the test",
+             "lastTransitionTime": now} for t, s in [(t, "True") for t in true] + [(t, "False") for t in false]]
+
+
+ADMISSION = {"clusterQueue": "gpus", "podSetAssignments": [
+    {"name": "trainer", "flavors": {"nvidia.com/gpu": "h100"}, "count": 1}]}
+
+
+async def admit(cluster) -> None:
+    """What Kueue writes when it admits the Workload."""
+    await cluster.patch("Workload", "rt-workload", {"status": {
+        "admission": ADMISSION, "conditions": _kueue_conditions("QuotaReserved", "Admitted", false=("Evicted",))}})
+
+
+def _job(suspend: bool, last_applied: str | None = None) -> dict:
+    annotations = {} if last_applied is None else {SUSPEND_ANNOTATION: last_applied}
+    return {"metadata": {"name": "rt-trainer-0", "annotations": annotations}, "spec": {"suspend": suspend}}
+
+
+def test_the_job_is_patched_only_when_the_runs_own_suspend_changed():
+    assert suspend_patch(_job(True, last_applied="false"), False) is None  # suspended from outside: stays
+    assert suspend_patch(_job(False, last_applied="true"), True) is None  # released from outside: runs
+    assert suspend_patch(_job(False, last_applied="false"), True) == {
+        "metadata": {"annotations": {SUSPEND_ANNOTATION: "true"}}, "spec": {"suspend": True}}
+    # A Job made before the annotation: annotated with what it is, not changed.
+    assert suspend_patch(_job(True), True) == {"metadata": {"annotations": {SUSPEND_ANNOTATION: "true"}}}
+
+
+async def test_an_external_suspend_is_not_fought_and_its_release_just_runs(cluster):
+    """A queue controller (here: Kueue, by its managed field) suspends the trainer Job of a
+    running run: the Job stays suspended, the run is Pending (Queued) with the rest scaled to
+    zero, no restart is counted and no new attempt made; released, the same Job runs on."""
+    await cluster.create(rlrun(restartPolicy={"backoffLimit": 0}))
+    await start_everything(cluster)
+
+    await cluster.patch("Job", "rt-trainer-0", {"spec": {"suspend": True}} | KUEUE_SUSPENDS)
+    await cluster.patch("Pod", "rt-trainer-0-0", {"status": pod_failed(exit_code=143)})  # killed by the suspension
+    await cluster.delete("Pod", "rt-trainer-0-0")  # and removed, as the Job controller does
+    status = await cluster.until(lambda: _status(cluster)["phase"] == "Pending" and _status(cluster), what="Pending")
+    await asyncio.sleep(1)  # several passes of the test operator (every 0.3 s)
+    status = _status(cluster)
+    assert condition(status, "Ready")["reason"] == "Queued"
+    assert "trainer Job rt-trainer-0 suspended by kueue" in status["message"]
+    assert _compute(cluster) == {"StatefulSet rt-inference": 0, "Deployment rt-orchestrator": 0, "Job rt-trainer-0": 0}
+    assert status["restarts"] == 0 and status["attempt"] == 0
+    assert not [e for e in cluster.events() if e["reason"] in ("Resumed", "TrainerRestarted", "Failed")]
+
+    await cluster.patch("Job", "rt-trainer-0", {"spec": {"suspend": False}})
+    await cluster.until(lambda: cluster.get("StatefulSet", "rt-inference")["spec"]["replicas"] == 1, what="scaled up")
+    await cluster.run_pods(cluster.get("Job", "rt-trainer-0"), 1)  # the same attempt, new pods
+    await cluster.until(lambda: _status(cluster)["phase"] == "Running", what="Running")
+    assert _compute(cluster) == {"StatefulSet rt-inference": 1, "Deployment rt-orchestrator": 1, "Job rt-trainer-0": 1}
+    assert _status(cluster)["restarts"] == 0
+
+
+async def test_a_queued_run_is_one_kueue_workload_and_starts_only_when_admitted(cluster):
+    run = await cluster.create(rlrun(queue={"name": "team-gpus", "priorityClassName": "high"},
+                                     activeDeadlineSeconds=3600, inference={"replicas": 2}, envWorkers={"replicas": 3}))
+    wl = await cluster.until(lambda: cluster.get("Workload", "rt-workload"), what="Workload")
+    (owner,) = wl["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("RLRun", run["metadata"]["uid"], True)
+    assert wl["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-gpus"
+    assert (wl["spec"]["queueName"], wl["spec"]["priorityClassName"], wl["spec"]["active"]) == ("team-gpus", "high", True)
+    counts = {s["name"]: s["count"] for s in wl["spec"]["podSets"]}
+    assert counts == {"inference": 2, "orchestrator": 1, "env-worker": 3, "trainer": 1}
+    trainer_set = next(s for s in wl["spec"]["podSets"] if s["name"] == "trainer")
+    assert trainer_set["template"]["spec"]["containers"][0]["command"][0] == "torchrun"
+
+    # Kueue has not admitted it: nothing runs, the deadline clock has not started.
+    await cluster.patch("Workload", "rt-workload", {"status": {"conditions": [
+        {"type": "QuotaReserved", "status": "False", "reason": "Pending", "lastTransitionTime": "2026-01-01T00:00:00Z",
+         "message": "couldn't assign flavors to pod set trainer: insufficient quota for nvidia.com/gpu"}]}})
+    await cluster.until(lambda: "insufficient quota" in _status(cluster)["message"], what="Kueue's message")
+    await asyncio.sleep(1)
+    status = _status(cluster)
+    assert status["phase"] == "Pending" and status["message"].startswith("Queued: Workload rt-workload waits")
+    assert condition(status, "Ready")["reason"] == "Queued" and condition(status, "TrainerReady")["reason"] == "Queued"
+    assert set(_compute(cluster).values()) == {0} and not status.get("startTime")
+
+    await admit(cluster)
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="trainer Job of the admitted run")
+    assert not job["spec"]["suspend"] and job["spec"]["activeDeadlineSeconds"] == 3600
+    await cluster.until(lambda: _compute(cluster) == {"StatefulSet rt-inference": 2, "Deployment rt-orchestrator": 1,
+                                                      "Deployment rt-env-worker": 3, "Job rt-trainer-1": 1},
+                        what="everything scaled up, the queued Job replaced")
+    await cluster.until(lambda: _status(cluster).get("startTime"), what="the clock started")
+
+
+async def test_eviction_scales_to_zero_without_spending_backoff_and_readmission_resumes(cluster):
+    """Evicted (preempted), the run stops and gives the quota back; admitted again, it resumes
+    from the latest checkpoint. A user's suspend deactivates the Workload (Kueue then evicts it,
+    releasing its quota). Finished, the Workload says so. The chart's Kueue rules grant exactly
+    the Workload calls this life makes."""
+    await cluster.create(rlrun(queue={"name": "team-gpus"}, restartPolicy={"backoffLimit": 0}))
+    await cluster.until(lambda: cluster.get("Workload", "rt-workload"), what="Workload")
+    await admit(cluster)
+    await start_everything(cluster, attempt=1)
+
+    # Kueue preempts the run: Evicted, quota still held until the run has stopped.
+    await cluster.patch("Workload", "rt-workload", {"status": {"conditions": _kueue_conditions(
+        "QuotaReserved", "Admitted", "Evicted")}})
+    await cluster.patch("Pod", "rt-trainer-1-0", {"status": pod_disrupted()})
+    wl = await cluster.until(lambda: not cluster.get("Workload", "rt-workload")["status"].get("admission")
+                             and cluster.get("Workload", "rt-workload"), what="quota released")
+    assert condition(wl["status"], "QuotaReserved")["status"] == "False"
+    status = await cluster.until(lambda: _status(cluster)["phase"] == "Pending" and _status(cluster), what="Pending")
+    assert condition(status, "Ready")["reason"] == "Queued"
+    assert set(_compute(cluster).values()) == {0} and status["restarts"] == 0
+    assert not [e for e in cluster.events() if e["reason"] in ("TrainerRestarted", "TrainerDisrupted", "Failed")]
+
+    await admit(cluster)
+    await run_trainer(cluster, 2)
+    trainer = tomllib.loads(cluster.get("ConfigMap", "rt-config")["data"]["trainer.toml"])
+    assert trainer["ckpt"]["resume_step"] == "latest" and _status(cluster)["restarts"] == 0
+
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": True}})
+    await cluster.until(lambda: cluster.get("Workload", "rt-workload")["spec"]["active"] is False, what="inactive")
+    await cluster.until(lambda: _status(cluster)["phase"] == "Suspended", what="Suspended")
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
+    await cluster.until(lambda: cluster.get("Workload", "rt-workload")["spec"]["active"] is True, what="active")
+    await run_trainer(cluster, 3)
+
+    # Done: the Workload is Finished, so Kueue gives its quota to the next in line.
+    await cluster.patch("Job", "rt-trainer-3", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    wl = await cluster.until(lambda: [c for c in cluster.get("Workload", "rt-workload")["status"]["conditions"]
+                                      if c["type"] == "Finished"] and cluster.get("Workload", "rt-workload"))
+    finished = condition(wl["status"], "Finished")
+    assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
+
+    kueue = lambda grants: {g for g in grants if g[0] == "kueue.x-k8s.io"}
+    assert kueue(operator_requests(cluster)) == kueue(_granted(VALUES["kueue"]))
+    assert kueue(_granted(VALUES["default"])) == set()
+
+
+async def run_trainer(cluster, attempt: int) -> None:
+    """Start the trainer pods of `attempt` (kmock never removed the other components' pods)."""
+    job = await cluster.until(lambda: cluster.get("Job", f"rt-trainer-{attempt}"), what="a fresh trainer Job")
+    await cluster.run_pods(job, 1)
+    await cluster.until(lambda: _status(cluster)["phase"] == "Running", what="Running again")
+
+
+@pytest.mark.parametrize(("scheduler", "kind", "where", "key"), [
+    ("volcano", "volcano PodGroup", "annotations", "scheduling.k8s.io/group-name"),
+    ("scheduler-plugins-scheduler", "coscheduling PodGroup", "labels", "scheduling.x-k8s.io/pod-group"),
+], ids=["volcano", "coscheduling"])
+async def test_a_gang_scheduler_gets_one_pod_group_of_the_pods_it_places(cluster, scheduler, kind, where, key):
+    """`minMember` counts every pod the gang scheduler places (the orchestrator here opts out to
+    the default scheduler), each of those pods names the group, and the group keeps its size."""
+    run = await cluster.create(rlrun(scheduling={"schedulerName": scheduler}, inference={"replicas": 2},
+                                     envWorkers={"replicas": 3},
+                                     orchestrator={"pod": {"schedulerName": "default-scheduler"}}))
+    group = await cluster.until(lambda: cluster.get(kind, "rt-pod-group"), what="PodGroup")
+    assert group["metadata"]["ownerReferences"][0]["uid"] == run["metadata"]["uid"]
+    assert group["spec"]["minMember"] == 2 + 3 + 1
+    await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer Job")
+    templates = {name: cluster.get(k, name)["spec"]["template"]["metadata"] for k, name in (
+        ("StatefulSet", "rt-inference"), ("Deployment", "rt-env-worker"), ("Job", "rt-trainer-0"),
+        ("Deployment", "rt-orchestrator"))}
+    assert {name: meta.get(where, {}).get(key) for name, meta in templates.items()} == {
+        "rt-inference": "rt-pod-group", "rt-env-worker": "rt-pod-group", "rt-trainer-0": "rt-pod-group",
+        "rt-orchestrator": None}
+
+    await cluster.patch(kind, "rt-pod-group", {"spec": {"minMember": 1}})
+    await cluster.until(lambda: cluster.get(kind, "rt-pod-group")["spec"]["minMember"] == 6, what="size restored")
+    group_api = group["apiVersion"].split("/")[0]
+    assert {g for g in operator_requests(cluster) if g[0] == group_api} == {
+        g for g in _granted(VALUES["gang-scheduling"]) if g[0] == group_api}
+    assert not {g for g in _granted(VALUES["default"]) if g[1] == "podgroups"}

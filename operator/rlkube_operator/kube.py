@@ -1,7 +1,8 @@
 """The few Kubernetes API calls the operator makes, through the official client, as plain dicts.
 
 `ensure` is idempotent: create, and when the object already exists, merge-patch it to the
-desired state (or leave it, for objects whose spec is immutable once made, like Jobs and PVCs).
+desired state, only where it differs (or leave it, for objects whose spec is immutable once
+made, like Jobs and PVCs).
 It touches only objects controlled by the same owner as the desired one: anything else under
 that name (a recreated run's predecessor awaiting garbage collection, someone else's object)
 raises `ForeignChild`, and is neither patched nor read further.
@@ -63,6 +64,11 @@ def api_client(host: str | None = None) -> client.ApiClient:
 class Kube:
     def __init__(self, api: client.ApiClient):
         self._api = api
+
+    @property
+    def api_client(self) -> client.ApiClient:
+        """For calls beyond the kinds above (Kueue's Workloads: `queueing.Kueue`)."""
+        return self._api
 
     def _method(self, verb: str, kind: str):
         cls, suffix = KINDS[kind]
@@ -149,7 +155,41 @@ class Kube:
             return existing
         patch = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata", "status")}
         patch["metadata"] = {"labels": meta.get("labels"), "ownerReferences": meta.get("ownerReferences")}
+        if contains(existing, patch):
+            return existing  # already as desired: a PATCH would only cost the API server a write
         return self.patch(kind, meta["namespace"], meta["name"], patch)
+
+    def served(self, group: str, version: str) -> set[str]:
+        """The resources (plurals) the API server serves in `group/version`; empty if none."""
+        try:
+            response = self._api.call_api(f"/apis/{group}/{version}", "GET", auth_settings=["BearerToken"],
+                                          _return_http_data_only=True, _preload_content=False)
+        except ApiException as e:
+            if e.status == 404:
+                return set()
+            raise
+        return {r["name"] for r in self._json(response).get("resources", [])}
+
+    def patch_status(self, run: RunRef, status: dict[str, Any]) -> dict:
+        """Merge-patch the run's status subresource (null deletes a field)."""
+        return self._json(client.CustomObjectsApi(self._api).patch_namespaced_custom_object_status(
+            GROUP, VERSION, run.namespace, run.plural, run.name, {"status": status},
+            _content_type=MERGE_PATCH, _preload_content=False))
+
+
+def contains(existing, desired) -> bool:
+    """Whether `existing` already has every field `desired` sets: dicts key by key (a null in
+    `desired` asks for the field's absence, as in a merge patch), lists element by element with
+    the same length. Fields the API server fills in (defaults inside containers, status) are
+    extra keys of `existing`, so they do not count as differences."""
+    if isinstance(desired, dict):
+        return isinstance(existing, dict) and all(
+            existing.get(k) is None if v is None else k in existing and contains(existing[k], v)
+            for k, v in desired.items())
+    if isinstance(desired, list):
+        return (isinstance(existing, list) and len(existing) == len(desired)
+                and all(contains(e, d) for e, d in zip(existing, desired, strict=True)))
+    return existing == desired
 
 
 def _field(obj: dict, path: str):

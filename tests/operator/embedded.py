@@ -1,0 +1,150 @@
+"""The operator running embedded (kopf.operator in the caller's event loop) against a kmock API
+emulator, and a fake orchestrator GET /status: one place for the tests' `cluster` fixture and benchmarks/operator_api.py."""
+
+import asyncio
+import contextlib
+import socket
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import kopf
+from aiohttp import web
+from rlkube_operator.kube import Kube, api_client
+from rlkube_operator.main import build_registry
+from rlkube_operator.reconcile import Reconciler, Settings
+
+from tests.operator.cluster import NS, ApiServer, Cluster, declare_resources
+
+READS = ("get", "list", "watch")
+WRITES = ("create", "patch", "delete")
+VERBS = {"FETCH": "get", "LIST": "list", "WATCH": "watch", "CREATE": "create", "UPDATE": "patch", "DELETE": "delete"}
+
+
+class OrchestratorStatus:
+    """What GET /status answers (the orchestrator's, or an SFT trainer's); tests set `.body`
+    (or `.code`). `.asked` records the {service} and {port} the operator filled in."""
+
+    def __init__(self):
+        self.body = {"phase": "starting", "step": 0, "max_steps": 0, "reward": None,
+                     "policy_step": 0, "off_policy_lag": 0, "last_checkpoint_step": None}
+        self.code = 200
+        self.delay = 0.0
+        self.url = ""
+        self.requests = 0
+        self.answered = 0
+        self.asked: list[tuple[str, str]] = []
+
+    async def handle(self, request):
+        self.requests += 1
+        self.asked.append((request.query["service"], request.query["port"]))
+        await asyncio.sleep(self.delay)
+        self.answered += 1
+        return web.json_response(self.body, status=self.code)
+
+
+@contextlib.asynccontextmanager
+async def serve_status() -> AsyncIterator[OrchestratorStatus]:
+    """A local GET /status; its `.url` still shows what the operator fills in: {service}, {port},
+    {namespace}."""
+    status = OrchestratorStatus()
+    app = web.Application()
+    app.router.add_get("/status", status.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    status.url = f"http://127.0.0.1:{port}/status?service={{service}}.{{namespace}}&port={{port}}"
+    try:
+        yield status
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def api_server() -> AsyncIterator[ApiServer]:
+    """A kmock API emulator serving on a local port (what pytest's `kmock` fixture gives tests)."""
+    import kmock
+
+    async with ApiServer() as server, kmock.Server(server):
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def running_operator(server: ApiServer, status_url: str, *, settings: dict | None = None,
+                           **registry_options) -> AsyncIterator[Cluster]:
+    """The operator watching `NS` on `server`, reading progress from `status_url`; yields the
+    caller's handle on the cluster. `registry_options` go to `build_registry` (`interval`, …)."""
+    declare_resources(server)
+    url = str(server.url).rstrip("/")
+
+    def login(**_):
+        return kopf.ConnectionInfo(server=url, insecure=True, default_namespace=NS)
+
+    reconciler = Reconciler(Kube(api_client(url)), Settings(status_url_template=status_url, **(settings or {})))
+    registry = build_registry(reconciler, login=login, **registry_options)
+    kopf_settings = kopf.OperatorSettings()
+    kopf_settings.watching.reconnect_backoff = 0.2
+    # kmock sends no BOOKMARKs and, on a reconnect, replays every object as ADDED whatever the
+    # resourceVersion: kopf's idle-watch reconnect (70 s) would then wake every run, which a real
+    # API server (bookmarks, watches resumed from their resourceVersion) never does.
+    kopf_settings.watching.inactivity_timeout = 3600
+    stop, ready = asyncio.Event(), asyncio.Event()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        liveness = f"http://127.0.0.1:{s.getsockname()[1]}/healthz"
+    task = asyncio.create_task(
+        kopf.operator(registry=registry, settings=kopf_settings, standalone=True, namespaces=[NS],
+                      stop_flag=stop, ready_flag=ready, liveness_endpoint=liveness)
+    )
+    await asyncio.wait_for(ready.wait(), 20)
+
+    async def stop_operator():
+        stop.set()
+        # kopf ends the operator task by cancelling it once the stop flag is seen (after the
+        # passes in flight: slow with hundreds of runs on a busy machine).
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 120)
+
+    cluster = Cluster(server)
+    cluster.liveness_url = liveness
+    cluster.stop_operator = stop_operator
+    try:
+        yield cluster
+    finally:
+        await stop_operator()
+
+
+def operator_requests(server: ApiServer, since: int = 0) -> Counter:
+    """The operator's API requests served since request number `since`, by (verb, kind path),
+    e.g. ("patch", "rlruns/status"). The test's own requests (kmock's client) are left out."""
+    counts = Counter()
+    for request in list(server)[since:]:
+        if request.resource is None or request.resource.plural is None:
+            continue  # discovery
+        if request.headers.get("User-Agent", "").startswith("kmock"):
+            continue
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        counts[VERBS[request.action.value], resource] += 1
+    return counts
+
+
+def verbs(counts: Counter, wanted) -> int:
+    """How many of the `operator_requests` counted have one of the `wanted` verbs."""
+    return sum(n for (verb, _), n in counts.items() if verb in wanted)
+
+
+async def quiet(cluster: Cluster, seconds: float = 1.0, tries: int = 60) -> None:
+    """Wait until the operator made no request (watches aside) for `seconds`: the passes woken
+    by the last changes are over."""
+    for _ in range(tries):
+        mark = served(cluster.server)
+        await asyncio.sleep(seconds)
+        if verbs(operator_requests(cluster.server, mark), ("get", "list", *WRITES)) == 0:
+            return
+    raise AssertionError("the operator never went quiet")
+
+
+def served(server: ApiServer) -> int:
+    """How many requests the emulator has served: a mark for `operator_requests(since=…)`."""
+    return len(list(server))

@@ -33,11 +33,13 @@ kind load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE" "$RUNTIME_IMAGE"
 
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f -
 if command -v helm >/dev/null; then
-  helm upgrade --install rlkube helm/rlkube -n "$NS" --set image.pullPolicy=Never --wait
+  # The scenarios watch progress: read and written every 2 s here (the chart's default is 60 s).
+  helm upgrade --install rlkube helm/rlkube -n "$NS" --set image.pullPolicy=Never \
+    --set reconcileInterval=2 --set progressInterval=2 --wait
 else  # the same chart, rendered by Helm's Go SDK (helm-python-sdk)
   python -c "
 import helm_python as helm, sys
-out = helm.Chart.load('helm/rlkube').render({'image': {'pullPolicy': 'Never'}}, name='rlkube', namespace='$NS', is_install=True)
+out = helm.Chart.load('helm/rlkube').render({'image': {'pullPolicy': 'Never'}, 'reconcileInterval': 2, 'progressInterval': 2}, name='rlkube', namespace='$NS', is_install=True)
 sys.stdout.write('\n---\n'.join(t for p, t in sorted(out.items()) if p.endswith('.yaml')))
 " | kubectl apply -n "$NS" -f -
   kubectl -n "$NS" rollout status deploy/rlkube-rlkube-operator --timeout=180s

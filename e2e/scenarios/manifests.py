@@ -17,7 +17,8 @@ def example(name: str) -> list[dict]:
 
 def operator_manifests(cluster) -> list[dict]:
     """The operator as a Deployment of one pod, talking to the API server through a kubeconfig
-    (the local API server has no service-account tokens). It polls runs every 2 s."""
+    (the local API server has no service-account tokens). It resyncs runs and writes their
+    progress every 2 s, as the scenarios expect (events of the children wake it sooner)."""
     kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
     for entry in kubeconfig["clusters"]:
         server = urlsplit(entry["cluster"]["server"])
@@ -31,7 +32,7 @@ def operator_manifests(cluster) -> list[dict]:
         "name": "operator",
         "image": "ghcr.io/rlkube/rlkube-operator:0.1.0",
         "command": ["rlkube-operator", "--namespace", cluster.namespace, "--interval", "2",
-                    "--metrics-port", "0", "--liveness", "http://0.0.0.0:8081/healthz"],
+                    "--progress-interval", "2", "--metrics-port", "0", "--liveness", "http://0.0.0.0:8081/healthz"],
         "env": [{"name": "KUBECONFIG", "value": "/etc/kube/config"}],
         "volumeMounts": [{"name": "kubeconfig", "mountPath": "/etc/kube", "readOnly": True}],
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8081}, "periodSeconds": 10,

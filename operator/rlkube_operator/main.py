@@ -1,10 +1,12 @@
 """rlkube-operator: the routing table from kopf events to handlers, and the entry point.
 
-    rlkube-operator [--namespace NS ... | --all-namespaces] [--interval 5] [--metrics-port 8080]
+    rlkube-operator [--namespace NS ... | --all-namespaces] [--interval 60] [--progress-interval 60]
+                    [--metrics-port 8080]
                     [--network-policy-peer '{"namespaceSelector": …, "podSelector": …}']
 
-Every RLRun/SFTRun is reconciled by one timer (`Reconciler.reconcile`, level-triggered): kopf
-runs one timer per object at a time, so two passes never race on the same run. Liveness is
+Every RLRun/SFTRun is reconciled by one daemon (`runloop.RunLoops`, passes of the level-triggered
+`Reconciler.reconcile`), woken by watch events of the run and its children, else every
+`--interval` seconds: kopf runs one daemon per object, so two passes never race on the same run. Liveness is
 kopf's own endpoint (`/healthz`); the operator's Prometheus metrics are on `--metrics-port`.
 """
 
@@ -12,37 +14,23 @@ import argparse
 import functools
 import json
 import logging
+import os
 import sys
-import time
-from datetime import UTC, datetime
 
 import kopf
+import pydantic
 
-from rlkube_operator import GROUP, VERSION, metrics
+from rlkube_operator import GROUP, VERSION, leader, metrics
 from rlkube_operator.kube import Kube, api_client
+from rlkube_operator.names import RUN_UID_LABEL
 from rlkube_operator.reconcile import Reconciler, Settings
+from rlkube_operator.runloop import Pacing, RunLoops
 
 PLURALS = {"RLRun": "rlruns", "SFTRun": "sftruns"}
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def reconcile_run(kind: str, reconciler: Reconciler, body: kopf.Body, patch: kopf.Patch, **_) -> None:
-    """Sync on purpose: kopf runs it in a worker thread, the blocking client stays off its loop."""
-    started = time.monotonic()
-    plain = json.loads(json.dumps(body, default=dict))
-    try:
-        result = reconciler.reconcile(kind, plain, now_iso())  # its errors are in result.status
-    finally:
-        metrics.RECONCILE_SECONDS.labels(kind).observe(time.monotonic() - started)
-    metrics.RECONCILES.labels(kind, "error" if result.error else "ok").inc()
-    for type_, reason, message in result.events:
-        kopf.event(body, type=type_, reason=reason, message=message[:1024])
-    patch.status.update(result.status)
-    meta = plain["metadata"]
-    metrics.record_run(kind, meta["namespace"], meta["name"], result.status)
+# (group, version, plural) of the children whose watch events wake their run: the workloads
+# and their pods, labelled with the run's uid.
+WATCHED_CHILDREN = (("", "v1", "pods"), ("batch", "v1", "jobs"), ("apps", "v1", "statefulsets"),
+                    ("apps", "v1", "deployments"))
 
 
 def forget_run(kind: str, name: str, namespace: str, **_) -> None:
@@ -58,21 +46,36 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     # only from warnings up, or every timer pass would post "succeeded".
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
-    # On exit (or deletion) kopf gives a timer a few loop cycles to stop, then orphans it: a sync
+    # On exit (or deletion) kopf gives a daemon a few loop cycles to stop, then orphans it: a
     # reconcile pass still in its worker thread would go on writing after the operator is gone.
     # Let the pass in flight finish instead; a pass is a few API calls and a 3 s status read.
     settings.background.instant_exit_timeout = 10.0
 
 
-def build_registry(reconciler: Reconciler, *, interval: float, login=kopf.login_via_client) -> kopf.OperatorRegistry:
+def crds_served(kube: Kube, **_) -> None:
+    """Hold the operator's start until the RLRun and SFTRun CRDs are served. With scanning
+    disabled kopf reads the API's resources once, right after the startup handlers: an operator
+    started before its CRDs were installed would otherwise never watch a run."""
+    missing = set(PLURALS.values()) - kube.served(GROUP, VERSION)
+    if missing:
+        crds = ", ".join(f"{plural}.{GROUP}/{VERSION}" for plural in sorted(missing))
+        raise kopf.TemporaryError(f"the CRDs of {crds} are not installed: waiting for them", delay=10)
+
+
+def build_registry(reconciler: Reconciler, *, interval: float, progress_interval: float = Pacing.progress_interval,
+                   login=kopf.login_via_client) -> kopf.OperatorRegistry:
     """The routing table. `login` is kopf's default client login; tests pass one for kmock."""
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(configure)
+    kopf.on.startup(id="crds-served", registry=registry)(functools.partial(crds_served, reconciler.kube))
     kopf.on.login(registry=registry)(login)
+    loops = RunLoops(reconciler, Pacing(interval=interval, progress_interval=progress_interval))
+    for group, version, plural in WATCHED_CHILDREN:
+        kopf.on.event(group, version, plural, labels={RUN_UID_LABEL: kopf.PRESENT}, id="wake-run",
+                      registry=registry)(loops.wake_for_child)
     for kind, plural in PLURALS.items():
-        kopf.timer(GROUP, VERSION, plural, interval=interval, id="reconcile", registry=registry)(
-            functools.partial(reconcile_run, kind, reconciler)
-        )
+        kopf.daemon(GROUP, VERSION, plural, id="reconcile", registry=registry)(functools.partial(loops.run, kind))
+        kopf.on.event(GROUP, VERSION, plural, id="wake", registry=registry)(loops.wake_for_run)
         kopf.on.delete(GROUP, VERSION, plural, id="forget", optional=True, registry=registry)(
             functools.partial(forget_run, kind)
         )
@@ -94,7 +97,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("--namespace", "-n", action="append", default=[], help="watch only these namespaces")
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch the whole cluster")
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between reconciles of a run")
+    parser.add_argument("--interval", type=float, default=Pacing.interval,
+                        help="seconds between resyncs of a run (events of the run and its children "
+                        "reconcile it at once)")
+    parser.add_argument("--progress-interval", type=float, default=Pacing.progress_interval,
+                        help="seconds between status writes of progress alone (step, reward); "
+                        "phase and condition changes are written at once")
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off)")
     parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
     parser.add_argument(
@@ -111,7 +119,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "that admits only the run's own pods, and this peer on the run's status port",
     )
     parser.add_argument("--log-level", default="INFO")
-    return parser.parse_args(argv)
+    election = parser.add_argument_group("leader election (several replicas, one reconciling)")
+    election.add_argument("--leader-elect", action="store_true",
+                          help="reconcile only while holding a coordination.k8s.io Lease; identity: $POD_NAME")
+    election.add_argument("--lease-name", default="rlkube-operator")
+    election.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE"),
+                          help="the Lease's namespace (default: $POD_NAMESPACE)")
+    timing = leader.Election.model_fields
+    election.add_argument("--lease-duration", type=float, default=timing["lease_duration"].default,
+                          help="seconds a candidate waits on an unrenewed Lease before taking it")
+    election.add_argument("--renew-deadline", type=float, default=timing["renew_deadline"].default,
+                          help="seconds the leader keeps trying to renew before it stops")
+    election.add_argument("--retry-period", type=float, default=timing["retry_period"].default,
+                          help="seconds between tries")
+    args = parser.parse_args(argv)
+    args.election = _election(parser, args) if args.leader_elect else None
+    return args
+
+
+def _election(parser: argparse.ArgumentParser, args: argparse.Namespace) -> leader.Election:
+    if not args.lease_namespace:
+        parser.error("--leader-elect needs --lease-namespace (or $POD_NAMESPACE)")
+    try:
+        return leader.Election(
+            lease_name=args.lease_name, namespace=args.lease_namespace, identity=leader.own_identity(),
+            lease_duration=args.lease_duration, renew_deadline=args.renew_deadline, retry_period=args.retry_period)
+    except pydantic.ValidationError as e:
+        problems = [(f"--{err['loc'][0].replace('_', '-')}: " if err["loc"] else "") + err["msg"] for err in e.errors()]
+        parser.error("; ".join(problems))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,13 +161,18 @@ def main(argv: list[str] | None = None) -> int:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     settings = Settings(status_url_template=args.status_url, network_policy_peer=args.network_policy_peer)
     reconciler = Reconciler(Kube(api_client()), settings)
-    kopf.run(
-        registry=build_registry(reconciler, interval=args.interval),
+    operator = functools.partial(
+        kopf.operator,
+        registry=build_registry(reconciler, interval=args.interval, progress_interval=args.progress_interval),
         clusterwide=args.all_namespaces,
         namespaces=args.namespace,
         standalone=True,
         liveness_endpoint=args.liveness,
     )
+    if args.election:
+        # Its own client: a renewal never waits for a connection behind reconcile passes.
+        return leader.run(leader.LeaseLock(api_client(), args.election), operator, liveness=args.liveness)
+    kopf.run(**operator.keywords)
     return 0
 
 

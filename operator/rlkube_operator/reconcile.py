@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ValidationError
 from rlkube.config.cli import format_validation_error
 
-from rlkube_operator import builders, lifetime, observe, progress
+from rlkube_operator import builders, lifetime, observe, progress, queueing
 from rlkube_operator.conditions import Conditions
 from rlkube_operator.kube import ForeignChild, Kube
 from rlkube_operator.names import SFT_STATUS_PORT, RunRef
@@ -35,6 +35,17 @@ log = logging.getLogger(__name__)
 
 # Applied to a running run; anything else is refused.
 LIVE_FIELDS = ("suspend", "restartPolicy", "ttlSecondsAfterFinished")
+# Applied to a suspended run as well, when it resumes: every pod is then new, and these size
+# components that keep no state of their own (inference and the env workers are stateless, the
+# orchestrator restarts from the trainer's checkpoint). The trainer's world size (nodes, GPUs,
+# processes per node) stays: its checkpoints' shards and data position were written for it.
+# The CRD's transition rules (crd.py) enforce the same at admission.
+SUSPENDED_FIELDS = {
+    "trainer": ("resources",),
+    "inference": ("replicas", "gpusPerReplica", "resources"),
+    "orchestrator": ("resources",),
+    "envWorkers": ("replicas", "resources"),
+}
 
 
 @dataclass(frozen=True)
@@ -81,29 +92,50 @@ class Result:
 
 
 def _dump(spec: BaseModel) -> dict:
+    """What the user set (the spec as given, no defaults): what the ConfigMap stores as the
+    applied spec, so a default the operator changes later is no change to a started run."""
+    return spec.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def _values(spec: BaseModel) -> dict:
+    """Every field, defaults too: the values a change is measured on."""
     return spec.model_dump(mode="json", by_alias=True)
 
 
 def _with_defaults(workload: Workload, applied: dict) -> dict:
-    """A spec applied by an older operator, with the defaults of fields added since (such as
-    `envWorkers`): they are no change the user asked for. As stored if it no longer validates."""
+    """A stored spec's values, with today's defaults filled in; as stored if it no longer validates."""
     try:
-        return _dump(workload.spec_model.model_validate(applied))
+        return _values(workload.spec_model.model_validate(applied))
     except ValidationError:
         return applied
 
 
-def _frozen(spec: dict) -> dict:
-    return {k: v for k, v in spec.items() if k not in LIVE_FIELDS}
+def _frozen(spec: dict, suspended: bool) -> dict:
+    """The fields a started run keeps: all but the live ones, and while it is suspended, all but
+    the resumable ones (`SUSPENDED_FIELDS`) too."""
+    out = {k: v for k, v in spec.items() if k not in LIVE_FIELDS}
+    for component, fields in SUSPENDED_FIELDS.items() if suspended else ():
+        if isinstance(out.get(component), dict):
+            out[component] = {k: v for k, v in out[component].items() if k not in fields}
+    return out
 
 
-def _changed_fields(old: dict, new: dict, prefix: str = "spec") -> list[str]:
+def _resumable() -> str:
+    return ", ".join(f"{component}.{name}" for component, names in SUSPENDED_FIELDS.items() for name in names)
+
+
+def _changed_fields(old: dict, new: dict, old_values: dict, new_values: dict, prefix: str = "spec") -> list[str]:
+    """The fields that `old` or `new` set (user-set dumps) whose values (`*_values`, with
+    defaults) differ. A field neither sets is no change whatever its default; a spec stored by
+    an older operator (every field, with that operator's defaults) is compared on all of its
+    fields, and not on the fields added since."""
     out = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _changed_fields(a, b, f"{prefix}.{key}")
-        elif a != b:
+        if isinstance(a, dict) or isinstance(b, dict):
+            out += _changed_fields(a if isinstance(a, dict) else {}, b if isinstance(b, dict) else {},
+                                   old_values.get(key) or {}, new_values.get(key) or {}, f"{prefix}.{key}")
+        elif old_values.get(key) != new_values.get(key):
             out.append(f"{prefix}.{key}")
     return out
 
@@ -112,6 +144,8 @@ class Reconciler:
     def __init__(self, kube: Kube, settings: Settings | None = None):
         self.kube = kube
         self.settings = settings or Settings()
+        self.custom = queueing.CustomObjects(kube)
+        self.kueue = queueing.Kueue(self.custom)
 
     # --- spec ---------------------------------------------------------------------
     def applied_spec(
@@ -125,19 +159,21 @@ class Reconciler:
             raise ForeignChild({"kind": "ConfigMap"} | cm)
         if cm is None or builders.APPLIED_SPEC_KEY not in cm.get("data", {}):
             return desired, None
-        old = _with_defaults(workload, json.loads(cm["data"][builders.APPLIED_SPEC_KEY]))
+        old = json.loads(cm["data"][builders.APPLIED_SPEC_KEY])
         if desired is None:
             return workload.spec_model.model_validate(old), None
-        new = _dump(desired)
-        changed = _changed_fields(_frozen(old), _frozen(new))
+        new, suspended = _dump(desired), bool(old.get("suspend"))
+        changed = _changed_fields(_frozen(old, suspended), _frozen(new, suspended),
+                                  _with_defaults(workload, old), _values(desired))
         if not changed:
             return desired, None
         live = {k: v for k, v in new.items() if k in LIVE_FIELDS}
-        applied = workload.spec_model.model_validate(_frozen(old) | live)
+        applied = workload.spec_model.model_validate(_frozen(old, False) | live)
         shown = ", ".join(changed[:5]) + (" …" if len(changed) > 5 else "")
         return applied, (
-            f"changes to {shown} cannot apply to a started run; only {', '.join(LIVE_FIELDS)} "
-            "do. Delete and recreate the run to change them (a PVC claimName keeps checkpoints)."
+            f"changes to {shown} cannot apply to a started run; only {', '.join(LIVE_FIELDS)} do, and "
+            f"while it is suspended {_resumable()}. Delete and recreate the run to change the others "
+            "(a PVC claimName keeps checkpoints)."
         )
 
     # --- children ---------------------------------------------------------------------
@@ -147,15 +183,18 @@ class Reconciler:
         return (jobs[-1] if jobs else None), jobs[:-1]
 
     def apply(self, run: RunRef, workload: Workload, spec: RunSpecBase, attempt: int, restarts: int,
-              seconds_left: float | None) -> None:
+              seconds_left: float | None, held: bool = False) -> None:
         """Create or correct every child for `attempt` (idempotent). A new trainer Job gets the
-        run's time left as its own deadline."""
+        run's time left as its own deadline. `held`: its trainer Job is suspended from outside,
+        so the other components wait at zero too (the Job itself is left as it is)."""
         k = self.kube
         if (pvc := builders.build_pvc(run, spec)) is not None:
             k.ensure(pvc)
         tomls = workload.tomls(run, spec)
         k.ensure(builders.build_configmap(run, tomls, _dump(spec)))
-        replicas = 0 if spec.suspend else 1
+        if (group := queueing.build_pod_group(run, spec)) is not None:  # before its pods
+            queueing.ensure_pod_group(self.custom, run, group)
+        replicas = 0 if spec.suspend or held else 1
         if "inference" in workload.components:
             k.ensure(builders.build_inference_service(run, spec))
             k.ensure(builders.build_inference_statefulset(run, spec, replicas * spec.inference.replicas))
@@ -174,8 +213,8 @@ class Reconciler:
             active_deadline_seconds=None if seconds_left is None else max(1, math.ceil(seconds_left)),
         )
         existing = k.ensure(job)
-        if existing.get("spec", {}).get("suspend") != spec.suspend:
-            k.patch("Job", run.namespace, job["metadata"]["name"], {"spec": {"suspend": spec.suspend}})
+        if (patch := queueing.suspend_patch(existing, spec.suspend)) is not None:
+            k.patch("Job", run.namespace, job["metadata"]["name"], patch)
 
     def teardown(self, run: RunRef, workload: Workload) -> None:
         """Free the GPUs: inference (and its disruption budget), the orchestrator and the env
@@ -228,11 +267,13 @@ class Reconciler:
         pods = self.kube.list("Pod", run.namespace, run.pod_labels())
         trainer_pods = [p for p in pods if _component(p) == "trainer" and observe.pod_attempt(p) == attempt]
         outcome, why = observe.trainer_outcome(job, trainer_pods)
+        queued = self._queue(run, workload, spec)
+        spec, hold, held_outside = _held(spec, queued, job)
         if outcome in ("failed", "disrupted") and spec.suspend:
             outcome = "suspended"  # pods killed by the suspension are not failures
 
         # The run's clock starts at its first unsuspended pass (a run queued suspended waits free).
-        status["startTime"] = status.get("startTime") or (None if spec.suspend else now)
+        status["startTime"] = status.get("startTime") or (None if spec.suspend or hold else now)
         left = lifetime.seconds_left(spec, status, now)
         terminal: str | None = None
         limit = spec.restart_policy.backoff_limit
@@ -252,7 +293,7 @@ class Reconciler:
             attempt, restarts = attempt + 1, restarts + (outcome == "failed")
             events.append(_restart_event(outcome, why, restarts, limit))
             older.append(job)
-        elif outcome == "suspended" and not spec.suspend:
+        elif outcome == "suspended" and not spec.suspend and not held_outside:
             attempt += 1  # resume: a fresh trainer Job that loads the latest checkpoint
             events.append(("Normal", "Resumed", "resuming from the latest checkpoint"))
             older.append(job)
@@ -260,17 +301,21 @@ class Reconciler:
         status.update(restarts=restarts, attempt=attempt)
         if terminal:
             self.teardown(run, workload)
+            if queued is not None:
+                self.kueue.finish(queued.workload, terminal, why, now)
         else:
-            self.apply(run, workload, spec, attempt, restarts, left)
+            self.apply(run, workload, spec, attempt, restarts, left, held=held_outside)
             for stale in older:
                 self.kube.delete("Job", run.namespace, stale["metadata"]["name"], uid=stale["metadata"].get("uid"))
+            if queued is not None and queued.evicted:  # stopped now: Kueue may requeue it
+                self.kueue.release(queued.workload, now)
         volumes = self._volume_problems(run, pods)
-        health = self._health(workload, spec, attempt, pods, terminal, volumes)
+        health = self._health(workload, spec, attempt, pods, terminal, volumes, hold)
         for comp, h in health.items():
             conditions.set(f"{comp.capitalize()}Ready", h.ready, h.reason, h.message)
         self._read_progress(run, workload, spec, attempt, health, status)
         was_running = status.get("phase") == "Running"
-        phase, message, degraded = self._phase(spec, health, terminal, why, was_running)
+        phase, message, degraded = self._phase(spec, health, terminal, why, was_running, hold)
         if terminal:
             status["completionTime"] = status.get("completionTime") or now
             if terminal == "Succeeded":
@@ -282,6 +327,8 @@ class Reconciler:
         else:
             conditions.set("Degraded", True, degraded[1].reason, f"{degraded[0]}: {degraded[1].message}")
         worst = degraded[1] if degraded else None
+        if hold and not terminal:
+            worst = observe.Health(False, "Queued", hold)
         result = self._finish(status, phase, message, conditions, events, stalled=terminal == "Failed", worst=worst)
         if terminal and lifetime.expired(spec, status, now) and self.kube.delete_run(run):
             why = (f"finished at {status['completionTime']}, ttlSecondsAfterFinished is "
@@ -296,17 +343,26 @@ class Reconciler:
         events = self.kube.list("Event", run.namespace, {}, {"involvedObject.kind": "Pod", "type": "Warning"})
         return observe.volume_problems(pods, events)
 
+    def _queue(self, run: RunRef, workload: Workload, spec: RunSpecBase) -> queueing.Admission | None:
+        """The admission of the run's Kueue Workload (made on the first pass); None: no queue."""
+        if spec.queue is None:
+            return None
+        trainer = builders.build_trainer_job(run, spec, module=workload.module, config_file=workload.config_file,
+                                             attempt=0, restarts=0, suspend=True,
+                                             status_port=workload.trainer_status_port)
+        return self.kueue.ensure(run, queueing.build_workload(run, spec, trainer))
+
     @staticmethod
     def _health(workload, spec, attempt: int, pods: list[dict], terminal: str | None,
-                volumes: dict[str, dict]) -> dict[str, observe.Health]:
+                volumes: dict[str, dict], hold: str | None = None) -> dict[str, observe.Health]:
         """Each component's health from its pods (the trainer's of the current attempt only)."""
         expected = {"orchestrator": 1, "trainer": spec.trainer.nodes}
         if "inference" in workload.components:
             expected["inference"] = spec.inference.replicas
         health = {}
         for comp in workload.components:
-            if terminal or spec.suspend:
-                reason = terminal or "Suspended"
+            if terminal or spec.suspend or hold:
+                reason = terminal or ("Queued" if hold else "Suspended")
                 health[comp] = observe.Health(False, reason, f"{comp} stopped ({reason})")
                 continue
             mine = [p for p in pods if _component(p) == comp and (comp != "trainer" or observe.pod_attempt(p) == attempt)]
@@ -315,12 +371,15 @@ class Reconciler:
 
     @staticmethod
     def _phase(
-        spec, health: dict[str, observe.Health], terminal: str | None, why: str, was_running: bool
+        spec, health: dict[str, observe.Health], terminal: str | None, why: str, was_running: bool,
+        hold: str | None = None,
     ) -> tuple[str, str, tuple[str, observe.Health] | None]:
         """(phase, message, the degraded component and its health). A run that has been Running
         stays Running when a component crash-loops or loses readiness: `Degraded` says which."""
         if terminal:
             return terminal, why, None
+        if hold:  # waiting for capacity: nothing of it runs, and nothing is wrong with it
+            return "Pending", f"Queued: {hold}", None
         if spec.suspend:
             return "Suspended", "suspended: compute scaled to zero, storage kept", None
         bad = next(((c, h) for c, h in health.items() if h.bad), None)
@@ -414,6 +473,20 @@ def describe_error(e: Exception) -> str:
             detail = e.reason
         return f"{e.status} {e.reason}: {detail}"
     return f"{type(e).__name__}: {e}"
+
+
+def _held(spec: RunSpecBase, queued: queueing.Admission | None,
+          job: dict | None) -> tuple[RunSpecBase, str | None, bool]:
+    """(the spec to realize, why the run waits for capacity, whether its trainer Job is held
+    from outside). A run its queue has not admitted (or has evicted) is realized suspended; one
+    whose Job someone else suspended keeps its spec, the Job left as it is."""
+    if spec.suspend:
+        return spec, None, False
+    if queued is not None and not queued.admitted:
+        return spec.model_copy(update={"suspend": True}), queued.message, False
+    if (outside := queueing.suspended_from_outside(job)) is not None:
+        return spec, outside, True
+    return spec, None, False
 
 
 def _restart_event(outcome: str, why: str, restarts: int, limit: int) -> tuple[str, str, str]:

@@ -27,13 +27,21 @@ RESOURCES = {
     "batch/v1/jobs": ("Job", {"status"}),
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", set()),
     "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", set()),
+    "coordination.k8s.io/v1/leases": ("Lease", set()),
+    "kueue.x-k8s.io/v1beta1/workloads": ("Workload", {"status"}),
+    "scheduling.volcano.sh/v1beta1/podgroups": ("PodGroup", {"status"}),
+    "scheduling.x-k8s.io/v1alpha1/podgroups": ("PodGroup", {"status"}),
 }
 PLURAL = {"RLRun": "rlkube.dev/v1alpha1/rlruns", "SFTRun": "rlkube.dev/v1alpha1/sftruns"}
 PATHS = {
     "ConfigMap": "v1/configmaps", "Service": "v1/services", "PersistentVolumeClaim": "v1/persistentvolumeclaims",
     "Pod": "v1/pods", "StatefulSet": "apps/v1/statefulsets", "Deployment": "apps/v1/deployments",
     "Job": "batch/v1/jobs", "Event": "v1/events", "PodDisruptionBudget": "policy/v1/poddisruptionbudgets",
-    "NetworkPolicy": "networking.k8s.io/v1/networkpolicies", **PLURAL,
+    "NetworkPolicy": "networking.k8s.io/v1/networkpolicies", "Workload": "kueue.x-k8s.io/v1beta1/workloads",
+    "volcano PodGroup": "scheduling.volcano.sh/v1beta1/podgroups",
+    "coscheduling PodGroup": "scheduling.x-k8s.io/v1alpha1/podgroups",
+    "Lease": "coordination.k8s.io/v1/leases",
+    **PLURAL,
 }
 _counter = itertools.count()
 
@@ -131,9 +139,10 @@ class Cluster:
             if res == kmock.resource("v1/events") and not obj.deleted
         ]
 
-    async def until(self, predicate, timeout: float = 20.0, what: str = "condition"):
+    async def until(self, predicate, timeout: float = 20.0, what: str = "condition", every: float = 0.1):
         """Poll until predicate() is truthy; its value is returned. A predicate that looks
-        something up (`next(...)` over events kopf posts in the background) may not find it yet."""
+        something up (`next(...)` over events kopf posts in the background) may not find it yet.
+        A costly predicate (hundreds of objects, in the operator's event loop) polls less often."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             try:
@@ -144,7 +153,7 @@ class Cluster:
                 return value
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError(f"timed out waiting for {what}")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(every)
 
     def status(self, kind: str, name: str) -> dict:
         return (self.get(kind, name) or {}).get("status") or {}

@@ -19,6 +19,8 @@ VALUES = {
     "network-policies": {"networkPolicy": {"enabled": True}},
     "cluster-wide": {"watch": {"allNamespaces": True}, "serviceMonitor": {"enabled": True}},
     "two-namespaces": {"watch": {"namespaces": ["team-a", "team-b"]}, "imagePullSecrets": [{"name": "reg"}]},
+    "kueue": {"kueue": {"enabled": True}},
+    "gang-scheduling": {"gangScheduling": {"enabled": True}},
 }
 
 
@@ -72,8 +74,13 @@ def test_bad_values_are_refused_naming_the_field(values, field):
     assert field in str(error.value)
 
 
+def for_runs(obj: dict) -> bool:
+    """RBAC of the runs' namespaces, not the Lease's (leader-election.yaml, test_leader.py)."""
+    return "Role" in obj["kind"] and not obj["metadata"]["name"].endswith("-leader-election")
+
+
 def test_rbac_scope_follows_the_watch_mode():
-    kinds = lambda objs: sorted((o["kind"], o["metadata"].get("namespace")) for o in objs if "Role" in o["kind"])
+    kinds = lambda objs: sorted((o["kind"], o["metadata"].get("namespace")) for o in objs if for_runs(o))
     assert kinds(render({})) == [("Role", "rlkube-system"), ("RoleBinding", "rlkube-system")]
     assert kinds(render(VALUES["cluster-wide"])) == [("ClusterRole", None), ("ClusterRoleBinding", None)]
     assert kinds(render(VALUES["two-namespaces"])) == sorted(
@@ -91,7 +98,7 @@ def test_operator_pod_is_non_root_with_a_read_only_root_filesystem():
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert deploy["spec"]["strategy"]["type"] == "Recreate"
+    assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"  # two replicas, one leader: test_leader.py
 
 
 def test_crds_are_upgradable_templates_kept_on_uninstall():
@@ -132,9 +139,28 @@ VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", "
 
 
 def _granted(values: dict) -> set[tuple[str, str, str]]:
-    role = next(o for o in render(values) if o["kind"] == "Role")
+    role = next(o for o in render(values) if o["kind"] == "Role" and for_runs(o))
     return {(group, res.replace("sftruns", "rlruns"), verb) for rule in role["rules"]
             for group in rule["apiGroups"] for res in rule["resources"] for verb in rule["verbs"]}
+
+
+def operator_requests(cluster) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) of every request the operator made to the API emulator."""
+    used = set()
+    for request in cluster.server:  # kmock iterates over the requests it served
+        if request.resource is None or request.resource.plural is None:
+            continue  # discovery
+        if request.headers.get("User-Agent", "").startswith("kmock"):
+            continue  # the test itself
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        used.add((request.resource.group, resource.replace("sftruns", "rlruns"), VERBS[request.action.value]))
+        # What the API server checks besides the verb itself (OwnerReferencesPermissionEnforcement):
+        # setting blockOwnerDeletion on an owner reference needs `update` on the owner's finalizers.
+        body = request.data if isinstance(request.data, dict) else {}
+        for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+            if ref.get("blockOwnerDeletion"):
+                used.add(("rlkube.dev", ref["kind"].lower().replace("sftrun", "rlrun") + "s/finalizers", "update"))
+    return used
 
 
 NETWORK_POLICY = {"networkPolicy": {"enabled": True}}
@@ -180,6 +206,15 @@ async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster, values):
                                      if c["type"] == "InferenceReady")["reason"] == "Starting", what="seen")
     await cluster.delete("Pod", "rt-inference-0")
     await start_everything(cluster)
+    # Children edited by someone else are brought back (patched) on the next resync.
+    await cluster.patch("Service", "rt-orchestrator", {"spec": {"ports": [{"name": "http", "port": 1}]}})
+    await cluster.patch("PodDisruptionBudget", "rt-inference", {"spec": {"maxUnavailable": 5}})
+    for policy in cluster.names("NetworkPolicy"):
+        await cluster.patch("NetworkPolicy", policy, {"spec": {"policyTypes": ["Egress"]}})
+    await cluster.until(lambda: cluster.get("PodDisruptionBudget", "rt-inference")["spec"]["maxUnavailable"] == 1
+                        and len(cluster.get("Service", "rt-orchestrator")["spec"]["ports"]) == 2
+                        and all(cluster.get("NetworkPolicy", p)["spec"]["policyTypes"] == ["Ingress"]
+                                for p in cluster.names("NetworkPolicy")), what="corrected")
     await cluster.patch("RLRun", "rt", {"spec": {"suspend": True}})
     await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Suspended", what="suspended")
     await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
@@ -191,19 +226,6 @@ async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster, values):
     await cluster.patch("RLRun", "rt", {"spec": {"ttlSecondsAfterFinished": 0}})
     await cluster.until(lambda: cluster.get("RLRun", "rt") is None, what="deleted, finalizer released")
 
-    used = set()
-    for request in cluster.server:  # kmock iterates over the requests it served
-        if request.resource is None or request.resource.plural is None:
-            continue  # discovery
-        if request.headers.get("User-Agent", "").startswith("kmock"):
-            continue  # the test itself
-        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
-        used.add((request.resource.group, resource.replace("sftruns", "rlruns"), VERBS[request.action.value]))
-        # What the API server checks besides the verb itself (OwnerReferencesPermissionEnforcement):
-        # setting blockOwnerDeletion on an owner reference needs `update` on the owner's finalizers.
-        body = request.data if isinstance(request.data, dict) else {}
-        for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
-            if ref.get("blockOwnerDeletion"):
-                used.add(("rlkube.dev", ref["kind"].lower().replace("sftrun", "rlrun") + "s/finalizers", "update"))
+    used = operator_requests(cluster)
     assert used - _granted(values) == set(), "the operator needs verbs the chart does not grant"
     assert _granted(values) - used == set(), "the chart grants verbs the operator never uses"

@@ -74,13 +74,9 @@ class Kube:
         cls, suffix = KINDS[kind]
         return getattr(cls(self._api), f"{verb}_namespaced_{suffix}")
 
-    @staticmethod
-    def _json(response) -> dict:
-        return json.loads(response.data or b"{}")
-
     def get(self, kind: str, namespace: str, name: str) -> dict | None:
         try:
-            return self._json(self._method("read", kind)(name, namespace, _preload_content=False))
+            return json_body(self._method("read", kind)(name, namespace, _preload_content=False))
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -92,7 +88,7 @@ class Kube:
         response = self._method("list", kind)(
             namespace, label_selector=selector, field_selector=field_selector, _preload_content=False
         )
-        items = self._json(response).get("items", [])
+        items = json_body(response).get("items", [])
         # Some servers (and emulators) ignore the selectors; filter again so callers can trust them.
         return [
             i for i in items
@@ -102,7 +98,7 @@ class Kube:
 
     def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict:
         method = self._method("patch", kind)
-        return self._json(method(name, namespace, patch, _content_type=MERGE_PATCH, _preload_content=False))
+        return json_body(method(name, namespace, patch, _content_type=MERGE_PATCH, _preload_content=False))
 
     def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
         """Delete with background propagation (the Job's pods go too); False if already gone.
@@ -144,7 +140,7 @@ class Kube:
             try:
                 created = self._method("create", kind)(meta["namespace"], obj, _preload_content=False)
                 log.info("created %s %s/%s", kind, meta["namespace"], meta["name"])
-                return self._json(created)
+                return json_body(created)
             except ApiException as e:
                 if e.status != 409:
                     raise
@@ -168,13 +164,18 @@ class Kube:
             if e.status == 404:
                 return set()
             raise
-        return {r["name"] for r in self._json(response).get("resources", [])}
+        return {r["name"] for r in json_body(response).get("resources", [])}
 
     def patch_status(self, run: RunRef, status: dict[str, Any]) -> dict:
         """Merge-patch the run's status subresource (null deletes a field)."""
-        return self._json(client.CustomObjectsApi(self._api).patch_namespaced_custom_object_status(
+        return json_body(client.CustomObjectsApi(self._api).patch_namespaced_custom_object_status(
             GROUP, VERSION, run.namespace, run.plural, run.name, {"status": status},
             _content_type=MERGE_PATCH, _preload_content=False))
+
+
+def json_body(response) -> dict:
+    """A response read with `_preload_content=False`, as a plain dict."""
+    return json.loads(response.data or b"{}")
 
 
 def contains(existing, desired) -> bool:

@@ -17,7 +17,6 @@ Two ways a run is held without being suspended by its user:
 And a run whose `scheduling.schedulerName` is a gang scheduler gets its PodGroup (`gang.py`).
 """
 
-import json
 import logging
 from dataclasses import dataclass, field
 
@@ -25,7 +24,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rlkube_operator import builders, gang, pods
-from rlkube_operator.kube import MERGE_PATCH, ForeignChild, Kube
+from rlkube_operator.conditions import set_condition
+from rlkube_operator.kube import MERGE_PATCH, ForeignChild, Kube, json_body
 from rlkube_operator.names import RunRef, controller_uid
 from rlkube_operator.spec import RLRunSpec, RunSpecBase
 
@@ -85,8 +85,7 @@ class Admission:
 
 
 def _condition(obj: dict, type_: str) -> dict | None:
-    return next((c for c in (obj.get("status") or {}).get("conditions") or []
-                 if c.get("type") == type_ and c.get("status") == "True"), None)
+    return next((c for c in _conditions(obj) if c.get("type") == type_ and c.get("status") == "True"), None)
 
 
 def admission(wl: dict) -> Admission:
@@ -103,8 +102,7 @@ def admission(wl: dict) -> Admission:
                                 "checkpoint when admitted again", evicted=True, workload=wl)
     if _condition(wl, "Admitted") is not None and reserved is not None:
         return Admission(True, "", workload=wl)
-    pending = next((c for c in (wl.get("status") or {}).get("conditions") or []
-                    if c.get("type") == "QuotaReserved" and c.get("message")), None)
+    pending = next((c for c in _conditions(wl) if c.get("type") == "QuotaReserved" and c.get("message")), None)
     detail = f": {pending['message']}" if pending else ""
     return Admission(False, f"Workload {name} waits for Kueue to admit it (LocalQueue {queue}){detail}",
                      workload=wl)
@@ -174,12 +172,12 @@ class CustomObjects:
         group, version = desired["apiVersion"].split("/")
         name = desired["metadata"]["name"]
         try:
-            obj = _json(self._api.get_namespaced_custom_object(group, version, run.namespace, plural, name,
+            obj = json_body(self._api.get_namespaced_custom_object(group, version, run.namespace, plural, name,
                                                                _preload_content=False))
         except ApiException as e:
             if e.status != 404:
                 raise
-            obj = _json(self._api.create_namespaced_custom_object(group, version, run.namespace, plural, desired,
+            obj = json_body(self._api.create_namespaced_custom_object(group, version, run.namespace, plural, desired,
                                                                   _preload_content=False))
             log.info("created %s %s/%s", desired["kind"], run.namespace, name)
         if controller_uid(obj) != run.uid:
@@ -190,7 +188,7 @@ class CustomObjects:
         group, version = obj["apiVersion"].split("/")
         method = self._api.patch_namespaced_custom_object_status if status else self._api.patch_namespaced_custom_object
         meta = obj["metadata"]
-        return _json(method(group, version, meta["namespace"], plural, meta["name"], patch,
+        return json_body(method(group, version, meta["namespace"], plural, meta["name"], patch,
                             _content_type=MERGE_PATCH, _preload_content=False))
 
 
@@ -214,15 +212,15 @@ class Kueue:
         """After an eviction the run has stopped: give the quota back (Kueue requeues the
         Workload), as Kueue's own job integrations do."""
         why = (_condition(wl, "Evicted") or {}).get("message", "evicted")
-        conditions = _set_condition(wl, "QuotaReserved", "False", "Pending", why, now)
-        conditions = _set_condition({"status": {"conditions": conditions}}, "Admitted", "False", "NoReservation",
+        conditions = _set_condition(_conditions(wl), wl, "QuotaReserved", False, "Pending", why, now)
+        conditions = _set_condition(conditions, wl, "Admitted", False, "NoReservation",
                                     "the workload has no reservation", now)
         self._objects.patch(wl, "workloads", {"status": {"admission": None, "conditions": conditions}}, status=True)
 
     def finish(self, wl: dict, phase: str, message: str, now: str) -> None:
         """Mark the Workload Finished (once): Kueue frees its quota for the next in line."""
         if _condition(wl, "Finished") is None:
-            conditions = _set_condition(wl, "Finished", "True", phase, message or phase, now)
+            conditions = _set_condition(_conditions(wl), wl, "Finished", True, phase, message or phase, now)
             self._objects.patch(wl, "workloads", {"status": {"conditions": conditions}}, status=True)
 
 
@@ -234,13 +232,13 @@ def ensure_pod_group(objects: CustomObjects, run: RunRef, desired: dict) -> None
         objects.patch(group, "podgroups", {"spec": {"minMember": desired["spec"]["minMember"]}})
 
 
-def _json(response) -> dict:
-    return json.loads(response.data or b"{}")
+def _conditions(wl: dict) -> list[dict]:
+    return (wl.get("status") or {}).get("conditions") or []
 
 
-def _set_condition(wl: dict, type_: str, status: str, reason: str, message: str, now: str) -> list[dict]:
-    """The Workload's conditions with `type_` set (a merge patch replaces the whole list)."""
-    new = {"type": type_, "status": status, "reason": reason, "message": message[:32768],
-           "lastTransitionTime": now}
-    others = [c for c in (wl.get("status") or {}).get("conditions") or [] if c.get("type") != type_]
-    return [*others, new]
+def _set_condition(conditions: list[dict], wl: dict, type_: str, ok: bool, reason: str, message: str,
+                   now: str) -> list[dict]:
+    """`conditions` with `type_` set, for the Workload's generation (a merge patch replaces the
+    whole list; a condition's message is at most 32768 characters)."""
+    return set_condition(conditions, type_, ok, reason, message[:32768],
+                         generation=wl["metadata"].get("generation"), now=now)

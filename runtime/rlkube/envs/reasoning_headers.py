@@ -40,9 +40,6 @@ class _RememberedEncodings:
             ids = self._encoded[key] = list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
         return list(ids)
 
-    def decode(self, *args: Any, **kwargs: Any) -> str:
-        return self._tokenizer.decode(*args, **kwargs)
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tokenizer, name)
 

@@ -1,6 +1,7 @@
 """The metrics sink: JSONL records, console line, W&B offline without a network."""
 
 import json
+import time
 
 from rlkube.config import WandbConfig
 from rlkube.metrics import MetricsSink, format_metrics, read_metrics
@@ -52,6 +53,8 @@ def wandb_history(run_file):
             pos += left
             continue
         _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):  # a chunk still being written
+            break
         pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # a full record, or the last chunk of one
@@ -61,6 +64,17 @@ def wandb_history(run_file):
                 items = record.history.item
                 rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items})
     return rows
+
+
+def wait_for_history(run_file, rows: int, timeout_s: float = 60) -> list[dict]:
+    """The run's history rows once `rows` of them are on disk: W&B's service process writes the
+    file on its own schedule, and `finish()` can return before its last block is flushed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        history = [{k: v for k, v in row.items() if not k.startswith("_")} for row in wandb_history(run_file)]
+        if len(history) >= rows or time.monotonic() > deadline:
+            return history
+        time.sleep(0.2)
 
 
 def test_wandb_keeps_records_logged_out_of_step_order(tmp_path, monkeypatch):
@@ -73,7 +87,7 @@ def test_wandb_keeps_records_logged_out_of_step_order(tmp_path, monkeypatch):
         sink.log(1, {"eval/avg@1": 0.5, "policy_step": 1.0})
         sink.log(3, {"reward": 0.3})
     (run_file,) = (tmp_path / "wandb").glob("offline-run-*/*.wandb")
-    rows = [{k: v for k, v in row.items() if not k.startswith("_")} for row in wandb_history(run_file)]
+    rows = wait_for_history(run_file, 4)
     assert rows == [
         {"reward": 0.1, "step": 1},
         {"reward": 0.2, "step": 2},

@@ -122,7 +122,8 @@ def test_rl_learns_survives_a_killed_trainer_and_resumes(inference_server, tmp_p
     steps = [r["step"] for r in trainer]
     assert steps[-(MAX_STEPS - resume_from):] == list(range(resume_from + 1, MAX_STEPS + 1)), steps
     assert trainer[0]["step"] == 1 and trainer[0]["mismatch_kl/mean"] < ON_POLICY_KL_BOUND, trainer[0]
-    assert max(r["mismatch_kl/mean"] for r in trainer) < KL_BOUND
+    mismatch = [(r["step"], round(r["mismatch_kl/mean"], 4)) for r in trainer]
+    assert max(kl for _, kl in mismatch) < KL_BOUND, f"(step, mismatch KL) in order, resumed at {resume_from}: {mismatch}"
 
     entropy = {r["step"]: r["entropy/mean"] for r in trainer}
     assert entropy[MAX_STEPS] < entropy[1] - 0.05, f"the policy did not train: {entropy}"

@@ -115,3 +115,36 @@ def test_a_ranks_last_micro_batch_is_not_padded_to_full_size():
     samples = [make_sample(1, 5) for _ in range(5)]  # 6 tokens each, one per row of 8
     (rank0,) = pack_batch(samples, seq_len=8, world_size=1, micro_batch_rows=2, share_prompts=False)
     assert [mb["input_ids"].shape[0] for mb in rank0] == [2, 2, 1]
+
+
+
+def teacher_scored(sample: Sample, first_token: int) -> Sample:
+    """`sample` renumbered to unique token ids from `first_token` (its prompt too), with the
+    teacher log-prob -token/1000 on each loss token and 0.0 elsewhere."""
+    sample.token_ids = list(range(first_token, first_token + len(sample.token_ids)))
+    sample.teacher_logprobs = [-t / 1000 if m else 0.0 for t, m in zip(sample.token_ids, sample.loss_mask)]
+    return sample
+
+
+def test_teacher_logprobs_travel_with_their_tokens():
+    """A group sharing one prompt copy, and a sample cut to seq_len: each loss token keeps its
+    own teacher log-prob, everything else (the shared prompt, padding) is 0."""
+    group = [teacher_scored(make_sample(3, 2), 100), teacher_scored(make_sample(3, 4), 100)]
+    group[1].token_ids[3:] = [200, 201, 202, 203]  # same prompt, own completion
+    group[1].teacher_logprobs[3:] = [-0.2, -0.201, -0.202, -0.203]
+    long = teacher_scored(make_sample(2, 20), 300)
+    (rank0,) = pack_batch([*group, long], seq_len=12, world_size=1, micro_batch_rows=2)
+    (mb,) = rank0
+    mask, teacher, tokens = mb["loss_mask"], mb["teacher_logprobs"], mb["input_ids"]
+    assert teacher.dtype == torch.float32 and teacher.shape == mask.shape
+    assert int(mask.sum()) == 2 + 4 + 10, "the group shares its prompt, the long sample is cut"
+    assert (tokens[mb["prefix_ids"] >= 0] < 300).all(), "the group is packed on one prompt copy"
+    assert teacher[mask].tolist() == pytest.approx((-tokens[mask] / 1000).tolist())
+    assert not teacher[~mask].any(), "0 off the loss tokens"
+
+
+def test_teacher_logprobs_only_when_every_sample_has_them():
+    (rank0,) = pack_batch([make_sample(2, 2)], seq_len=8, world_size=1)
+    assert "teacher_logprobs" not in rank0[0]
+    with pytest.raises(ValueError, match="some samples of the step have teacher_logprobs"):
+        pack_batch([make_sample(2, 2), teacher_scored(make_sample(2, 3), 100)], seq_len=8, world_size=1)

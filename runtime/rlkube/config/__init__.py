@@ -15,11 +15,13 @@ from rlkube.config.orchestrator import (
     OrchestratorSection,
     RolloutServerConfig,
     SamplingConfig,
+    TeacherConfig,
 )
 from rlkube.config.rl import OrchestratorConfig, RLConfig, RLTrainerSection, TrainerConfig
 from rlkube.config.sft import SFTConfig, SFTDataConfig
 from rlkube.config.shared import CheckpointConfig, LogConfig, ModelConfig, RunConfig, WandbConfig
 from rlkube.config.trainer import (
+    LoraConfig,
     LossConfig,
     OptimizerConfig,
     ParallelConfig,
@@ -31,9 +33,9 @@ from rlkube.config.weights import WeightTransferConfig
 __all__ = [
     "AdvantageConfig", "CheckpointConfig", "ClientConfig", "Config", "ConfigError", "EnvConfig",
     "EvalConfig", "EvalRunConfig", "InferenceConfig", "InferenceSection", "InferenceServerConfig",
-    "LogConfig", "LossConfig", "ModelConfig", "OptimizerConfig", "OrchestratorConfig",
+    "LogConfig", "LoraConfig", "LossConfig", "ModelConfig", "OptimizerConfig", "OrchestratorConfig",
     "OrchestratorSection", "ParallelConfig", "RLConfig", "RLTrainerSection", "RolloutServerConfig",
-    "RunConfig", "SFTConfig", "SFTDataConfig", "SamplingConfig", "SchedulerConfig", "TrainerCommonConfig",
+    "RunConfig", "SFTConfig", "SFTDataConfig", "SamplingConfig", "SchedulerConfig", "TeacherConfig", "TrainerCommonConfig",
     "TrainerConfig", "WandbConfig", "WeightTransferConfig", "load_config", "parse_cli", "to_toml",
     "write_toml",
 ]

@@ -105,6 +105,23 @@ class ClientConfig(Config):
     generates anything."""
 
 
+class TeacherConfig(Config):
+    """The teacher of on-policy distillation: an inference server (`rlkube inference`, not
+    paused) whose model scores the student's sampled tokens. It is never updated."""
+
+    model: str
+    """The model name the teacher server serves (the requests' `model`)."""
+
+    base_urls: list[str] = Field(default=["http://127.0.0.1:8001"], min_length=1)
+    """One base URL per teacher replica; a task's samples go to one replica (prefix cache)."""
+
+    timeout_s: float = Field(default=600, gt=0)
+    """Per-request timeout."""
+
+    max_concurrent: int = Field(default=64, ge=1)
+    """Scoring requests (one per sample) in flight across all teacher replicas."""
+
+
 class RolloutServerConfig(Config):
     """The gRPC endpoint that serves batches to the trainer."""
 
@@ -151,7 +168,12 @@ class OrchestratorSection(Config):
     """Advantage computation."""
 
     filter_zero_advantage: bool = True
-    """Drop samples whose advantage is zero (all-pass or all-fail groups teach nothing)."""
+    """Drop samples whose advantage is zero (all-pass or all-fail groups teach nothing). Not
+    with a `teacher`: its log-probs are a signal in every group."""
+
+    teacher: TeacherConfig | None = None
+    """On-policy distillation: the teacher that scores every sampled token (for the trainer's
+    `loss.teacher_kl_coef` / `loss.type = "opd"`); none when unset."""
 
     eval: EvalConfig | None = None
     """Periodic evaluation; off unless given."""
@@ -173,6 +195,11 @@ class OrchestratorSection(Config):
     env_worker_timeout_s: float = Field(default=1800, gt=0)
     """A group an env worker has held this long is sent to another worker too (the first
     answer is trained): a worker that hangs with its connection open cannot stall the run."""
+
+    @property
+    def drops_zero_advantage(self) -> bool:
+        """`filter_zero_advantage`, except with a teacher (its KL term has a gradient there)."""
+        return self.filter_zero_advantage and self.teacher is None
 
     @property
     def max_groups_in_flight(self) -> int:

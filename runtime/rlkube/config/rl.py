@@ -78,6 +78,16 @@ class RLConfig(RunConfig):
         return self
 
     @model_validator(mode="after")
+    def _distillation_has_a_teacher(self):
+        loss = self.trainer.loss
+        if loss.uses_teacher and self.orchestrator.teacher is None:
+            raise ValueError(
+                f"trainer.loss.type '{loss.type}' with trainer.loss.teacher_kl_coef {loss.teacher_kl_coef:g} "
+                "distills from a teacher, but orchestrator.teacher is not set: give its model and base_urls"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _context_fits(self):
         """Only an explicit `inference.max_model_len` is known here (the model's own needs its
         config.json); the prompt is at least one token."""

@@ -52,6 +52,38 @@ class ParallelConfig(Config):
     """Recompute each decoder layer's activations in backward to save memory."""
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+"""The attention and MLP projections of Qwen3/Llama-style models."""
+
+
+class LoraConfig(Config):
+    """Train low-rank adapters on frozen base weights (LoRA): only the adapters are optimized,
+    checkpointed and published to inference, which merges them into its own base weights."""
+
+    rank: int = Field(default=16, ge=1)
+    """Rank r of each adapter (`B @ A` with A: r x in, B: out x r)."""
+
+    alpha: float = Field(default=32.0, gt=0)
+    """Scale numerator: the adapter adds `(alpha / rank) * B @ A` to the base weight."""
+
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapter's input while training (the base path has none)."""
+
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1)
+    """Names of the linear layers to adapt (the last part of the module name, as in PEFT);
+    each must name a linear layer of the model."""
+
+    export_merged: bool = False
+    """SFT export: also write the merged full weights (`weights/step_N_merged/`, what
+    `weights/final` then points at) next to the adapter directory."""
+
+    @model_validator(mode="after")
+    def _targets_are_unique(self):
+        if len(set(self.target_modules)) != len(self.target_modules):
+            raise ValueError(f"target_modules: {self.target_modules} names a module twice")
+        return self
+
+
 class TrainerCommonConfig(Config):
     """What the SFT trainer and the RL trainer share."""
 
@@ -76,14 +108,19 @@ class TrainerCommonConfig(Config):
     micro_batch_size: int = Field(default=1, ge=1)
     """Packed rows of `seq_len` tokens per forward/backward pass on each rank."""
 
+    lora: LoraConfig | None = None
+    """LoRA adapters on the frozen base model; None trains every weight (full fine-tuning)."""
+
 
 class LossConfig(Config):
     """The RL policy-gradient loss, per token, normalized by the global loss-token count."""
 
-    type: Literal["default", "grpo", "gspo", "cispo", "custom"] = "default"
+    type: Literal["default", "grpo", "gspo", "cispo", "opd", "custom"] = "default"
     """`default`: importance ratio with probability-difference masking and a KL term;
     `grpo`: PPO-style ratio clipping; `gspo`: sequence-level ratio clipping;
-    `cispo`: clipped, stop-gradient importance weight; `custom`: `custom_loss` import path."""
+    `cispo`: clipped, stop-gradient importance weight; `opd`: on-policy distillation alone
+    (the reverse KL to `orchestrator.teacher`, rewards ignored); `custom`: `custom_loss` import
+    path."""
 
     mask_high: float = Field(default=0.2, ge=0)
     """`default`: mask a token with positive advantage whose probability rose by more than this."""
@@ -103,8 +140,24 @@ class LossConfig(Config):
     custom_loss: str | None = None
     """`custom`: import path `package.module:function` of a loss function."""
 
+    teacher_kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of the per-token reverse KL to the teacher (`orchestrator.teacher`), estimated on
+    the student's own samples; 0 is off. With `opd` it is the whole loss (besides `kl_tau`);
+    with the other types it is added to theirs (RL mixed with distillation)."""
+
+    @property
+    def uses_teacher(self) -> bool:
+        """Whether the loss needs the teacher's log-probs of the sampled tokens."""
+        return self.type == "opd" or self.teacher_kl_coef > 0
+
     @model_validator(mode="after")
     def _custom_needs_path(self):
         if self.type == "custom" and not self.custom_loss:
             raise ValueError("type 'custom' needs custom_loss ('package.module:function')")
+        return self
+
+    @model_validator(mode="after")
+    def _opd_needs_a_weight(self):
+        if self.type == "opd" and self.teacher_kl_coef == 0:
+            raise ValueError("type 'opd' trains on the teacher term alone: teacher_kl_coef must be > 0 (e.g. 1.0)")
         return self

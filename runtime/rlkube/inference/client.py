@@ -36,7 +36,7 @@ def _reason(response: httpx.Response) -> str:
     return str(body.get("error", body) if isinstance(body, dict) else body)[:500]
 
 
-async def _post(base_url: str, route: str, timeout: float, **kwargs) -> httpx.Response:
+async def post(base_url: str, route: str, timeout: float, **kwargs) -> httpx.Response:
     url = base_url.rstrip("/") + route
     try:
         async with async_client(timeout) as client:
@@ -86,11 +86,11 @@ async def wait_until_healthy(base_url: str, timeout: float, interval: float = 1.
 async def pause(base_url: str, mode: PauseMode = "keep", timeout: float = 60) -> None:
     """Stop scheduling. `keep` freezes in-flight requests (they continue after `resume`, on the
     new weights); `wait` lets them finish first; `abort` cancels them."""
-    await _post(base_url, "/pause", timeout, params={"mode": mode})
+    await post(base_url, "/pause", timeout, params={"mode": mode})
 
 
 async def resume(base_url: str, timeout: float = 60) -> None:
-    await _post(base_url, "/resume", timeout)
+    await post(base_url, "/resume", timeout)
 
 
 async def is_paused(base_url: str, timeout: float = 10) -> bool:
@@ -125,13 +125,13 @@ async def update_weights(base_url: str, step: int, location: str, timeout: float
         "timeout": rpc_timeout,
     }
     try:
-        response = await _post(base_url, "/collective_rpc", rpc_timeout + 10, json=rpc)
+        response = await post(base_url, "/collective_rpc", rpc_timeout + 10, json=rpc)
     except InferenceError as e:
         raise type(e)(f"loading weights of step {step} from {location}: {e}") from None
-    await _post(
+    await post(
         base_url, "/reset_prefix_cache", timeout, params={"reset_running_requests": "true"}
     )
-    await _post(base_url, "/update_weight_version", timeout, json={"new_version": str(step)})
+    await post(base_url, "/update_weight_version", timeout, json={"new_version": str(step)})
     return response.json()["results"][0]
 
 
@@ -146,7 +146,7 @@ async def weight_version(base_url: str, timeout: float = 10) -> str | None:
 
 async def set_weight_version(base_url: str, step: int, timeout: float = 60) -> None:
     """Tag the weights served as policy `step` (what `weight_version` reads back)."""
-    await _post(base_url, "/update_weight_version", timeout, json={"new_version": str(step)})
+    await post(base_url, "/update_weight_version", timeout, json={"new_version": str(step)})
 
 
 async def load_base_weights(base_url: str, model: str, timeout: float = 600) -> None:
@@ -154,7 +154,7 @@ async def load_base_weights(base_url: str, model: str, timeout: float = 600) -> 
     and drop the prefix cache computed with the weights it replaces."""
     rpc = {"method": "reload_weights", "kwargs": {"weights_path": model}, "timeout": timeout}
     try:
-        await _post(base_url, "/collective_rpc", timeout + 10, json=rpc)
+        await post(base_url, "/collective_rpc", timeout + 10, json=rpc)
     except InferenceError as e:
         raise InferenceError(f"reloading the base weights from {model}: {e}") from None
-    await _post(base_url, "/reset_prefix_cache", timeout, params={"reset_running_requests": "true"})
+    await post(base_url, "/reset_prefix_cache", timeout, params={"reset_running_requests": "true"})

@@ -10,18 +10,50 @@ A location is one of:
 - `grpc://host:port`: snapshot `step` pulled from the trainer's weight server into memory.
 
 Either way, a snapshot not published yet is waited for up to `timeout` seconds.
+
+A LoRA run's snapshot holds its adapters alone (PEFT layout, `adapter_config.json` present).
+They are merged, `W = W_base + (alpha / r) * B @ A`, into the base weights of the targeted
+modules, which the worker reads once from the served model's own safetensors files and keeps;
+only those merged tensors are reloaded. Merging (rather than serving the adapter with vLLM's
+LoRA support, which on CPU gives up torch.compile and adds LoRA kernels to every token) keeps
+the engine's speed and the model name the orchestrator asks for.
 """
 
+import contextlib
+import json
 import logging
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import torch
+
+from rlkube.trainer.lora import merged_weights, scaling_of
 from rlkube.transport.weights_grpc import fetch_snapshot
-from rlkube.transport.weights_snapshot import iter_safetensors
+from rlkube.transport.weights_snapshot import ADAPTER_CONFIG, ADAPTER_WEIGHTS, iter_safetensors
 from rlkube.transport.weights_storage import local_snapshot
 
 logger = logging.getLogger(__name__)
 
 GRPC_SCHEME = "grpc://"
+
+_RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.inplace", "vllm.model_executor.model_loader.reload.layerwise")
+"""vLLM's in-place reload, which warns about every layer a load leaves as it is."""
+
+
+@contextlib.contextmanager
+def _partial_reload_quietly() -> Iterator[None]:
+    """An adapter reloads only the modules it changes, on purpose: without this, vLLM would
+    warn at every update for each other layer and list every weight it kept."""
+    loggers = [logging.getLogger(name) for name in _RELOAD_LOGGERS]
+    levels = [each.level for each in loggers]
+    for each in loggers:
+        each.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for each, level in zip(loggers, levels, strict=True):
+            each.setLevel(level)
 
 
 class WeightLoaderExtension:
@@ -31,14 +63,56 @@ class WeightLoaderExtension:
         """Load the snapshot at `location` into the running model. Arguments arrive as strings
         (vLLM's `/collective_rpc` only forwards strings). Returns a one-line summary."""
         start = time.perf_counter()
+        self._remember_served_model()
         if location.startswith(GRPC_SCHEME):
             files = fetch_snapshot(location.removeprefix(GRPC_SCHEME), int(step), float(timeout))
-            self.reload_weights(weights_iterator=iter_safetensors(files))
+            if ADAPTER_CONFIG in files:
+                self._load_adapter(files)
+            else:
+                self.reload_weights(weights_iterator=iter_safetensors(files))
             size = sum(map(len, files.values()))
         else:
             with local_snapshot(location, float(timeout)) as path:
-                self.reload_weights(weights_path=path)
+                if (Path(path) / ADAPTER_CONFIG).is_file():
+                    self._load_adapter({name: (Path(path) / name).read_bytes() for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)})
+                else:
+                    self.reload_weights(weights_path=path)
             size = None
         took = time.perf_counter() - start
         logger.info("loaded weights of step %s from %s in %.2fs", step, location, took)
         return f"step {step} from {location} in {took:.3f}s" + (f" ({size} bytes)" if size else "")
+
+    def _remember_served_model(self) -> None:
+        """The model directory vLLM started with, taken before any load: a load from a path
+        repoints `model_config.model` at that snapshot."""
+        if not hasattr(self, "_rlkube_served_model"):
+            self._rlkube_served_model = self.vllm_config.model_config.model
+
+    def _load_adapter(self, files: dict[str, bytes | bytearray]) -> None:
+        """Merge a PEFT adapter into the served model's own base weights and load the result."""
+        config = json.loads(bytes(files[ADAPTER_CONFIG]))
+        base = self._lora_base_weights(tuple(config["target_modules"]))
+        merged = merged_weights(base, dict(iter_safetensors({ADAPTER_WEIGHTS: files[ADAPTER_WEIGHTS]})), scaling_of(config))
+        with _partial_reload_quietly():
+            self.reload_weights(weights_iterator=iter({**base, **merged}.items()))
+
+    def _lora_base_weights(self, targets: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """The served model's original tensors of the modules `targets` name, plus those fused
+        with them inside vLLM (`qkv_proj`, `gate_up_proj`: a fused layer reloads only when
+        all its parts arrive), read once from its safetensors files and kept."""
+        cached = getattr(self, "_rlkube_lora_base", None)
+        if cached is not None and cached[0] == targets:
+            return cached[1]
+        from safetensors import safe_open
+
+        from rlkube.trainer.model import checkpoint_dir
+
+        fused = getattr(self.model_runner.get_model(), "packed_modules_mapping", {}).values()
+        modules = set(targets).union(*(parts for parts in fused if set(parts) & set(targets)))
+        tensors = {}
+        for file in sorted(checkpoint_dir(self._rlkube_served_model).glob("*.safetensors")):
+            with safe_open(file, "pt") as f:
+                names = f.keys()
+                tensors.update({key: f.get_tensor(key) for key in names if key.rsplit(".", 2)[-2] in modules})
+        self._rlkube_lora_base = (targets, tensors)
+        return tensors

@@ -73,6 +73,8 @@ async def serve(config: OrchestratorConfig) -> None:
                 for runner in runners:
                     await stack.enter_async_context(runner.serving())
             await pool.wait_until_healthy(config.client.timeout_s)
+            if orchestrator.teacher is not None:
+                await orchestrator.teacher.wait_until_healthy()
             await orchestrator.run(resume_step)
         logger.info("finished: policy %d loaded, %d steps done", orchestrator.clock.policy_step, config.max_steps)
         # Stay reachable briefly so the trainer (waiting for its last policy to be loaded) and

@@ -31,6 +31,7 @@ from rlkube.orchestrator.metrics import batch_metrics
 from rlkube.orchestrator.packing import pack_batch
 from rlkube.orchestrator.rollouts import run_group
 from rlkube.orchestrator.scheduler import Scheduler
+from rlkube.orchestrator.teacher import Teacher, scored_by
 from rlkube.orchestrator.types import Batch, Rollout
 from rlkube.orchestrator.workers import WorkerHub
 
@@ -58,10 +59,13 @@ class Orchestrator:
             if config.env_workers else None
         )
         """Groups go to env worker processes (served on the gRPC port) instead of running here."""
+        self.teacher = Teacher(config.teacher) if config.teacher else None
+        """On-policy distillation: scores each group's samples once they are final."""
+        run_group = self.workers.run_group if self.workers else self.run_group
         self.scheduler = Scheduler(
             runners=runners,
             ratios=[r.config.ratio for r in runners],
-            run_group=self.workers.run_group if self.workers else self.run_group,
+            run_group=scored_by(self.teacher, run_group) if self.teacher else run_group,
             clock=self.clock,
             buffer=self.buffer,
             advantage_fn=make_advantage_fn(config.advantage, config.sampling.max_tokens),
@@ -110,7 +114,7 @@ class Orchestrator:
         self.log_metrics(metrics, batch.step)
 
     def store_batch(self, batch: Batch) -> dict[str, float]:
-        metrics = batch_metrics(batch, self.config.filter_zero_advantage)
+        metrics = batch_metrics(batch, self.config.drops_zero_advantage)
         self.batches[batch.step] = batch
         self.newest_batch_step = max(self.newest_batch_step, batch.step)
         self.last_reward = metrics.get("reward/all/mean")
@@ -129,7 +133,7 @@ class Orchestrator:
             raise LookupError(f"batch {step} was already consumed (policy {self.clock.policy_step} is loaded)")
         await self.batch_ready[step].wait()
         if step not in self.packed:  # the first rank to ask packs for all (off the event loop)
-            samples = self.batches[step].samples(self.config.filter_zero_advantage)
+            samples = self.batches[step].samples(self.config.drops_zero_advantage)
             packing = asyncio.to_thread(
                 pack_batch, samples, self.config.seq_len, world_size, micro_batch_rows, self.config.share_prompts
             )

@@ -104,6 +104,7 @@ def _truncate(sample: Sample, seq_len: int) -> Sample:
         logprobs=sample.logprobs[:seq_len],
         temperature=sample.temperature,
         advantage=sample.advantage,
+        teacher_logprobs=None if sample.teacher_logprobs is None else sample.teacher_logprobs[:seq_len],
     )
 
 
@@ -126,9 +127,20 @@ def assign_rows(rows: list[Row], world_size: int) -> list[list[Row]]:
     return ranks
 
 
-def rows_to_tensors(rows: list[Row], seq_len: int, segments: dict[int, int]) -> dict[str, torch.Tensor]:
+def teacher_scored(samples: list[Sample]) -> bool:
+    """Whether the step's samples carry teacher log-probs: all of them or none (a sample
+    without them would silently train toward log-prob 0)."""
+    scored = {s.teacher_logprobs is not None for s in samples}
+    if len(scored) > 1:
+        raise ValueError("some samples of the step have teacher_logprobs and some do not")
+    return scored == {True}
+
+
+def rows_to_tensors(
+    rows: list[Row], seq_len: int, segments: dict[int, int], with_teacher: bool = False
+) -> dict[str, torch.Tensor]:
     """`[len(rows), seq_len]` tensors; `segments` maps id(sample) to its index in the step and
-    id(block) to its shared prompt's segment index."""
+    id(block) to its shared prompt's segment index. `with_teacher` adds `teacher_logprobs`."""
     shape = (len(rows), seq_len)
     out = {
         "input_ids": torch.zeros(shape, dtype=torch.int64),
@@ -140,6 +152,8 @@ def rows_to_tensors(rows: list[Row], seq_len: int, segments: dict[int, int]) -> 
         "inference_logprobs": torch.zeros(shape, dtype=torch.float32),
         "temperatures": torch.ones(shape, dtype=torch.float32),
     }
+    if with_teacher:
+        out["teacher_logprobs"] = torch.zeros(shape, dtype=torch.float32)
 
     def write(r: int, start: int, sample: Sample, begin: int, end: int, segment: int, prefix: int) -> int:
         """Tokens `begin:end` of `sample` at `start` of row `r`; returns where they end."""
@@ -153,6 +167,8 @@ def rows_to_tensors(rows: list[Row], seq_len: int, segments: dict[int, int]) -> 
         out["advantages"][r, span] = mask * sample.advantage
         out["inference_logprobs"][r, span] = torch.tensor(sample.logprobs[begin:end], dtype=torch.float32)
         out["temperatures"][r, span] = sample.temperature
+        if with_teacher:
+            out["teacher_logprobs"][r, span] = torch.tensor(sample.teacher_logprobs[begin:end], dtype=torch.float32)
         return span.stop
 
     for r, row in enumerate(rows):
@@ -182,11 +198,12 @@ def pack_batch(
     shared = [block for block in blocks if block.prefix_len]
     segments |= {id(block): len(packed) + i for i, block in enumerate(shared)}
     global_loss_tokens = sum(s.num_loss_tokens for s in packed)
+    with_teacher = teacher_scored(packed)
     per_rank = []
     for rank_rows in assign_rows(rows, world_size):
         micro_batches = []
         for i in range(0, len(rank_rows), micro_batch_rows):
-            tensors = rows_to_tensors(rank_rows[i : i + micro_batch_rows], seq_len, segments)
+            tensors = rows_to_tensors(rank_rows[i : i + micro_batch_rows], seq_len, segments, with_teacher)
             micro_batches.append(tensors | {"global_loss_tokens": global_loss_tokens})
         per_rank.append(micro_batches)
     return per_rank

@@ -20,6 +20,9 @@ class Sample:
     """Inference logprob of each sampled token; 0.0 elsewhere."""
     temperature: float
     advantage: float = 0.0
+    teacher_logprobs: list[float] | None = None
+    """On-policy distillation: the teacher's logprob of each sampled token, 0.0 elsewhere
+    (`rlkube.orchestrator.teacher`); None without a teacher."""
 
     @property
     def num_loss_tokens(self) -> int:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from rlkube.config import CheckpointConfig
@@ -45,6 +45,22 @@ logger = get_logger(__name__)
 PROCESS = "trainer"
 
 
+def trainable_state(model: nn.Module, optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Model and optimizer state to checkpoint. Frozen parameters (a LoRA run's base model)
+    are left out: they are the unchanged `model.name` weights the model is built from. (DCP's
+    `ignore_frozen_params` alone keeps a frozen weight tied to another one: lm_head.)"""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=True))
+    frozen = {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {k: v for k, v in model_sd.items() if k not in frozen}, optim_sd
+
+
+def set_trainable_state(model: nn.Module, optimizer, model_sd: dict[str, Any], optim_sd: dict[str, Any]) -> None:
+    """Load what `trainable_state` saved (a model with frozen parameters keeps its own)."""
+    frozen = any(not p.requires_grad for p in model.parameters())
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                   options=StateDictOptions(strict=not frozen))
+
+
 class _AppState(Stateful):
     """Model + optimizer + scheduler, as one DCP Stateful."""
 
@@ -52,7 +68,7 @@ class _AppState(Stateful):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
 
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = trainable_state(self.model, self.optimizer)
         return {
             "model": model_sd,
             "optimizer": optim_sd,
@@ -60,9 +76,7 @@ class _AppState(Stateful):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_state_dict(
-            self.model, self.optimizer, model_state_dict=state_dict["model"], optim_state_dict=state_dict["optimizer"]
-        )
+        set_trainable_state(self.model, self.optimizer, state_dict["model"], state_dict["optimizer"])
         self.scheduler.load_state_dict(state_dict["scheduler"])
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rlkube.config import ModelConfig, ParallelConfig
+from rlkube.config import LoraConfig, ModelConfig, ParallelConfig
 from rlkube.logs import get_logger
+from rlkube.trainer.lora import apply_lora, init_adapters, is_adapter_key
 
 logger = get_logger(__name__)
 
@@ -40,12 +41,14 @@ def load_tokenizer(config: ModelConfig):
 
 def build_model(
     config: ModelConfig, parallel: ParallelConfig, device: torch.device, dtype: torch.dtype,
-    packed_attention: bool = False,
+    packed_attention: bool = False, lora: LoraConfig | None = None,
 ) -> nn.Module:
     """The model sharded over all ranks on `device`, in float32, in training mode.
 
     `packed_attention`: attend through `rlkube.trainer.rl.attention` (the RL trainer's packed
-    rows with shared prompts) instead of the model's default attention."""
+    rows with shared prompts) instead of the model's default attention. `lora`: freeze the
+    model and train adapters (rlkube.trainer.lora), added before sharding so FSDP2 shards them
+    with their layer; they start from the seed set before (`torch.manual_seed`)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     path = checkpoint_dir(config.name)
@@ -59,10 +62,14 @@ def build_model(
         model = AutoModelForCausalLM.from_config(
             model_config, dtype=torch.float32, trust_remote_code=config.trust_remote_code, **extra
         )
+    if lora is not None:
+        apply_lora(model, lora)
     parallelize(model, parallel, dtype)
     model.to_empty(device=device)
     init_unsaved_buffers(model)
     load_checkpoint_shards(model, path)
+    if lora is not None:
+        init_adapters(model, torch.initial_seed())
     if (path / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(path)
     model.config.use_cache = False
@@ -91,7 +98,8 @@ def init_unsaved_buffers(model: nn.Module) -> None:
 
 def load_checkpoint_shards(model: nn.Module, path: Path) -> None:
     """Collective: each rank reads its own slices of the safetensors under `path` into the
-    sharded parameters. Keys the files lack must be tied to ones they hold (lm_head)."""
+    sharded parameters. Keys the files lack must be tied to ones they hold (lm_head);
+    LoRA adapters are not in the checkpoint (`init_adapters` sets them)."""
     import torch.distributed.checkpoint as dcp
     from safetensors import safe_open
 
@@ -104,8 +112,9 @@ def load_checkpoint_shards(model: nn.Module, path: Path) -> None:
             stored.update(f.keys())
     tied: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
-        tied.setdefault(id(param), []).append(name)
-    state = model.state_dict()
+        if not is_adapter_key(name):
+            tied.setdefault(id(param), []).append(name)
+    state = {k: v for k, v in model.state_dict().items() if not is_adapter_key(k)}
     buffers = set(state) - {name for names in tied.values() for name in names}
     missing = [names[0] for names in tied.values() if stored.isdisjoint(names)] + sorted(buffers - stored)
     if missing:

@@ -10,9 +10,9 @@ from rlkube.config import OptimizerConfig, SchedulerConfig
 
 
 def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(
-        model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
-    )
+    """AdamW over the trainable parameters only (a LoRA run's adapters, not its frozen base)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(trainable, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
 
 
 def lr_factor(step: int, config: SchedulerConfig, max_steps: int) -> float:

@@ -17,11 +17,18 @@ TENSOR_FIELDS = {
 }
 """Every micro-batch carries these `[rows, seq_len]` tensors, with these dtypes."""
 
+OPTIONAL_TENSOR_FIELDS = {
+    "teacher_logprobs": torch.float32,
+}
+"""`[rows, seq_len]` tensors a micro-batch carries only in some runs (with a teacher)."""
+
 
 def to_message(micro_batch: dict, step: int, rank: int, index: int, count: int) -> pb.MicroBatch:
-    """`micro_batch` holds TENSOR_FIELDS plus `global_loss_tokens` (an int)."""
+    """`micro_batch` holds TENSOR_FIELDS, any of OPTIONAL_TENSOR_FIELDS, plus
+    `global_loss_tokens` (an int)."""
     tensors = {}
-    for name, dtype in TENSOR_FIELDS.items():
+    dtypes = TENSOR_FIELDS | {name: dtype for name, dtype in OPTIONAL_TENSOR_FIELDS.items() if name in micro_batch}
+    for name, dtype in dtypes.items():
         tensor = micro_batch[name]
         if tensor.dtype != dtype:
             raise ValueError(f"micro-batch field '{name}' must be {dtype}, got {tensor.dtype}")
@@ -37,9 +44,10 @@ def to_message(micro_batch: dict, step: int, rank: int, index: int, count: int) 
 
 
 def from_message(message: pb.MicroBatch) -> dict:
-    """The trainer's view: TENSOR_FIELDS as tensors, plus `global_loss_tokens`, `step`,
-    `index` and `count` as ints."""
-    batch = {name: from_proto(getattr(message, name)) for name in TENSOR_FIELDS}
+    """The trainer's view: TENSOR_FIELDS and the OPTIONAL_TENSOR_FIELDS it carries as
+    tensors, plus `global_loss_tokens`, `step`, `index` and `count` as ints."""
+    names = [*TENSOR_FIELDS, *(name for name in OPTIONAL_TENSOR_FIELDS if message.HasField(name))]
+    batch = {name: from_proto(getattr(message, name)) for name in names}
     batch.update(
         global_loss_tokens=message.global_loss_tokens,
         step=message.step,

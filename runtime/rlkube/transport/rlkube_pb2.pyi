@@ -17,7 +17,7 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class MicroBatch(_message.Message):
-    __slots__ = ("step", "rank", "index", "count", "input_ids", "position_ids", "sample_ids", "loss_mask", "advantages", "inference_logprobs", "temperatures", "global_loss_tokens", "prefix_ids")
+    __slots__ = ("step", "rank", "index", "count", "input_ids", "position_ids", "sample_ids", "loss_mask", "advantages", "inference_logprobs", "temperatures", "global_loss_tokens", "prefix_ids", "teacher_logprobs")
     STEP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class MicroBatch(_message.Message):
     TEMPERATURES_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_LOSS_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEACHER_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     step: int
     rank: int
     index: int
@@ -44,7 +45,8 @@ class MicroBatch(_message.Message):
     temperatures: Tensor
     global_loss_tokens: int
     prefix_ids: Tensor
-    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., input_ids: _Optional[_Union[Tensor, _Mapping]] = ..., position_ids: _Optional[_Union[Tensor, _Mapping]] = ..., sample_ids: _Optional[_Union[Tensor, _Mapping]] = ..., loss_mask: _Optional[_Union[Tensor, _Mapping]] = ..., advantages: _Optional[_Union[Tensor, _Mapping]] = ..., inference_logprobs: _Optional[_Union[Tensor, _Mapping]] = ..., temperatures: _Optional[_Union[Tensor, _Mapping]] = ..., global_loss_tokens: _Optional[int] = ..., prefix_ids: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    teacher_logprobs: Tensor
+    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., input_ids: _Optional[_Union[Tensor, _Mapping]] = ..., position_ids: _Optional[_Union[Tensor, _Mapping]] = ..., sample_ids: _Optional[_Union[Tensor, _Mapping]] = ..., loss_mask: _Optional[_Union[Tensor, _Mapping]] = ..., advantages: _Optional[_Union[Tensor, _Mapping]] = ..., inference_logprobs: _Optional[_Union[Tensor, _Mapping]] = ..., temperatures: _Optional[_Union[Tensor, _Mapping]] = ..., global_loss_tokens: _Optional[int] = ..., prefix_ids: _Optional[_Union[Tensor, _Mapping]] = ..., teacher_logprobs: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
     __slots__ = ("step", "rank", "world_size", "micro_batch_rows")

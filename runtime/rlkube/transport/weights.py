@@ -8,6 +8,9 @@ inference replica to load it (`rlkube.inference.client.update_weights`).
 - `grpc`: the snapshot is served from memory by rank 0's `Weights` gRPC server;
 - `nccl` (GPU): broadcast straight into the inference workers through vLLM's weight-transfer
   engine; the replicas are updated by the time `publish` returns.
+
+A LoRA run (`adapter_config` given) publishes its adapters alone as a PEFT directory through
+`storage` or `grpc`; inference merges them into its base weights.
 """
 
 from abc import ABC, abstractmethod
@@ -34,13 +37,15 @@ class WeightPublisher(ABC):
 
 
 class StoragePublisher(WeightPublisher):
-    def __init__(self, root: str, model_dir: str, keep_last: int | None):
+    def __init__(self, root: str, model_dir: str, keep_last: int | None, adapter_config: dict | None = None):
         self.root, self.model_dir, self.keep_last = root, model_dir, keep_last
+        self.adapter_config = adapter_config
 
     def publish(self, state_dict, step):
         from rlkube.transport.weights_storage import prune, write_snapshot
 
-        location = write_snapshot(self.root, Snapshot(state_dict, step, self.model_dir))
+        snapshot = Snapshot(state_dict, step, self.model_dir, adapter_config=self.adapter_config)
+        location = write_snapshot(self.root, snapshot)
         prune(self.root, self.keep_last)
         return location
 
@@ -58,16 +63,17 @@ class GrpcPublisher(WeightPublisher):
     """Serves snapshots on `bind_host:port` (default `host`) and advertises `grpc://host:port`:
     in a pod the server binds every interface while inference dials a stable Service name."""
 
-    def __init__(self, host: str, port: int, model_dir: str, keep_last: int | None, bind_host: str | None = None):
+    def __init__(self, host: str, port: int, model_dir: str, keep_last: int | None, bind_host: str | None = None,
+                 adapter_config: dict | None = None):
         from rlkube.transport.weights_grpc import WeightsServicer, serve_weights
 
-        self.model_dir = model_dir
+        self.model_dir, self.adapter_config = model_dir, adapter_config
         self.address = f"{host}:{port}"
         self.servicer = WeightsServicer(keep_last)
         self.server = serve_weights(self.servicer, f"{bind_host or host}:{port}")
 
     def publish(self, state_dict, step):
-        self.servicer.add(step, Snapshot(state_dict, step, self.model_dir).files())
+        self.servicer.add(step, Snapshot(state_dict, step, self.model_dir, adapter_config=self.adapter_config).files())
         return f"grpc://{self.address}"
 
     def close(self):
@@ -94,21 +100,28 @@ class CastingPublisher(WeightPublisher):
 
 
 def make_publisher(
-    config: WeightTransferConfig, output_dir: str | Path, model_dir: str
+    config: WeightTransferConfig, output_dir: str | Path, model_dir: str, adapter_config: dict | None = None
 ) -> WeightPublisher:
     """The publisher `config.type` selects, sending `config.dtype` when set. `model_dir`
-    supplies config.json and tokenizer."""
-    publisher = _transport_publisher(config, output_dir, model_dir)
+    supplies config.json and tokenizer; `adapter_config` (PEFT's, a LoRA run) makes every
+    snapshot an adapter directory."""
+    if adapter_config is not None and config.type == "nccl":
+        raise ValueError("weights.type: 'nccl' broadcasts full weights; a LoRA run (trainer.lora) publishes "
+                         "its adapters through 'storage' or 'grpc'")
+    publisher = _transport_publisher(config, output_dir, model_dir, adapter_config)
     return CastingPublisher(publisher, getattr(torch, config.dtype)) if config.dtype else publisher
 
 
-def _transport_publisher(config: WeightTransferConfig, output_dir: str | Path, model_dir: str) -> WeightPublisher:
+def _transport_publisher(
+    config: WeightTransferConfig, output_dir: str | Path, model_dir: str, adapter_config: dict | None
+) -> WeightPublisher:
     if config.type == "storage":
         root = config.url or str(Path(output_dir) / "weights")
-        return StoragePublisher(root, model_dir, config.keep_last)
+        return StoragePublisher(root, model_dir, config.keep_last, adapter_config)
     if config.type == "grpc":
         return GrpcPublisher(
-            config.grpc_host, config.grpc_port, model_dir, config.keep_last, bind_host=config.grpc_bind_host
+            config.grpc_host, config.grpc_port, model_dir, config.keep_last, bind_host=config.grpc_bind_host,
+            adapter_config=adapter_config,
         )
     from rlkube.transport.weights_nccl import NcclPublisher
 

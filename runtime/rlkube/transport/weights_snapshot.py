@@ -7,7 +7,9 @@ filesystem, object stores included, where a directory rename is not atomic: a re
 snapshot without it, so it never loads half a snapshot.
 
 The storage transport writes a `Snapshot`'s files, the gRPC transport holds them in memory and
-streams them: one format for both.
+streams them: one format for both. A LoRA run's snapshot is a PEFT adapter directory instead
+(`adapter_config.json` + `adapter_model.safetensors`, rlkube.trainer.lora), which inference
+recognises by its config and merges into its own base weights.
 """
 
 import json
@@ -16,6 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
+ADAPTER_CONFIG = "adapter_config.json"
+"""PEFT's adapter config: its presence makes a snapshot a LoRA adapter."""
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 COMPLETE = "COMPLETE"
 """Marker file written after every other file of a snapshot."""
@@ -82,11 +88,15 @@ class Snapshot:
 
     def __init__(
         self, state_dict: dict[str, torch.Tensor], step: int, model_dir: str | Path,
-        max_shard_bytes: int = MAX_SHARD_BYTES,
+        max_shard_bytes: int = MAX_SHARD_BYTES, adapter_config: dict | None = None,
     ):
         if not state_dict:
             raise ValueError("cannot publish an empty state dict")
         self.step = step
+        if adapter_config is not None:  # LoRA adapters only: small, one file
+            self.model_files = {ADAPTER_CONFIG: json.dumps(adapter_config, indent=2).encode()}
+            self.shards = {ADAPTER_WEIGHTS: _detached(state_dict)}
+            return
         self.model_files = model_files(model_dir)
         shards = _shards(_detached(state_dict), max_shard_bytes)
         if len(shards) == 1:

@@ -1,5 +1,6 @@
 """The RL losses against values computed by hand."""
 
+import dataclasses
 import math
 
 import pytest
@@ -152,3 +153,74 @@ def test_custom_loss_bad_path_names_it():
     with pytest.raises(ValueError, match="loss.custom_loss: cannot import .no_such_module_xyz:fn"):
         compute_loss(make_inputs([0.5], [0.5], [1.0]), cfg, global_loss_tokens=1)
 
+
+
+def with_teacher(inputs: LossInputs, p_teacher) -> LossInputs:
+    return dataclasses.replace(inputs, teacher_logprobs=torch.tensor([p_teacher], dtype=torch.float64).log())
+
+
+def test_opd_is_the_importance_weighted_reverse_kl_to_the_teacher():
+    # token 0: on-policy (r = 1), the teacher likes it more (0.8 > 0.5);
+    # token 1: r = 0.2 / 0.25 = 0.8, the teacher likes it less (0.1 < 0.2); token 2: not a loss token.
+    # The advantages are ignored by `opd`.
+    inputs = with_teacher(
+        make_inputs([0.5, 0.2, 0.4], [0.5, 0.25, 0.4], [5.0, -5.0, 5.0], loss_mask=[True, True, False]),
+        [0.8, 0.1, 0.01],
+    )
+    cfg = LossConfig(type="opd", teacher_kl_coef=2.0, kl_tau=0.0)
+    loss, stats = compute_loss(inputs, cfg, global_loss_tokens=4)
+    gap = [math.log(0.5 / 0.8), math.log(0.2 / 0.1)]
+    assert loss.item() == pytest.approx((2.0 * gap[0] * 1.0 + 2.0 * gap[1] * 0.8) / 4)
+    assert stats["teacher_kl/mean"].item() == pytest.approx((gap[0] + gap[1]) / 4)
+    loss.backward()
+    # d/dlogp of coef * sg(gap) * r is coef * gap * r
+    assert inputs.logprobs.grad[0].tolist() == pytest.approx([2.0 * gap[0] / 4, 2.0 * gap[1] * 0.8 / 4, 0.0])
+
+
+def test_opd_keeps_the_kl_penalty_against_the_inference_policy():
+    inputs = with_teacher(make_inputs([0.4], [0.5], [0.0]), [0.4])  # the teacher agrees: no KL term
+    loss, _ = compute_loss(inputs, LossConfig(type="opd", teacher_kl_coef=1.0, kl_tau=0.5), global_loss_tokens=1)
+    assert loss.item() == pytest.approx(0.5 * math.log(0.4 / 0.5) ** 2)
+
+
+def test_opd_pushes_up_a_token_the_teacher_finds_likelier():
+    """One gradient step on the logits of a 3-token vocabulary: the sampled token, which the
+    teacher finds likelier than the student does, gains probability."""
+    logits = torch.tensor([[0.0, 1.0, 2.0]], dtype=torch.float64, requires_grad=True)
+    logprobs = torch.log_softmax(logits, -1)[:, :1]  # token 0 was sampled
+    inputs = LossInputs(
+        logprobs=logprobs, inference_logprobs=logprobs.detach(), advantages=torch.zeros(1, 1, dtype=torch.float64),
+        loss_mask=torch.tensor([[True]]), sample_ids=torch.zeros(1, 1, dtype=torch.long),
+        teacher_logprobs=torch.tensor([[math.log(0.9)]], dtype=torch.float64),
+    )
+    loss, _ = compute_loss(inputs, LossConfig(type="opd", teacher_kl_coef=1.0, kl_tau=0.0), global_loss_tokens=1)
+    loss.backward()
+    stepped = torch.softmax(logits.detach() - 0.1 * logits.grad, -1)[0, 0]
+    assert stepped > torch.softmax(logits.detach(), -1)[0, 0]
+
+
+def test_rl_types_add_the_teacher_term_when_its_coefficient_is_set():
+    # grpo: r = 1.1, A = 2 (unclipped) -> -2.2; teacher term 0.5 * log(0.55 / 0.25) * 1.1.
+    inputs = with_teacher(make_inputs([0.55], [0.5], [2.0]), [0.25])
+    loss, stats = compute_loss(inputs, LossConfig(type="grpo", teacher_kl_coef=0.5, kl_tau=0.0), global_loss_tokens=1)
+    gap = math.log(0.55 / 0.25)
+    assert loss.item() == pytest.approx(-2.2 + 0.5 * gap * 1.1)
+    loss.backward()
+    assert inputs.logprobs.grad.item() == pytest.approx(-2.2 + 0.5 * gap * 1.1)
+    assert stats["teacher_kl/mean"].item() == pytest.approx(gap)
+
+
+def test_rl_with_a_teacher_but_no_coefficient_only_reports_the_kl():
+    inputs = with_teacher(make_inputs([0.55], [0.5], [2.0]), [0.25])
+    loss, stats = compute_loss(inputs, LossConfig(type="grpo", kl_tau=0.0), global_loss_tokens=1)
+    assert loss.item() == pytest.approx(-2.2)
+    assert stats["teacher_kl/mean"].item() == pytest.approx(math.log(0.55 / 0.25))
+
+
+def test_distillation_without_teacher_logprobs_names_the_fields():
+    cfg = LossConfig(type="opd", teacher_kl_coef=1.0)
+    with pytest.raises(ValueError, match="loss.type 'opd' with loss.teacher_kl_coef 1 needs the teacher's log-probs"):
+        compute_loss(make_inputs([0.5], [0.5], [1.0]), cfg, global_loss_tokens=1)
+    # a padding-only micro-batch (no loss tokens) has nothing to distill
+    loss, _ = compute_loss(make_inputs([0.5], [0.5], [0.0], loss_mask=[False]), cfg, global_loss_tokens=0)
+    assert loss.item() == 0

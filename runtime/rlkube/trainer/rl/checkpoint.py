@@ -17,11 +17,9 @@ import json
 import logging
 from pathlib import Path
 
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
 from rlkube.config import CheckpointConfig
 from rlkube.launch.checkpoints import part_dir, resolve_resume_step, unmark_after
-from rlkube.trainer.ckpt import load_part, save_part
+from rlkube.trainer.ckpt import load_part, save_part, set_trainable_state, trainable_state
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +39,7 @@ class TrainerCheckpointer:
 
     def save(self, step: int, model, optimizer, scheduler) -> str:
         """Collective: every rank calls it. Returns the part's URL."""
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state = trainable_state(model, optimizer)
         progress = {"step": step, "scheduler": scheduler.state_dict()}
         path = save_part(self.root, step, PROCESS, {"model": model_state, "optimizer": optim_state},
                          {"progress.json": json.dumps(progress).encode()},
@@ -51,10 +49,10 @@ class TrainerCheckpointer:
 
     def load(self, step: int, model, optimizer, scheduler) -> int:
         """Collective: restore model, optimizer and scheduler of a complete step; returns it."""
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state = trainable_state(model, optimizer)
         state = {"model": model_state, "optimizer": optim_state}
         files = load_part(self.root, step, PROCESS, state, ("progress.json",), dcp_dir="dcp")
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_trainable_state(model, optimizer, state["model"], state["optimizer"])
         progress = json.loads(files["progress.json"])
         scheduler.load_state_dict(progress["scheduler"])
         logger.info("loaded checkpoint %s", part_dir(self.root, step, PROCESS))

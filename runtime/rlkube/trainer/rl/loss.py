@@ -12,6 +12,10 @@ statistics. `custom` losses follow the same signature:
 
 Statistics come back already divided by `global_loss_tokens` (fractions and means), so summing
 them over micro-batches and ranks gives the step's value; `*_max` entries are maxima.
+
+On-policy distillation adds, per token, `teacher_kl_coef * sg(log pi - log pi_T) * r` with
+r = pi / pi_inference (`teacher_kl_term`): `opd` is that term alone, the other types add it to
+their own loss when `teacher_kl_coef > 0`.
 """
 
 from collections.abc import Callable
@@ -37,6 +41,8 @@ class LossInputs:
     """True on completion tokens to train on."""
     sample_ids: Tensor
     """Sample index of each token within the step; -1 on padding."""
+    teacher_logprobs: Tensor | None = None
+    """Log-probability of each loss token under the teacher (0 elsewhere); None without one."""
 
 
 LossFn = Callable[[LossInputs, LossConfig], "Tensor | tuple[Tensor, dict[str, Tensor]]"]
@@ -117,11 +123,36 @@ def cispo_loss(inputs: LossInputs, config: LossConfig) -> tuple[Tensor, dict[str
     return per_token + _kl_penalty(inputs, config), masks
 
 
+def teacher_kl_term(inputs: LossInputs, config: LossConfig) -> Tensor:
+    """Per-token reverse KL(pi || pi_T) to the teacher on the student's own samples.
+
+    Its gradient is E_pi[(log pi - log pi_T) grad log pi]; the samples come from the
+    inference policy, so each token is weighted by r = exp(logprobs - inference_logprobs):
+    coef * sg(log pi - log pi_T) * r has exactly the gradient coef * sg(.) * r * grad log pi,
+    which pushes up the tokens the teacher finds likelier than the student does."""
+    if inputs.teacher_logprobs is None:
+        if inputs.loss_mask.any():
+            raise ValueError(
+                f"loss.type '{config.type}' with loss.teacher_kl_coef {config.teacher_kl_coef:g} needs the "
+                "teacher's log-probs, and this batch has none: set orchestrator.teacher"
+            )
+        return torch.zeros_like(inputs.logprobs)
+    gap = (inputs.logprobs - inputs.teacher_logprobs).detach()
+    ratio = torch.exp(inputs.logprobs - inputs.inference_logprobs)
+    return config.teacher_kl_coef * gap * ratio
+
+
+def opd_loss(inputs: LossInputs, config: LossConfig) -> Tensor:
+    """On-policy distillation alone: the teacher KL term and the KL penalty, rewards ignored."""
+    return teacher_kl_term(inputs, config) + _kl_penalty(inputs, config)
+
+
 BUILTIN_LOSSES: dict[str, LossFn] = {
     "default": default_loss,
     "grpo": grpo_loss,
     "gspo": gspo_loss,
     "cispo": cispo_loss,
+    "opd": opd_loss,
 }
 
 
@@ -152,6 +183,8 @@ def compute_loss(
     per_token, masks = result if isinstance(result, tuple) else (result, {})
     if per_token.shape != inputs.logprobs.shape:
         raise ValueError(f"loss function returned shape {tuple(per_token.shape)}, expected {tuple(inputs.logprobs.shape)}")
+    if config.type != "opd" and config.teacher_kl_coef > 0:
+        per_token = per_token + teacher_kl_term(inputs, config)
     mask = inputs.loss_mask.to(per_token.dtype)
     denom = max(int(global_loss_tokens), 1)
     loss = (per_token * mask).sum() / denom
@@ -168,5 +201,7 @@ def compute_loss(
             stats[f"{name}/fraction"] = (dropped & inputs.loss_mask).sum().to(per_token.dtype) / denom
         if entropy is not None:
             stats["entropy/mean"] = (entropy.detach() * mask).sum() / denom
+        if inputs.teacher_logprobs is not None:
+            stats["teacher_kl/mean"] = ((inputs.logprobs - inputs.teacher_logprobs) * mask).sum() / denom
     return loss, stats
 

@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from rlkube.config import TrainerConfig
 from rlkube.trainer import dist as rdist
+from rlkube.trainer.lora import adapter_state_dict
 from rlkube.trainer.model import build_model, resolve_dtype
 from rlkube.trainer.optim import build_optimizer, build_scheduler, clip_grad_norm
 from rlkube.trainer.weights import full_state_dict
@@ -21,6 +22,8 @@ class TrainingEnv:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    lora: bool = False
+    """Whether the model trains LoRA adapters on a frozen base (`trainer.lora`)."""
 
     def clip_grad_norm(self, max_norm: float | None) -> float:
         return clip_grad_norm(self.model, max_norm)
@@ -28,6 +31,11 @@ class TrainingEnv:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective: the unsharded weights on CPU, on rank 0 (empty elsewhere)."""
         return full_state_dict(self.model)
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """Collective: what a policy update carries, on rank 0: the adapters alone in a
+        LoRA run (inference merges them into its base), else the full weights."""
+        return adapter_state_dict(self.model) if self.lora else self.full_state_dict()
 
     def barrier(self) -> None:
         if self.world_size > 1:
@@ -41,7 +49,7 @@ def build_training_env(config: TrainerConfig) -> TrainingEnv:
     info = rdist.init_distributed(config.device, config.cpu_threads)
     torch.manual_seed(config.seed)
     dtype = resolve_dtype(config.model.dtype, info.device)
-    model = build_model(config.model, config.parallel, info.device, dtype, packed_attention=True)
+    model = build_model(config.model, config.parallel, info.device, dtype, packed_attention=True, lora=config.lora)
     optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.scheduler, config.max_steps)
-    return TrainingEnv(info.rank, info.world_size, info.device, model, optimizer, scheduler)
+    return TrainingEnv(info.rank, info.world_size, info.device, model, optimizer, scheduler, config.lora is not None)

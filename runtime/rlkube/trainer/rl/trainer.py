@@ -114,6 +114,7 @@ class RLTrainer:
             advantages=batch["advantages"],
             loss_mask=batch["loss_mask"],
             sample_ids=batch["sample_ids"],
+            teacher_logprobs=batch.get("teacher_logprobs"),
         )
         return compute_loss(inputs, self.config.loss, batch["global_loss_tokens"], self.loss_fn, entropy)
 
@@ -138,9 +139,9 @@ class RLTrainer:
         return float(grad_norm)
 
     def publish_policy(self, step: int, resumed: bool = False) -> None:
-        """Every rank helps gather the full weights; rank 0 publishes them and tells the
-        orchestrator where they are (a resumed step is only republished)."""
-        state_dict = self.env.full_state_dict()
+        """Every rank helps gather the weights (a LoRA run's adapters only); rank 0 publishes
+        them and tells the orchestrator where they are (a resumed step is only republished)."""
+        state_dict = self.env.policy_state_dict()
         if self.env.rank == 0:
             if resumed:
                 self.publisher.republish(state_dict, step)
@@ -166,6 +167,7 @@ def run(config: TrainerConfig) -> None:
     """Build everything from the config, train to `max_steps`, clean up."""
     from rlkube.launch.checkpoints import checkpoint_root
     from rlkube.metrics import MetricsSink
+    from rlkube.trainer.lora import adapter_config
     from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
     from rlkube.trainer.rl.setup import build_training_env
     from rlkube.transport.client import RolloutClient
@@ -178,7 +180,10 @@ def run(config: TrainerConfig) -> None:
     metrics = MetricsSink(
         config.output_dir, "trainer", wandb=config.wandb, run_config=config.model_dump(mode="json"), enabled=main
     )
-    publisher = make_publisher(config.weights, config.output_dir, config.model.name) if main else None
+    publisher = None
+    if main:
+        adapter = adapter_config(config.lora, config.model.name) if config.lora else None
+        publisher = make_publisher(config.weights, config.output_dir, config.model.name, adapter_config=adapter)
     client = RolloutClient(f"{config.rollouts.host}:{config.rollouts.port}", timeout_s=config.rollouts.timeout_s)
     try:
         RLTrainer(config, env, client, publisher, checkpointer, metrics).train()

@@ -28,7 +28,7 @@ from rlkube.trainer.optim import build_optimizer, build_scheduler, clip_grad_nor
 from rlkube.trainer.packing import collate, empty_row_batch
 from rlkube.trainer.sft.data import ChatTokenizer, FakeBatches, SFTBatches, load_rows
 from rlkube.trainer.sft.status import StatusServer
-from rlkube.trainer.weights import export_hf_weights
+from rlkube.trainer.weights import export_adapter, export_hf_weights
 
 logger = get_logger(__name__)
 
@@ -58,7 +58,7 @@ class SFTTrainer:
         torch.manual_seed(config.seed)
         self.tokenizer = load_tokenizer(config.model)
         self.dtype = resolve_dtype(config.model.dtype, self.dist.device)
-        self.model = build_model(config.model, config.parallel, self.dist.device, self.dtype)
+        self.model = build_model(config.model, config.parallel, self.dist.device, self.dtype, lora=config.lora)
         self.num_params = count_parameters(self.model)
         self.optimizer = build_optimizer(self.model, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.scheduler, config.max_steps)
@@ -173,12 +173,24 @@ class SFTTrainer:
             self._report(last_checkpoint_step=self.step)
         if not c.bench and (self.step == c.max_steps or (c.weights_interval and self.step % c.weights_interval == 0)):
             out = c.output_dir / "weights" / f"step_{self.step}"
-            export_hf_weights(self.model, self.tokenizer, out, is_main=self.dist.is_main)
+            final = self.export_weights(out)
             if self.dist.is_main and self.step == c.max_steps:
-                point_final_at(out)
+                point_final_at(final)
             logger.info(f"exported weights to {out}")
         if progress is not None:
             progress.update(progress.task_ids[0], completed=self.step)
+
+    def export_weights(self, out: Path) -> Path:
+        """Collective: the step's weights to `out`: a LoRA run's adapters (and its merged
+        model to `<out>_merged` with `lora.export_merged`), else the full model. Returns the
+        export `weights/final` should name: a full model when there is one."""
+        lora, is_main = self.config.lora, self.dist.is_main
+        if lora is None:
+            return export_hf_weights(self.model, self.tokenizer, out, is_main=is_main)
+        export_adapter(self.model, lora, self.config.model.name, out, is_main=is_main)
+        if not lora.export_merged:
+            return out
+        return export_hf_weights(self.model, self.tokenizer, out.with_name(f"{out.name}_merged"), is_main=is_main, lora=lora)
 
     def run(self) -> None:
         self.resume()

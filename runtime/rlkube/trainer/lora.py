@@ -1,0 +1,141 @@
+"""LoRA: low-rank adapters on frozen linear layers, and their PEFT file layout.
+
+Each targeted `nn.Linear` becomes a `LoraLinear` that keeps the base `weight`/`bias` under
+their own names (so the model still loads its checkpoint as is) and adds `lora_A` (r x in,
+Kaiming-uniform, as PEFT) and `lora_B` (out x r, zeros): `y = x W^T + b + s * B(A(x))` with
+`s = alpha / rank`, which is the base model's output until B moves. Everything but the
+adapters is frozen, so the optimizer, checkpoints and weight updates carry the adapters only.
+
+The adapters travel in PEFT's layout (`adapter_config.json` + `adapter_model.safetensors`,
+keys `base_model.model.<module>.lora_A.weight`), which inference merges into its base weights
+(`merged_weights`, also used for the merged export).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlkube.config import LoraConfig
+
+PEFT_PREFIX = "base_model.model."
+_A, _B = ".lora_A.weight", ".lora_B.weight"
+
+
+class LoraLinear(nn.Module):
+    """A frozen linear layer plus a trainable low-rank update."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float) -> None:
+        super().__init__()
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight
+        self.register_parameter("bias", base.bias)
+        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.lora_A = nn.Linear(base.in_features, rank, bias=False, **factory)
+        self.lora_B = nn.Linear(rank, base.out_features, bias=False, **factory)
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.scaling = alpha / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias) + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+
+
+def apply_lora(model: nn.Module, config: LoraConfig) -> nn.Module:
+    """Freeze `model` and wrap every linear layer named in `config.target_modules` (works on
+    the meta device, before FSDP sharding; `init_adapters` gives the adapters their values)."""
+    targets = {
+        name: module for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and name.rpartition(".")[2] in config.target_modules
+    }
+    unmatched = set(config.target_modules) - {name.rpartition(".")[2] for name in targets}
+    if unmatched:
+        linear = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(
+            f"trainer.lora.target_modules: {sorted(unmatched)} name no linear layer of "
+            f"{type(model).__name__} (its linear layers: {linear})"
+        )
+    model.requires_grad_(False)
+    for name, module in targets.items():
+        parent, _, child = name.rpartition(".")
+        model.get_submodule(parent).register_module(
+            child, LoraLinear(module, config.rank, config.alpha, config.dropout)
+        )
+    return model
+
+
+def is_adapter_key(name: str) -> bool:
+    return name.endswith((_A, _B))
+
+
+@torch.no_grad()
+def init_adapters(model: nn.Module, seed: int) -> None:
+    """A: Kaiming-uniform (PEFT's init), B: zeros, so the initial policy is the base model.
+    Each full tensor is drawn from `seed` on every rank and this rank keeps its shard, so
+    the values do not depend on the world size."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if not is_adapter_key(name):
+            continue
+        full = torch.zeros(param.shape, dtype=param.dtype)
+        if name.endswith(_A):
+            nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=generator)
+        if isinstance(param, DTensor):
+            full = distribute_tensor(full.to(param.device), param.device_mesh, param.placements)
+        param.copy_(full)
+
+
+def adapter_config(config: LoraConfig, base_model: str) -> dict:
+    """PEFT's `adapter_config.json` for these adapters."""
+    return {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+        "r": config.rank, "lora_alpha": config.alpha, "lora_dropout": config.dropout,
+        "target_modules": list(config.target_modules), "bias": "none", "fan_in_fan_out": False,
+        "use_rslora": False, "modules_to_save": None, "inference_mode": True,
+    }
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: the adapters, unsharded on CPU, under PEFT's names, on rank 0 (empty
+    elsewhere). Only the adapters are gathered, one by one: the frozen base never moves
+    (DCP's `ignore_frozen_params` would still gather a frozen weight tied to another: lm_head)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    is_main = not dist.is_initialized() or dist.get_rank() == 0
+    state = {}
+    for name, param in model.named_parameters():
+        if is_adapter_key(name):
+            full = param.full_tensor() if isinstance(param, DTensor) else param
+            if is_main:
+                state[PEFT_PREFIX + name] = full.detach().to("cpu", copy=True)
+    return state
+
+
+def merged_weights(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """`W + scaling * B @ A` for each adapted module's base weight `W` (in `base` under its
+    model name, `adapter` in PEFT's names), in `W`'s dtype, computed in float32."""
+    merged = {}
+    for key, a in adapter.items():
+        if not key.endswith(_A):
+            continue
+        module = key.removeprefix(PEFT_PREFIX).removesuffix(_A)
+        b = adapter[PEFT_PREFIX + module + _B]
+        weight = base[f"{module}.weight"]
+        merged[f"{module}.weight"] = (weight.float() + scaling * (b.float() @ a.float())).to(weight.dtype)
+    return merged
+
+
+def merge_adapters(state_dict: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """A LoRA model's full state dict (base weights and adapters under model names) as the
+    plain model's: each adapted weight merged, the adapters dropped."""
+    base = {name: tensor for name, tensor in state_dict.items() if not is_adapter_key(name)}
+    adapter = {PEFT_PREFIX + name: tensor for name, tensor in state_dict.items() if is_adapter_key(name)}
+    return base | merged_weights(base, adapter, scaling)
+
+
+def scaling_of(config: dict) -> float:
+    """`alpha / rank` of a PEFT adapter config."""
+    return config["lora_alpha"] / config["r"]

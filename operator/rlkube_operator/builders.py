@@ -6,15 +6,19 @@ manifest carries the run's ownerReference, so deleting the run deletes its child
 
 import json
 
+from rlkube.config import InferenceServerConfig
+
 from rlkube_operator.names import COMPLETION_INDEX_LABEL, CONFIG_MOUNT, TORCHRUN_PORT, RunRef
 from rlkube_operator.pods import container, http_probes, pod_settings, pod_template
-from rlkube_operator.spec import RLRunSpec, RunSpecBase
+from rlkube_operator.spec import RLRunSpec, RunSpecBase, ServersSpec
 
 APPLIED_SPEC_KEY = "applied-spec.json"
 ATTEMPT_ANNOTATION = "rlkube.dev/attempt"
 RESTARTS_ANNOTATION = "rlkube.dev/restarts"
 SUSPEND_ANNOTATION = "rlkube.dev/suspend"
 """The `spec.suspend` the operator last gave the trainer Job: see `queueing.suspend_patch`."""
+TEACHER_TOML = "teacher.toml"
+"""The teacher's config in the ConfigMap; there only while the run has teacher children."""
 
 
 def build_configmap(run: RunRef, tomls: dict[str, str], applied_spec: dict) -> dict:
@@ -51,54 +55,74 @@ def _tcp(name: str, port: int) -> dict:
     return {"name": name, "port": port, "targetPort": port, "protocol": "TCP"}
 
 
+def _servers_service(run: RunRef, component: str, port: int) -> dict:
+    """Headless: each replica gets `<run>-<component>-<i>.<run>-<component>`, the URLs the
+    orchestrator dials."""
+    return _service(run, component, [_tcp("http", port)], headless=True)
+
+
 def build_inference_service(run: RunRef, spec: RLRunSpec) -> dict:
-    """Headless: each replica gets `<run>-inference-<i>.<run>-inference`, the orchestrator's URLs."""
-    return _service(run, "inference", [_tcp("http", spec.config.inference.port)], headless=True)
+    return _servers_service(run, "inference", spec.config.inference.port)
 
 
-def build_inference_statefulset(run: RunRef, spec: RLRunSpec, replicas: int) -> dict:
-    cfg = spec.config.inference
-    settings = pod_settings(spec, "inference")
+def build_teacher_service(run: RunRef, spec: RLRunSpec) -> dict:
+    return _servers_service(run, "teacher", spec.teacher.server.port)
+
+
+def _servers_statefulset(run: RunRef, spec: RLRunSpec, component: str, pods: ServersSpec,
+                         server: InferenceServerConfig, replicas: int) -> dict:
+    """`rlkube inference @ <component>.toml` in each pod, Ready once vLLM's `/health` answers."""
+    settings = pod_settings(spec, component)
+    config_file = f"{component}.toml"
     main = container(
         spec,
         settings,
-        "inference",
-        ["rlkube", "inference", "@", f"{CONFIG_MOUNT}/inference.toml"],
-        ports=[{"name": "http", "containerPort": cfg.port}],
-        res=spec.inference.resources,
-        gpus=spec.inference.gpus_per_replica,
-        probes=http_probes("/health", "http", cfg.startup_timeout_s),
+        component,
+        ["rlkube", "inference", "@", f"{CONFIG_MOUNT}/{config_file}"],
+        ports=[{"name": "http", "containerPort": server.port}],
+        res=pods.resources,
+        gpus=pods.gpus_per_replica,
+        probes=http_probes("/health", "http", server.startup_timeout_s),
     )
-    template = pod_template(run, spec, settings, "inference", [main], ["inference.toml"])
+    template = pod_template(run, spec, settings, component, [main], [config_file])
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": run.metadata("inference"),
+        "metadata": run.metadata(component),
         "spec": {
-            "serviceName": run.child("inference"),
+            "serviceName": run.child(component),
             "replicas": replicas,
             # Replicas are independent servers: start them together, not one by one.
             "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": run.selector("inference")},
+            "selector": {"matchLabels": run.selector(component)},
             "template": template,
         },
     }
 
 
-def build_inference_pdb(run: RunRef) -> dict:
+def build_inference_statefulset(run: RunRef, spec: RLRunSpec, replicas: int) -> dict:
+    return _servers_statefulset(run, spec, "inference", spec.inference, spec.config.inference, replicas)
+
+
+def build_teacher_statefulset(run: RunRef, spec: RLRunSpec, replicas: int) -> dict:
+    """The teacher's servers: the same vLLM server as inference, with the teacher's model."""
+    return _servers_statefulset(run, spec, "teacher", spec.teacher, spec.teacher.server, replicas)
+
+
+def build_servers_pdb(run: RunRef, component: str) -> dict:
     """Voluntary disruptions (a node drain, an autoscaler's scale-down) take this run's inference
-    pods one at a time: the orchestrator carries on with the other replicas and brings a
-    rescheduled one back to the current policy, but losing all at once would stall the run.
-    A pod that is not Ready may always be evicted, so a crash-looping replica never blocks a
-    drain. One budget per run (its uid's pods), owned by it: a namespace-wide one would count
-    every run's pods against a single `maxUnavailable`."""
+    (or teacher) pods one at a time: the orchestrator carries on with the other replicas and
+    brings a rescheduled inference one back to the current policy, but losing all at once would
+    stall the run. A pod that is not Ready may always be evicted, so a crash-looping replica
+    never blocks a drain. One budget per run and component (its uid's pods), owned by it: a
+    namespace-wide one would count every run's pods against a single `maxUnavailable`."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": run.metadata("inference"),
+        "metadata": run.metadata(component),
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": run.service_selector("inference")},
+            "selector": {"matchLabels": run.service_selector(component)},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }

@@ -46,3 +46,7 @@ class Conditions:
         )
         new = get_condition(self.items, type_)
         return old is None or any(old.get(k) != new[k] for k in ("status", "reason", "message"))
+
+    def drop(self, type_: str) -> None:
+        """Remove the condition of a component the run no longer has."""
+        self.items = [c for c in self.items if c.get("type") != type_]

@@ -8,11 +8,12 @@ translation: `$ref`s inlined, `X | None` becomes `nullable`, `int | str` becomes
 `x-kubernetes-int-or-string` (keeping the string's pattern), free-form dicts keep unknown
 fields, numeric exclusive bounds become booleans, tuples become bounded arrays. CEL rules inside
 `spec.config` (a spec model's `CONFIG_RULES`) are placed on their nodes. Defaults are kept for
-the Kubernetes-facing fields only: inside `spec.config` the runtime applies its own defaults
-(shown in the descriptions), so the stored object says only what the user wrote, exactly as in
-a TOML file. Transition rules (`oldSelf`) keep a run's spec as created, but for the fields that
-apply live and, while the run is suspended, its components' sizes (`reconcile.LIVE_FIELDS`,
-`reconcile.SUSPENDED_FIELDS`: the operator refuses the same changes).
+the Kubernetes-facing fields only: inside `spec.config` (and the teacher's `model` and `server`)
+the runtime applies its own defaults (shown in the descriptions), so the stored object says
+only what the user wrote, exactly as in a TOML file. Transition rules (`oldSelf`) keep a run's
+spec as created, but for the fields that apply live and, while the run is suspended, its
+components' sizes and its teacher (`reconcile.LIVE_FIELDS`, `reconcile.SUSPENDED_FIELDS`,
+`reconcile.SUSPENDED_BLOCKS`: the operator refuses the same changes).
 """
 
 import argparse
@@ -25,7 +26,7 @@ import yaml
 
 from rlkube_operator import GROUP, VERSION
 from rlkube_operator.names import NAME_MAX_LENGTH, NAME_PATTERN
-from rlkube_operator.reconcile import LIVE_FIELDS, SUSPENDED_FIELDS
+from rlkube_operator.reconcile import LIVE_FIELDS, SUSPENDED_BLOCKS, SUSPENDED_FIELDS
 from rlkube_operator.spec import KINDS, RunStatus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,6 +57,8 @@ PRINTER_COLUMNS = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 _DROPPED_KEYS = {"title", "$defs"}
+RUNTIME_CONFIGS = {"spec.config", "spec.teacher.model", "spec.teacher.server"}
+"""The runtime's own config models embedded in a spec: the runtime applies their defaults."""
 
 
 class SchemaError(ValueError):
@@ -129,7 +132,7 @@ def structural(node: dict, defs: dict, *, keep_defaults: bool, where: str = "spe
     if "items" in node:
         node["items"] = structural(node["items"], defs, keep_defaults=keep_defaults, where=f"{where}[]")
     for name, prop in node.get("properties", {}).items():
-        in_config = not keep_defaults or (where == "spec" and name == "config")
+        in_config = not keep_defaults or f"{where}.{name}" in RUNTIME_CONFIGS
         node["properties"][name] = structural(
             prop, defs, keep_defaults=not in_config, where=f"{where}.{name}"
         )
@@ -157,6 +160,9 @@ def immutability_rules(spec_schema: dict) -> list[dict]:
         if name in LIVE_FIELDS:
             continue
         rule, message = _unchanged(name), f"spec.{name} cannot change once the run is created"
+        if name in SUSPENDED_BLOCKS:
+            rule = f"(has(oldSelf.suspend) && oldSelf.suspend) || ({rule})"
+            message += " unless the run is suspended"
         if resumable := SUSPENDED_FIELDS.get(name):
             kept = " && ".join(_unchanged(f"{name}.{sub}") for sub in node["properties"] if sub not in resumable)
             rule = f"(has(oldSelf.suspend) && oldSelf.suspend) ? ({kept or 'true'}) : ({rule})"

@@ -6,7 +6,7 @@ from rlkube_operator.spec import PodSettings, Resources, RunSpecBase
 from rlkube_operator.wiring import EMPTYDIR_OUTPUT
 
 GPU_RESOURCE = "nvidia.com/gpu"
-GPU_COMPONENTS = ("inference", "trainer")
+GPU_COMPONENTS = ("inference", "teacher", "trainer")
 SPEC_SECTION = {"env-worker": "env_workers"}
 """A component's section of the spec, where it is not named as the component."""
 

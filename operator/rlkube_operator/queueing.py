@@ -115,6 +115,8 @@ def component_pods(spec: RunSpecBase) -> dict[str, int]:
         counts = {"inference": spec.inference.replicas, "orchestrator": 1}
         if spec.env_workers.replicas:
             counts["env-worker"] = spec.env_workers.replicas
+        if spec.teacher is not None:
+            counts["teacher"] = spec.teacher.replicas
     return counts | {"trainer": spec.trainer.nodes}
 
 
@@ -123,7 +125,8 @@ def pod_sets(run: RunRef, spec: RunSpecBase, trainer_job: dict) -> list[dict]:
     owners = {"trainer": lambda: trainer_job,
               "inference": lambda: builders.build_inference_statefulset(run, spec, 0),
               "orchestrator": lambda: builders.build_orchestrator_deployment(run, spec, 0, 0),
-              "env-worker": lambda: builders.build_env_worker_deployment(run, spec, 0)}
+              "env-worker": lambda: builders.build_env_worker_deployment(run, spec, 0),
+              "teacher": lambda: builders.build_teacher_statefulset(run, spec, 0)}
     return [{"name": component, "count": count, "template": owners[component]()["spec"]["template"]}
             for component, count in component_pods(spec).items()]
 

@@ -46,6 +46,9 @@ SUSPENDED_FIELDS = {
     "orchestrator": ("resources",),
     "envWorkers": ("replicas", "resources"),
 }
+SUSPENDED_BLOCKS = ("teacher",)
+"""Whole sections a suspended run may add, change or drop, applied when it resumes: the teacher
+serves a fixed model and keeps nothing of the run."""
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,8 @@ def _with_defaults(workload: Workload, applied: dict) -> dict:
 
 def _frozen(spec: dict, suspended: bool) -> dict:
     """The fields a started run keeps: all but the live ones, and while it is suspended, all but
-    the resumable ones (`SUSPENDED_FIELDS`) too."""
-    out = {k: v for k, v in spec.items() if k not in LIVE_FIELDS}
+    the resumable ones (`SUSPENDED_FIELDS`, `SUSPENDED_BLOCKS`) too."""
+    out = {k: v for k, v in spec.items() if k not in LIVE_FIELDS and not (suspended and k in SUSPENDED_BLOCKS)}
     for component, fields in SUSPENDED_FIELDS.items() if suspended else ():
         if isinstance(out.get(component), dict):
             out[component] = {k: v for k, v in out[component].items() if k not in fields}
@@ -121,7 +124,8 @@ def _frozen(spec: dict, suspended: bool) -> dict:
 
 
 def _resumable() -> str:
-    return ", ".join(f"{component}.{name}" for component, names in SUSPENDED_FIELDS.items() for name in names)
+    fields = [f"{component}.{name}" for component, names in SUSPENDED_FIELDS.items() for name in names]
+    return ", ".join(fields + list(SUSPENDED_BLOCKS))
 
 
 def _changed_fields(old: dict, new: dict, old_values: dict, new_values: dict, prefix: str = "spec") -> list[str]:
@@ -191,14 +195,20 @@ class Reconciler:
         if (pvc := builders.build_pvc(run, spec)) is not None:
             k.ensure(pvc)
         tomls = workload.tomls(run, spec)
-        k.ensure(builders.build_configmap(run, tomls, _dump(spec)))
+        config = k.ensure(builders.build_configmap(run, tomls, _dump(spec)))
         if (group := queueing.build_pod_group(run, spec)) is not None:  # before its pods
             queueing.ensure_pod_group(self.custom, run, group)
         replicas = 0 if spec.suspend or held else 1
         if "inference" in workload.components:
             k.ensure(builders.build_inference_service(run, spec))
             k.ensure(builders.build_inference_statefulset(run, spec, replicas * spec.inference.replicas))
-            k.ensure(builders.build_inference_pdb(run))
+            k.ensure(builders.build_servers_pdb(run, "inference"))
+            if spec.teacher is not None:
+                k.ensure(builders.build_teacher_service(run, spec))
+                k.ensure(builders.build_teacher_statefulset(run, spec, replicas * spec.teacher.replicas))
+                k.ensure(builders.build_servers_pdb(run, "teacher"))
+            elif builders.TEACHER_TOML in config.get("data", {}):
+                self.drop_teacher(run)
             k.ensure(builders.build_orchestrator_service(run, spec))
             k.ensure(builders.build_orchestrator_deployment(run, spec, replicas, attempt))
             if spec.env_workers.replicas:
@@ -216,12 +226,21 @@ class Reconciler:
         if (patch := queueing.suspend_patch(existing, spec.suspend)) is not None:
             k.patch("Job", run.namespace, job["metadata"]["name"], patch)
 
-    def teardown(self, run: RunRef, workload: Workload) -> None:
-        """Free the GPUs: inference (and its disruption budget), the orchestrator and the env
-        workers go; ConfigMap, PVC and the Job stay."""
+    def drop_teacher(self, run: RunRef) -> None:
+        """The run's teacher was removed (while it was suspended): its servers, Service and
+        disruption budget go, then `teacher.toml`, which marks a run that has them (so a run
+        that never had a teacher costs no requests for this)."""
+        for kind in ("StatefulSet", "PodDisruptionBudget", "Service"):
+            self.kube.delete_owned(kind, run.namespace, run.child("teacher"), run.uid)
+        self.kube.patch("ConfigMap", run.namespace, run.child("config"), {"data": {builders.TEACHER_TOML: None}})
+
+    def teardown(self, run: RunRef, workload: Workload, spec: RunSpecBase) -> None:
+        """Free the GPUs: inference and the teacher (and their disruption budgets), the
+        orchestrator and the env workers go; ConfigMap, PVC and the Job stay."""
         if "inference" in workload.components:
-            self.kube.delete_owned("StatefulSet", run.namespace, run.child("inference"), run.uid)
-            self.kube.delete_owned("PodDisruptionBudget", run.namespace, run.child("inference"), run.uid)
+            for component in ("inference", "teacher") if spec.teacher is not None else ("inference",):
+                self.kube.delete_owned("StatefulSet", run.namespace, run.child(component), run.uid)
+                self.kube.delete_owned("PodDisruptionBudget", run.namespace, run.child(component), run.uid)
             self.kube.delete_owned("Deployment", run.namespace, run.child("orchestrator"), run.uid)
             self.kube.delete_owned("Deployment", run.namespace, run.child("env-worker"), run.uid)
 
@@ -300,7 +319,7 @@ class Reconciler:
 
         status.update(restarts=restarts, attempt=attempt)
         if terminal:
-            self.teardown(run, workload)
+            self.teardown(run, workload, spec)
             if queued is not None:
                 self.kueue.finish(queued.workload, terminal, why, now)
         else:
@@ -313,6 +332,8 @@ class Reconciler:
         health = self._health(workload, spec, attempt, pods, terminal, volumes, hold)
         for comp, h in health.items():
             conditions.set(f"{comp.capitalize()}Ready", h.ready, h.reason, h.message)
+        if "teacher" not in health:
+            conditions.drop("TeacherReady")  # a teacher dropped while suspended
         self._read_progress(run, workload, spec, attempt, health, status)
         was_running = status.get("phase") == "Running"
         phase, message, degraded = self._phase(spec, health, terminal, why, was_running, hold)
@@ -359,8 +380,10 @@ class Reconciler:
         expected = {"orchestrator": 1, "trainer": spec.trainer.nodes}
         if "inference" in workload.components:
             expected["inference"] = spec.inference.replicas
+            if spec.teacher is not None:
+                expected["teacher"] = spec.teacher.replicas
         health = {}
-        for comp in workload.components:
+        for comp in workload.components + (("teacher",) if "teacher" in expected else ()):
             if terminal or spec.suspend or hold:
                 reason = terminal or ("Queued" if hold else "Suspended")
                 health[comp] = observe.Health(False, reason, f"{comp} stopped ({reason})")

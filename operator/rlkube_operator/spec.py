@@ -9,13 +9,21 @@ Where pydantic cannot say it in JSON schema, `x-kubernetes-validations` (CEL) ru
 `json_schema_extra` make the API server refuse the object with a field-level message.
 """
 
+import copy
 import json
 from datetime import datetime
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
-from rlkube.config import Config, OrchestratorSection, RLConfig, SFTConfig
+from rlkube.config import (
+    Config,
+    InferenceServerConfig,
+    ModelConfig,
+    OrchestratorSection,
+    RLConfig,
+    SFTConfig,
+)
 
 from rlkube_operator.names import OPERATOR_ENV, OPERATOR_VOLUMES, RESERVED_PREFIX, operator_label
 
@@ -157,21 +165,54 @@ class PodSettings(SchedulingSpec):
         return self
 
 
-class InferenceSpec(K8sModel):
-    """The vLLM inference servers: a StatefulSet with a headless Service."""
+class ServersSpec(K8sModel):
+    """vLLM servers: a StatefulSet with a headless Service, one pod per replica."""
+
+    replicas: int = Field(default=1, ge=1, le=64)
+    """Data-parallel servers (one pod each)."""
+
+    gpus_per_replica: int = Field(default=0, ge=0, le=16)
+    """`nvidia.com/gpu` per server pod; 0 runs vLLM on CPUs (the `vllm-cpu` image). vLLM shards
+    the model over the pod's GPUs (its `tensor_parallel_size`)."""
+
+    resources: Resources = Resources()
+    """CPU and memory of each server pod."""
+
+    pod: PodSettings = PodSettings()
+    """Scheduling, env, volumes, labels and annotations of each server pod, over the run-level
+    defaults (the GPU nodes' nodeSelector and tolerations included)."""
+
+
+class InferenceSpec(ServersSpec):
+    """The vLLM inference servers of the policy: a StatefulSet with a headless Service."""
 
     replicas: int = Field(default=1, ge=1, le=64)
     """Data-parallel inference servers (one pod each). Sets `config.inference.replicas`."""
 
-    gpus_per_replica: int = Field(default=0, ge=0, le=16)
-    """`nvidia.com/gpu` per inference pod; 0 runs vLLM on CPUs (the `vllm-cpu` image)."""
 
-    resources: Resources = Resources()
-    """CPU and memory of each inference pod."""
+class TeacherModelConfig(ModelConfig):
+    """The teacher's weights, given as `config.model` gives the policy's."""
 
-    pod: PodSettings = PodSettings()
-    """Scheduling, env, volumes, labels and annotations of each inference pod, over the run-level
-    defaults."""
+    name: str = Field(min_length=1)
+    """A Hugging Face hub id, or a model directory on the run's volume (for example an SFTRun's
+    export, `<mountPath>/<sft run>/weights/final`). Also the model name of the orchestrator's
+    requests to the teacher (`config.orchestrator.teacher.model`)."""
+
+
+class TeacherSpec(ServersSpec):
+    """The teacher of on-policy distillation: vLLM servers `<run>-teacher` (a StatefulSet with a
+    headless Service) that score the student's sampled tokens with the teacher's log-probs. The
+    operator points `config.orchestrator.teacher` at them (its `base_urls` and `model`); the
+    loss that uses them is the trainer's (`config.trainer.loss`). A teacher's weights never
+    change: it gets no weight updates and starts serving at once (not paused)."""
+
+    model: TeacherModelConfig
+    """The teacher model."""
+
+    server: InferenceServerConfig = InferenceServerConfig()
+    """The teacher's vLLM server, as `config.inference` sets the policy's (context length,
+    memory, prefix caching, `extra_args`, startup timeout). The operator sets `host` and
+    `tensor_parallel_size` (from `gpusPerReplica`)."""
 
 
 class OrchestratorSpec(K8sModel):
@@ -439,6 +480,15 @@ class RunSpecBase(K8sModel):
         return self.trainer.nodes
 
 
+TEACHER_CONFIG_PATH = ("config", "orchestrator", "teacher")
+"""Where the runtime config names the teacher the orchestrator asks."""
+
+
+def _get(obj, key: str):
+    """A key of a raw dict, or a field of a model, or None."""
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
 class RLRunSpec(RunSpecBase):
     """An asynchronous RL run: inference servers, an orchestrator and a trainer."""
 
@@ -520,8 +570,47 @@ class RLRunSpec(RunSpecBase):
     env_workers: EnvWorkersSpec = EnvWorkersSpec()
     """Env workers that run the rollouts beside the orchestrator; none by default."""
 
+    teacher: TeacherSpec | None = None
+    """A teacher for on-policy distillation; none by default. A suspended run may add, change or
+    drop it: the teacher keeps nothing of the run."""
+
     def _pods(self) -> int:
-        return self.trainer.nodes + self.inference.replicas + 1 + self.env_workers.replicas
+        teachers = self.teacher.replicas if self.teacher else 0
+        return self.trainer.nodes + self.inference.replicas + 1 + self.env_workers.replicas + teachers
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _config_knows_its_teacher(cls, data, handler):
+        """`config.orchestrator.teacher.model` is `teacher.model.name` (and the operator points its
+        `base_urls` at the teacher's servers). The runtime config refuses a distilling loss
+        without a teacher, so its checks are given the model; but that is the operator's, not the
+        user's: it stays out of the set fields (the spec the ConfigMap stores, the TOML), so the
+        teacher may still change while the run is suspended."""
+        name = _get(_get(_get(data, "teacher"), "model"), "name")
+        if not isinstance(data, dict) or name is None:
+            return handler(data)
+        data, created = copy.deepcopy(data), []
+        given = data
+        for key in TEACHER_CONFIG_PATH:
+            if key not in given:
+                created.append(key)
+            given = given.setdefault(key, {})
+        if given.get("model", name) != name:
+            raise ValueError(f"config.orchestrator.teacher.model ({given['model']!r}) must equal "
+                             f"teacher.model.name ({name!r}) or be left out")
+        if "base_urls" in given:
+            raise ValueError("config.orchestrator.teacher.base_urls: the operator points them at the teacher's "
+                             "servers; leave them out (or drop spec.teacher to use servers of your own)")
+        user_set = "model" in given
+        given["model"] = name
+        spec = handler(data)
+        holders = (spec, spec.config, spec.config.orchestrator)
+        for holder, key in zip(holders, TEACHER_CONFIG_PATH, strict=True):
+            if key in created:
+                holder.model_fields_set.discard(key)
+        if not user_set:
+            spec.config.orchestrator.teacher.model_fields_set.discard("model")
+        return spec
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -564,7 +653,7 @@ class Condition(K8sModel):
 
     type: str
     """Ready, Progressing, Reconciling, Stalled, Degraded, SpecAccepted, InferenceReady,
-    OrchestratorReady, TrainerReady."""
+    OrchestratorReady, TrainerReady, TeacherReady (a run with a teacher)."""
 
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""

@@ -1,10 +1,10 @@
 """The per-process TOML files of a run, wired for the cluster (pure functions).
 
 The user's `spec.config` is the same config as on one machine; here the operator fills in
-what only the cluster knows: the inference pods' DNS names, the orchestrator Service, the
-trainer master Service, the output directory on the PVC, and the object-store URLs for
-weights and checkpoints. Addresses a process binds are `0.0.0.0`; addresses it dials are
-Service DNS names that survive restarts.
+what only the cluster knows: the inference (and teacher) pods' DNS names, the orchestrator
+Service, the trainer master Service, the output directory on the PVC, and the object-store
+URLs for weights and checkpoints. Addresses a process binds are `0.0.0.0`; addresses it
+dials are Service DNS names that survive restarts.
 
 The files carry what the user set in `spec.config` and what the operator sets, nothing else:
 the runtime fills in its own defaults. An operator that knows a config field the run's image
@@ -18,7 +18,7 @@ after suspend) rejoins the run's newest complete checkpoint, or starts fresh whe
 
 from pathlib import PurePosixPath
 
-from rlkube.config import RLConfig, to_toml
+from rlkube.config import InferenceConfig, RLConfig, to_toml
 
 from rlkube_operator.names import SFT_STATUS_PORT, RunRef
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
@@ -60,18 +60,31 @@ def _section(data: dict, *path: str) -> dict:
     return data
 
 
+def _served(server: dict, gpus_per_replica: int) -> dict:
+    """A vLLM server's settings in its pod: every interface bound, the model sharded over the
+    pod's GPUs."""
+    server["host"] = ANY_ADDRESS
+    if gpus_per_replica:
+        server["tensor_parallel_size"] = gpus_per_replica
+    return server
+
+
+def server_urls(run: RunRef, component: str, replicas: int, port: int) -> list[str]:
+    """Each server pod of `component` by its stable name (the headless Service's)."""
+    return [f"http://{run.pod_host(component, i)}:{port}" for i in range(replicas)]
+
+
 def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
     """The RLRun's config with the cluster's addresses, before splitting per process. Its set
     fields are the user's and the operator's."""
     data = _shared(run, spec, _user_set(spec))
-    port = spec.config.inference.port
-    inference = _section(data, "inference")
-    inference |= {"replicas": spec.inference.replicas, "host": ANY_ADDRESS}
-    if spec.inference.gpus_per_replica:  # vLLM shards the model over the pod's GPUs
-        inference["tensor_parallel_size"] = spec.inference.gpus_per_replica
-    _section(data, "orchestrator", "client")["base_urls"] = [
-        f"http://{run.pod_host('inference', i)}:{port}" for i in range(spec.inference.replicas)
-    ]
+    inference = _served(_section(data, "inference"), spec.inference.gpus_per_replica)
+    inference["replicas"] = spec.inference.replicas
+    _section(data, "orchestrator", "client")["base_urls"] = server_urls(
+        run, "inference", spec.inference.replicas, spec.config.inference.port)
+    if (teacher := spec.teacher) is not None:
+        _section(data, "orchestrator", "teacher").update(
+            model=teacher.model.name, base_urls=server_urls(run, "teacher", teacher.replicas, teacher.server.port))
     _section(data, "rollouts")["host"] = run.service_host("orchestrator")
     _section(data, "orchestrator")["env_workers"] = spec.env_workers.replicas  # the env-worker Deployment's
     weights, transfer = _section(data, "weights"), spec.config.weights.type
@@ -84,10 +97,21 @@ def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
     return type(spec.config).model_validate(data)
 
 
+def teacher_config(spec: RLRunSpec) -> InferenceConfig:
+    """What `rlkube inference` serves the teacher with: its model and server settings, unpaused
+    (no orchestrator brings a teacher to a policy version: its weights never change)."""
+    teacher = spec.teacher
+    data = _served(teacher.server.model_dump(exclude_unset=True), teacher.gpus_per_replica)
+    data |= {"model": teacher.model.model_dump(exclude_unset=True), "start_paused": False}
+    return InferenceConfig.model_validate(data)
+
+
 def rl_tomls(run: RunRef, spec: RLRunSpec) -> dict[str, str]:
-    """`{inference,orchestrator,trainer}.toml` → text."""
+    """`{inference,orchestrator,trainer}.toml` → text, and `teacher.toml` for a run with a teacher."""
     configs = rl_config(run, spec).process_configs(exclude_unset=True)
     configs["orchestrator"].rollouts.host = ANY_ADDRESS  # where it serves batches
+    if spec.teacher is not None:
+        configs["teacher"] = teacher_config(spec)
     return {f"{name}.toml": to_toml(config, exclude_unset=True) for name, config in configs.items()}
 
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from rlkube_operator import crd, reconcile
 from rlkube_operator.spec import KINDS, RLRunSpec
 
-from tests.operator.test_operator_kmock import example
+from tests.operator.test_operator_kmock import TEACHER, example
 from tests.operator.test_upgrade import applied, user_set
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,6 +129,7 @@ def schema_errors(kind: str, obj: dict) -> list[str]:
 
 def test_examples_pass_the_schema():
     assert schema_errors("RLRun", example("rlrun.yaml")) == []
+    assert schema_errors("RLRun", example("opd-rlrun.yaml")) == []
     assert schema_errors("SFTRun", example("sftrun.yaml")) == []
 
 
@@ -141,6 +142,9 @@ def test_examples_pass_the_schema():
         (("config", "inference", "gpu_memory_utilization"), 0, "spec.config.inference.gpu_memory_utilization"),
         (("config", "trainer", "loss", "type"), "ppo", "spec.config.trainer.loss.type: 'ppo' is not one of"),
         (("trainer", "gpusPerNod"), 8, "spec.trainer: Additional properties are not allowed ('gpusPerNod'"),
+        (("teacher",), {"replicas": 2, "model": {"dtype": "bfloat16"}}, "spec.teacher.model: 'name' is a required"),
+        (("teacher",), {"model": {"name": "t"}, "server": {"replicas": 2}},
+         "spec.teacher.server: Additional properties are not allowed ('replicas'"),
     ],
 )
 def test_schema_rejects_bad_fields_with_their_path(path, value, expected):
@@ -213,6 +217,8 @@ def cel_errors(kind: str, obj: dict, old: dict | None = None) -> list[str]:
 
 def test_cel_rules_compile_and_accept_the_examples():
     assert cel_errors("RLRun", example("rlrun.yaml")) == []
+    assert cel_errors("RLRun", example("opd-rlrun.yaml")) == []
+    KINDS["RLRun"].model_validate(example("opd-rlrun.yaml")["spec"])
     assert cel_errors("SFTRun", example("sftrun.yaml")) == []
     minimal = {"metadata": {"name": "m"}, "spec": {"image": "x", "config": {"weights": {"type": "grpc"}}}}
     assert cel_errors("RLRun", minimal) == []
@@ -358,6 +364,12 @@ TRANSITIONS = [
     ("RLRun", {"suspend": True}, {"trainer.nodes": 2}, "trainer"),
     ("RLRun", {"suspend": True}, {"envWorkers.pod": {"labels": {"team": "a"}}}, "envWorkers"),
     ("RLRun", {"suspend": True}, {"config.max_steps": 7}, "config"),
+    ("RLRun", {}, {"teacher": TEACHER}, "teacher"),
+    ("RLRun", {"teacher": TEACHER}, {"teacher.replicas": 3}, "teacher"),
+    ("RLRun", {"teacher": TEACHER}, {"teacher": None}, "teacher"),
+    ("RLRun", {"suspend": True}, {"teacher": TEACHER}, None),
+    ("RLRun", {"suspend": True, "teacher": TEACHER}, {"teacher.model.name": "other", "teacher.replicas": 3}, None),
+    ("RLRun", {"suspend": True, "teacher": TEACHER}, {"suspend": False, "teacher": None}, None),
     ("SFTRun", {"suspend": True}, {"trainer.resources": RESOURCES}, None),
     ("SFTRun", {}, {"trainer.resources": RESOURCES}, "trainer"),
     ("SFTRun", {"suspend": True}, {"storage.pvc.mountPath": "/elsewhere"}, "storage"),
@@ -382,6 +394,17 @@ def test_transition_rules_and_the_operator_agree_on_what_a_run_may_change(kind, 
     else:
         assert [e for e in errors if e.startswith(f"spec.{refused} cannot change")] == errors != [], errors
         assert f"spec.{refused}" in refusal, refusal
+
+
+def test_the_teachers_runtime_configs_keep_no_defaults_in_the_stored_object():
+    """Like `spec.config`, the teacher's `model` and `server` are the runtime's: the API server
+    stores what the user wrote (the runtime applies its defaults); its Kubernetes fields default."""
+    spec = CRDS["rlkube.dev_rlruns.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    teacher = spec["properties"]["teacher"]["properties"]
+    assert (teacher["replicas"]["default"], teacher["gpusPerReplica"]["default"]) == (1, 0)
+    for section in ("model", "server"):
+        assert not [name for name, node in teacher[section]["properties"].items() if "default" in node], section
+    assert "(default: 8000)" in teacher["server"]["properties"]["port"]["description"]
 
 
 def test_transition_rules_are_updates_only():

@@ -2,6 +2,7 @@
 schemas (kubernetes-validate, strict: unknown fields are errors), and the pure builders'
 choices (GPUs, scheduling, storage, wiring) checked directly."""
 
+import re
 import tomllib
 
 import kubernetes_validate
@@ -58,6 +59,18 @@ TUNED_PODS = {
     }},
 }
 TUNED_RLRUN = GPU_RLRUN | TUNED_PODS
+TEACHER = {
+    "model": {"name": "Qwen/Qwen3-32B", "dtype": "bfloat16"},
+    "replicas": 2,
+    "gpusPerReplica": 4,
+    "resources": {"requests": {"cpu": 16, "memory": "256Gi"}},
+    "pod": {"nodeSelector": {"pool": "teacher"}, "tolerations": [{"key": "teacher", "operator": "Exists"}],
+            "labels": {"role": "teacher"}, "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}]},
+    "server": {"max_model_len": 4096, "gpu_memory_utilization": 0.85, "startup_timeout_s": 1800,
+               "extra_args": {"max_logprobs": 1}},
+}
+OPD_RLRUN = GPU_RLRUN | {"teacher": TEACHER, "config": GPU_RLRUN["config"] | {
+    "trainer": {"loss": {"type": "opd", "teacher_kl_coef": 1.0}}}}
 ENV_WORKERS = {"replicas": 3, "resources": {"requests": {"cpu": 2, "memory": "4Gi"}},
                "pod": {"nodeSelector": {"pool": "cpu"}, "labels": {"team": "rl"},
                        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}]}}
@@ -78,10 +91,16 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
         out += [
             builders.build_inference_service(run, spec),
             builders.build_inference_statefulset(run, spec, spec.inference.replicas),
-            builders.build_inference_pdb(run),
+            builders.build_servers_pdb(run, "inference"),
             builders.build_orchestrator_service(run, spec),
             builders.build_orchestrator_deployment(run, spec, 1, attempt),
         ]
+        if spec.teacher is not None:
+            out += [
+                builders.build_teacher_service(run, spec),
+                builders.build_teacher_statefulset(run, spec, spec.teacher.replicas),
+                builders.build_servers_pdb(run, "teacher"),
+            ]
         if spec.env_workers.replicas:
             out.append(builders.build_env_worker_deployment(run, spec, spec.env_workers.replicas))
     out += [
@@ -101,6 +120,7 @@ SPECS = {
     "tuned-rlrun": ("RLRun", RLRunSpec.model_validate(TUNED_RLRUN)),
     "tuned-sftrun": ("SFTRun", SFTRunSpec.model_validate(TUNED_SFTRUN)),
     "workers-rlrun": ("RLRun", RLRunSpec.model_validate(GPU_RLRUN | {"envWorkers": ENV_WORKERS})),
+    "teacher-rlrun": ("RLRun", RLRunSpec.model_validate(OPD_RLRUN)),
 }
 
 
@@ -256,7 +276,8 @@ def pod_templates(kind: str, spec) -> list[dict]:
     return [o["spec"]["template"]["spec"] for o in manifests(kind, spec) if "template" in o.get("spec", {})]
 
 
-@pytest.mark.parametrize("name", ["example-rlrun", "example-sftrun", "gpu-rlrun", "tuned-rlrun", "workers-rlrun"])
+@pytest.mark.parametrize("name", ["example-rlrun", "example-sftrun", "gpu-rlrun", "tuned-rlrun", "workers-rlrun",
+                                  "teacher-rlrun"])
 def test_security_context_makes_every_pod_meet_the_restricted_standard(name):
     kind, spec = SPECS[name]
     plain = spec.model_copy(update={"security_context": None})
@@ -265,7 +286,7 @@ def test_security_context_makes_every_pod_meet_the_restricted_standard(name):
     for pod in pod_templates(kind, plain):
         assert "securityContext" not in pod and "capabilities" not in pod["containers"][0]["securityContext"]
     pods = pod_templates(kind, hardened)
-    assert len(pods) == (3 + bool(spec.env_workers.replicas) if kind == "RLRun" else 1)
+    assert len(pods) == (3 + bool(spec.env_workers.replicas) + bool(spec.teacher) if kind == "RLRun" else 1)
     for pod in pods:
         assert restricted_violations(pod) == []
         assert pod["securityContext"] == RESTRICTED
@@ -329,6 +350,101 @@ def test_env_workers_are_a_cpu_deployment_running_the_orchestrators_config(tmp_p
     plain = manifests("RLRun", SPECS["gpu-rlrun"][1])
     assert [o["metadata"]["name"] for o in plain if o["kind"] == "Deployment"] == ["big-orchestrator"]
     assert tomllib.loads(plain[0]["data"]["orchestrator.toml"]).get("env_workers", 0) == 0
+
+
+def test_the_teacher_is_a_vllm_statefulset_of_its_model_on_the_gpu_nodes(tmp_path):
+    """`teacher`: `<run>-teacher`, a StatefulSet of `rlkube inference @ teacher.toml` pods with
+    the teacher's GPUs, resources and pod settings over the run-level GPU scheduling, a headless
+    Service and a disruption budget; its config, loaded as `rlkube inference` loads it, serves
+    the teacher's model unpaused and sharded over the pod's GPUs."""
+    from rlkube.config import InferenceConfig
+    from rlkube.inference.server import START_PAUSED_MIDDLEWARE, vllm_command
+
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in manifests("RLRun", SPECS["teacher-rlrun"][1])}
+    sts = objs["StatefulSet", "big-teacher"]
+    assert sts["metadata"]["ownerReferences"] == [RUN.owner_reference()]
+    assert (sts["spec"]["replicas"], sts["spec"]["serviceName"], sts["spec"]["podManagementPolicy"]) == (
+        2, "big-teacher", "Parallel")
+    assert sts["spec"]["selector"]["matchLabels"] == {"rlkube.dev/run": "big", "app.kubernetes.io/component": "teacher"}
+    template = sts["spec"]["template"]
+    pod = template["spec"]
+    (main,) = pod["containers"]
+    assert main["image"] == GPU_RLRUN["image"]
+    assert main["command"] == ["rlkube", "inference", "@", "/etc/rlkube/teacher.toml"]
+    assert main["resources"] == {"requests": {"cpu": "16", "memory": "256Gi", "nvidia.com/gpu": "4"},
+                                 "limits": {"nvidia.com/gpu": "4"}}
+    assert main["ports"] == [{"name": "http", "containerPort": 8000}]
+    assert main["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert main["startupProbe"]["failureThreshold"] == 180  # the teacher's own startup timeout, 1800 s
+    assert main["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert main["env"][-1] == {"name": "HF_HUB_OFFLINE", "value": "1"}
+    # The run-level GPU scheduling, then the teacher's own; what goes to every pod.
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100", "pool": "teacher"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                                  {"key": "teacher", "operator": "Exists"}]
+    assert (pod["priorityClassName"], pod["schedulerName"], pod["serviceAccountName"]) == (
+        "training", "volcano", "trainer-sa")
+    assert pod["volumes"][0]["configMap"]["items"] == [{"key": "teacher.toml", "path": "teacher.toml"}]
+    labels = template["metadata"]["labels"]
+    assert labels["role"] == "teacher" and RUN.pod_labels().items() <= labels.items()
+    assert template["metadata"]["annotations"] == {"scheduling.k8s.io/group-name": "big-pod-group"}
+
+    service = objs["Service", "big-teacher"]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["ports"][0]["port"] == 8000
+    assert service["spec"]["selector"].items() <= labels.items()
+    pdb = objs["PodDisruptionBudget", "big-teacher"]
+    assert pdb["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert not pdb["spec"]["selector"]["matchLabels"].items() <= (
+        objs["StatefulSet", "big-inference"]["spec"]["template"]["metadata"]["labels"].items())
+
+    (tmp_path / "teacher.toml").write_text(objs["ConfigMap", "big-config"]["data"]["teacher.toml"])
+    config = load_config(InferenceConfig, ["@", str(tmp_path / "teacher.toml")])
+    assert (config.model.name, config.model.dtype) == ("Qwen/Qwen3-32B", "bfloat16")
+    assert (config.host, config.port, config.start_paused) == ("0.0.0.0", 8000, False)
+    assert (config.tensor_parallel_size, config.max_model_len, config.gpu_memory_utilization) == (4, 4096, 0.85)
+    args = vllm_command(config, on_cpu=False).args
+    assert args[args.index("--model") + 1] == "Qwen/Qwen3-32B" and START_PAUSED_MIDDLEWARE not in args
+    assert args[args.index("--max-logprobs") + 1] == "1"
+
+
+def test_the_orchestrator_asks_the_teachers_pods_for_the_teachers_model(tmp_path):
+    """The orchestrator's config names the teacher's model and each teacher pod's stable name;
+    the spec stores only what the user wrote (the operator's teacher fields are not theirs)."""
+    from rlkube.config import OrchestratorConfig
+
+    spec = SPECS["teacher-rlrun"][1]
+    data = manifests("RLRun", spec)[0]["data"]
+    (tmp_path / "orchestrator.toml").write_text(data["orchestrator.toml"])
+    teacher = load_config(OrchestratorConfig, ["@", str(tmp_path / "orchestrator.toml")]).teacher
+    assert teacher.model == "Qwen/Qwen3-32B"
+    assert teacher.base_urls == [f"http://big-teacher-{i}.big-teacher.ml.svc:8000" for i in range(2)]
+    assert "orchestrator" not in spec.model_dump(exclude_unset=True)["config"]  # the user wrote none
+    assert "teacher" not in tomllib.loads(data["inference.toml"]) | tomllib.loads(data["trainer.toml"])
+
+    # The user may tune the connection (with the same model, or none); the operator's fields are its own.
+    tuned = OPD_RLRUN | {"config": OPD_RLRUN["config"] | {"orchestrator": {"teacher": {"max_concurrent": 8}}}}
+    orchestrator = tomllib.loads(manifests("RLRun", RLRunSpec.model_validate(tuned))[0]["data"]["orchestrator.toml"])
+    assert orchestrator["teacher"]["max_concurrent"] == 8 and len(orchestrator["teacher"]["base_urls"]) == 2
+    refusals = [
+        ({"model": "other"}, "config.orchestrator.teacher.model ('other') must equal teacher.model.name"),
+        ({"base_urls": ["http://elsewhere:8000"]}, "config.orchestrator.teacher.base_urls: the operator points them"),
+    ]
+    for given, refusal in refusals:
+        bad = OPD_RLRUN | {"config": OPD_RLRUN["config"] | {"orchestrator": {"teacher": given}}}
+        with pytest.raises(ValidationError, match=re.escape(refusal)):
+            RLRunSpec.model_validate(bad)
+    # Without the block: no teacher anywhere, and a distilling loss is refused naming the teacher.
+    plain = manifests("RLRun", SPECS["gpu-rlrun"][1])
+    assert "teacher.toml" not in plain[0]["data"] and "teacher" not in tomllib.loads(plain[0]["data"]["orchestrator.toml"])
+    assert not [o for o in plain if o["metadata"]["name"] == "big-teacher"]
+    with pytest.raises(ValidationError, match="orchestrator.teacher is not set"):
+        RLRunSpec.model_validate(OPD_RLRUN | {"teacher": None})
+
+
+def test_the_teacher_model_is_required_naming_the_field():
+    with pytest.raises(ValidationError) as error:
+        RLRunSpec.model_validate(OPD_RLRUN | {"teacher": TEACHER | {"model": {"dtype": "bfloat16"}}})
+    assert "teacher.model.name: Field required" in format_validation_error(error.value)
 
 
 def test_config_env_workers_must_match_the_env_worker_replicas():
@@ -438,13 +554,16 @@ def test_operator_refuses_configs_the_schema_cannot_catch():
         SFTRunSpec.model_validate(example("sftrun.yaml")["spec"] | {"config": {"ckpt": {"resume_step": 50}}})
 
 
-@pytest.mark.parametrize(("manifest", "toml", "model"), [("rlrun.yaml", "rl.toml", RLConfig),
-                                                         ("sftrun.yaml", "sft.toml", SFTConfig)])
-def test_example_runs_carry_the_same_config_as_the_local_examples(manifest, toml, model):
-    """`spec.config` mirrors the TOML: only the paths (output dir, model) and the machine's
-    settings differ on the cluster (the trainer has its pod's cores to itself there)."""
+@pytest.mark.parametrize(("manifest", "tomls", "model"), [("rlrun.yaml", ["rl.toml"], RLConfig),
+                                                          ("opd-rlrun.yaml", ["rl.toml", "opd.toml"], RLConfig),
+                                                          ("sftrun.yaml", ["sft.toml"], SFTConfig)])
+def test_example_runs_carry_the_same_config_as_the_local_examples(manifest, tomls, model):
+    """`spec.config` mirrors the TOML: only the paths (output dir, model, the teacher's) and the
+    machine's settings differ on the cluster (the trainer has its pod's cores to itself there,
+    the operator serves the teacher)."""
     machine = {"output_dir": True, "model": True, "device": True, "cpu_threads": True,
-               "trainer": {"cpu_threads": True}}
-    on_cluster = model.model_validate(example(manifest)["spec"]["config"]).model_dump(exclude=machine)
-    local = load_config(model, ["@", str(EXAMPLES / toml)]).model_dump(exclude=machine)
-    assert on_cluster == local
+               "trainer": {"cpu_threads": True}, "orchestrator": {"teacher": True}}
+    spec_model = RLRunSpec if model is RLConfig else SFTRunSpec
+    on_cluster = spec_model.model_validate(example(manifest)["spec"]).config.model_dump(exclude=machine)
+    local = load_config(model, [arg for toml in tomls for arg in ("@", str(EXAMPLES / toml))])
+    assert on_cluster == local.model_dump(exclude=machine)

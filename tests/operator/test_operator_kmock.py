@@ -716,6 +716,8 @@ async def test_suspend_never_fails_the_run_when_the_suspension_kills_the_trainer
     await cluster.create(rlrun(restartPolicy={"backoffLimit": 0}))
     await start_everything(cluster)
     await cluster.patch("RLRun", "rt", {"spec": {"suspend": True}})
+    # As in a cluster: the Job controller kills the pods after the operator suspended the Job.
+    await cluster.until(lambda: cluster.get("Job", "rt-trainer-0")["spec"]["suspend"], what="Job suspended")
     await cluster.patch("Pod", "rt-trainer-0-0", {"status": pod_failed(exit_code=143)})
     await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Suspended", what="Suspended")
     await asyncio.sleep(1)
@@ -795,3 +797,74 @@ async def test_a_pod_stuck_on_a_volume_is_reported_with_the_volume_error(cluster
         and cluster.status("RLRun", "rt"))
     assert condition(status, "TrainerReady")["message"] == f"pod rt-trainer-0-0: {message}"
     assert status["phase"] == "Pending" and "Multi-Attach" in status["message"]
+
+
+TEACHER = {"model": {"name": "/data/reverse-text-sft-long/weights/final"}, "replicas": 2,
+           "resources": {"requests": {"cpu": "2", "memory": "6Gi"}}}
+
+
+async def test_a_teacher_runs_with_the_run_counts_for_its_readiness_and_goes_when_it_ends(cluster):
+    """`teacher`: a StatefulSet, headless Service and disruption budget `rt-teacher`, owned by
+    the run; the orchestrator's config points at its pods. The run is not Running until the
+    teacher is Ready, and its end frees the teacher's pods with inference's."""
+    uid = (await cluster.create(rlrun(teacher=TEACHER)))["metadata"]["uid"]
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer Job")
+    assert cluster.names("StatefulSet") == {"rt-inference", "rt-teacher"}
+    assert {"rt-inference", "rt-teacher"} <= cluster.names("Service")
+    assert cluster.names("PodDisruptionBudget") == {"rt-inference", "rt-teacher"}
+    for kind in ("StatefulSet", "Service", "PodDisruptionBudget"):
+        (owner,) = cluster.get(kind, "rt-teacher")["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == ("RLRun", uid, True)
+    sts = cluster.get("StatefulSet", "rt-teacher")
+    assert sts["spec"]["replicas"] == 2 and sts["spec"]["serviceName"] == "rt-teacher"
+    (teacher,) = sts["spec"]["template"]["spec"]["containers"]
+    assert teacher["command"] == ["rlkube", "inference", "@", "/etc/rlkube/teacher.toml"]
+    assert cluster.get("Service", "rt-teacher")["spec"]["clusterIP"] == "None"
+    data = cluster.get("ConfigMap", "rt-config")["data"]
+    assert tomllib.loads(data["orchestrator.toml"])["teacher"] == {
+        "model": TEACHER["model"]["name"],
+        "base_urls": [f"http://rt-teacher-{i}.rt-teacher.{NS}.svc:8000" for i in range(2)]}
+    assert tomllib.loads(data["teacher.toml"])["model"] == TEACHER["model"]
+
+    await cluster.run_pods(cluster.get("StatefulSet", "rt-inference"), 1)
+    await cluster.run_pods(cluster.get("Deployment", "rt-orchestrator"), 1)
+    await cluster.run_pods(job, 1)
+    status = await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), "TrainerReady")["status"] == "True"
+                                 and cluster.status("RLRun", "rt"), what="the others Ready")
+    assert status["phase"] == "Initializing" and condition(status, "TeacherReady")["reason"] == "NoPods"
+    assert condition(status, "Ready")["status"] == "False"
+    await cluster.run_pods(sts, 2)
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Running"
+                                 and cluster.status("RLRun", "rt"), what="Running")
+    assert condition(status, "TeacherReady")["status"] == "True"
+
+    await cluster.patch("Job", "rt-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    await cluster.until(lambda: not cluster.names("StatefulSet") and not cluster.names("PodDisruptionBudget"),
+                        what="inference and teacher torn down")
+    await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), "TeacherReady")["reason"] == "Succeeded",
+                        what="the teacher stopped with the run")
+
+
+async def test_a_suspended_run_scales_its_teacher_to_zero_and_may_drop_it(cluster):
+    """Suspended, the teacher is at zero with inference. Its block removed while suspended
+    (accepted: the teacher keeps nothing of the run), its children and config go, and so does
+    its condition; the run resumes without it."""
+    await cluster.create(rlrun(teacher=TEACHER, suspend=True))
+    await cluster.until(lambda: cluster.get("StatefulSet", "rt-teacher"), what="teacher")
+    assert cluster.get("StatefulSet", "rt-teacher")["spec"]["replicas"] == 0
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt").get("phase") == "Suspended"
+                                 and cluster.status("RLRun", "rt"), what="Suspended")
+    assert condition(status, "TeacherReady")["reason"] == "Suspended"
+
+    await cluster.patch("RLRun", "rt", {"spec": {"teacher": None}})
+    await cluster.until(lambda: not {"rt-teacher"} & (cluster.names("StatefulSet") | cluster.names("Service")
+                                                      | cluster.names("PodDisruptionBudget")), what="teacher gone")
+    status = await cluster.until(lambda: "TeacherReady" not in {c["type"] for c in cluster.status("RLRun", "rt")[
+        "conditions"]} and cluster.status("RLRun", "rt"), what="its condition gone")
+    assert condition(status, "SpecAccepted")["status"] == "True"
+    data = cluster.get("ConfigMap", "rt-config")["data"]
+    assert "teacher.toml" not in data and "teacher" not in tomllib.loads(data["orchestrator.toml"])
+
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
+    await cluster.until(lambda: cluster.get("StatefulSet", "rt-inference")["spec"]["replicas"] == 1, what="resumed")
+    assert cluster.names("StatefulSet") == {"rt-inference"}

@@ -5,12 +5,15 @@ import asyncio
 import tomllib
 
 import pytest
+from rlkube_operator import builders, queueing
 from rlkube_operator.builders import SUSPEND_ANNOTATION
+from rlkube_operator.names import RunRef
 from rlkube_operator.queueing import suspend_patch
+from rlkube_operator.spec import RLRunSpec, TeacherSpec
 
 from tests.operator.cluster import pod_disrupted, pod_failed
 from tests.operator.test_helm import VALUES, _granted, operator_requests
-from tests.operator.test_operator_kmock import condition, rlrun, start_everything
+from tests.operator.test_operator_kmock import TEACHER, condition, rlrun, start_everything
 
 KUEUE_SUSPENDS = {"metadata": {"managedFields": [
     {"manager": "kueue", "operation": "Update", "apiVersion": "batch/v1", "fieldsType": "FieldsV1",
@@ -198,3 +201,24 @@ async def test_a_gang_scheduler_gets_one_pod_group_of_the_pods_it_places(cluster
     assert {g for g in operator_requests(cluster) if g[0] == group_api} == {
         g for g in _granted(VALUES["gang-scheduling"]) if g[0] == group_api}
     assert not {g for g in _granted(VALUES["default"]) if g[1] == "podgroups"}
+
+
+def test_the_teacher_is_a_podset_of_the_workload_and_a_member_of_the_gang():
+    """Kueue admits the teacher's pods with the rest (its own podSet, with its template), and
+    the gang scheduler waits for them too, unless the teacher opts out of it."""
+    run = RunRef("RLRun", "rt", "team-a", "uid-1")
+    teacher = TEACHER | {"replicas": 3, "gpusPerReplica": 2}
+    spec = RLRunSpec.model_validate(rlrun(queue={"name": "team-gpus"}, inference={"replicas": 2}, teacher=teacher,
+                                          scheduling={"schedulerName": "volcano"})["spec"])
+    trainer = builders.build_trainer_job(run, spec, module="m", config_file="trainer.toml", attempt=0, restarts=0,
+                                         suspend=True)
+    pod_sets = {s["name"]: s for s in queueing.build_workload(run, spec, trainer)["spec"]["podSets"]}
+    assert {name: s["count"] for name, s in pod_sets.items()} == {
+        "inference": 2, "orchestrator": 1, "teacher": 3, "trainer": 1}
+    (main,) = pod_sets["teacher"]["template"]["spec"]["containers"]
+    assert main["command"][-1] == "/etc/rlkube/teacher.toml" and main["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert queueing.build_pod_group(run, spec)["spec"]["minMember"] == 2 + 1 + 3 + 1
+
+    default_scheduled = teacher | {"pod": {"schedulerName": "default-scheduler"}}
+    spec = spec.model_copy(update={"teacher": TeacherSpec.model_validate(default_scheduled)})
+    assert queueing.build_pod_group(run, spec)["spec"]["minMember"] == 2 + 1 + 1

@@ -6,14 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 OUT=${OUT:-outputs/reverse_text}
-EVAL_EXAMPLES=${EVAL_EXAMPLES:-200}
-export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
-
-newest_step_dir() { ls -d "$1"/step_* | sort -t_ -k2 -n | tail -1; }
-
-avg_reward() {  # the avg@k of an `rlkube eval` results file
-  python3 -c 'import json,sys; print("%.3f" % json.load(open(sys.argv[1]))["results"][0]["avg_at_k"])' "$1"
-}
+source examples/common.sh
 
 rlkube model init --out "$OUT/model"
 rlkube sft @ examples/reverse_text/sft.toml --model.name "$OUT/model" --output-dir "$OUT/sft" --clean-output-dir
@@ -26,8 +19,4 @@ RL="$(newest_step_dir "$OUT/rl/weights")"
 
 rlkube eval --model.name "$RL" --num-examples "$EVAL_EXAMPLES" --output-dir "$OUT/eval/after"
 
-echo
-echo "held-out greedy reward (avg@1 over $EVAL_EXAMPLES examples)"
-echo "  after SFT: $(avg_reward "$OUT/eval/before/eval_results.json")   ($SFT)"
-echo "  after RL:  $(avg_reward "$OUT/eval/after/eval_results.json")   ($RL)"
-echo "training reward per step: $OUT/rl/metrics/orchestrator.jsonl (reward/all/mean)"
+report "$OUT" "$SFT" "$RL"

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from rlkube.config import EnvConfig
 
-BUILTIN_ENVS = {"reverse_text": "rlkube.envs.reverse_text"}
+BUILTIN_ENVS = {"reverse_text": "rlkube.envs.reverse_text", "tool_lookup": "rlkube.envs.tool_lookup"}
 
 
 def load_env(env_config: "EnvConfig") -> "Env":

@@ -13,8 +13,10 @@ It declares `IN_PROCESS`, so rlkube serves its envs on the lean path
 instead of over local HTTP. On verifiers' full path (`rollout_path = "verifiers"`) it posts to
 the interception server as a program would.
 
-No tools: tasks that need tools or a sandbox keep a program harness. Multi-turn exchanges
-(a user simulator, `resume`) work: each segment replays the conversation so far.
+No tools: tasks that need MCP tools or a sandbox keep a program harness (an env whose tools are
+plain Python functions can run its own tool loop in-process, as `rlkube.envs.tool_lookup`
+does with `opening_messages` and `post_chat`). Multi-turn exchanges (a user simulator,
+`resume`) work: each segment replays the conversation so far.
 """
 
 import sys
@@ -49,25 +51,35 @@ class InProcessChatHarness(vf.Harness[vf.HarnessConfig]):
     rlkube's lean rollout path (`rlkube.envs.in_process`)."""
 
     async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, tool_interception_url=None) -> ProgramResult:
-        system, prompt = self.resolve_prompt(data)
-        messages = [{"role": "system", "content": system}] if system else []
-        if isinstance(prompt, str):
-            messages.append({"role": "user", "content": prompt})
-        elif prompt:
-            messages.extend(message_to_wire(m) for m in prompt)
-        body = {"model": ctx.model, "messages": messages}
-        if (interception := in_process_interception(endpoint)) is not None:  # the lean path
-            status, content = await interception.post(CHAT_ROUTE, secret, body)
-            text = content.decode()
-        else:
-            async with async_client(timeout=None) as client:
-                response = await client.post(
-                    endpoint.rstrip("/") + "/chat/completions", json=body, headers={"Authorization": f"Bearer {secret}"}
-                )
-            status, text = response.status_code, response.text
+        body = {"model": ctx.model, "messages": opening_messages(self, data)}
+        status, text = await post_chat(endpoint, secret, body)
         if status != 200:
             return ProgramResult(exit_code=1, stdout="", stderr=f"HTTP {status}: {text[-2000:]}")
         return ProgramResult(exit_code=0, stdout=text, stderr="")
 
 
-__all__ = ["InProcessChatHarness"]
+def opening_messages(harness: vf.Harness, data: vf.TaskData) -> list[dict]:
+    """The conversation a task opens with, as chat-completions wire messages."""
+    system, prompt = harness.resolve_prompt(data)
+    messages = [{"role": "system", "content": system}] if system else []
+    if isinstance(prompt, str):
+        messages.append({"role": "user", "content": prompt})
+    elif prompt:
+        messages.extend(message_to_wire(m) for m in prompt)
+    return messages
+
+
+async def post_chat(endpoint: str, secret: str, body: dict) -> tuple[int, str]:
+    """(HTTP status, response text) of one chat completion posted to a rollout's `endpoint`:
+    by function call on the lean path, over HTTP to verifiers' interception server otherwise."""
+    if (interception := in_process_interception(endpoint)) is not None:  # the lean path
+        status, content = await interception.post(CHAT_ROUTE, secret, body)
+        return status, content.decode()
+    async with async_client(timeout=None) as client:
+        response = await client.post(
+            endpoint.rstrip("/") + "/chat/completions", json=body, headers={"Authorization": f"Bearer {secret}"}
+        )
+    return response.status_code, response.text
+
+
+__all__ = ["InProcessChatHarness", "opening_messages", "post_chat"]

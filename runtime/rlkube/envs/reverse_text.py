@@ -99,8 +99,8 @@ def sft_examples(
     ]
 
 
-class ReverseTextConfig(vf.TasksetConfig):
-    """Which strings the taskset yields."""
+class GeneratedStringsConfig(vf.TasksetConfig):
+    """Which generated strings (`generate_strings`) a taskset yields."""
 
     split: Literal["train", "test"] = "train"
     """`train` or the held-out `test` split (disjoint by construction)."""
@@ -112,14 +112,19 @@ class ReverseTextConfig(vf.TasksetConfig):
     """Shortest string."""
     max_len: int = Field(20, ge=1)
     """Longest string."""
-    instruction: str | None = None
-    """System prompt of every task (e.g. `INSTRUCTION`); none by default."""
 
     @model_validator(mode="after")
     def _lengths_ordered(self):
         if self.min_len > self.max_len:
             raise ValueError(f"min_len ({self.min_len}) must be <= max_len ({self.max_len})")
         return self
+
+
+class ReverseTextConfig(GeneratedStringsConfig):
+    """Which strings the taskset yields."""
+
+    instruction: str | None = None
+    """System prompt of every task (e.g. `INSTRUCTION`); none by default."""
 
 
 class ReverseTextData(vf.TaskData):

@@ -40,7 +40,7 @@ async def test_an_adapter_snapshot_serves_what_its_merged_weights_serve(inferenc
     before, _ = tokens_and_logprobs(await generate(base_url))
     adapter = random_adapter(model)
     base = original_state_dict(model)
-    merged = base | merged_weights(base, adapter, LORA.alpha / LORA.rank)
+    merged = base | merged_weights(base, adapter, LORA.scaling)
     config = adapter_config(LORA, str(model))
     lora_storage = StoragePublisher(str(tmp_path / "lora"), str(model), keep_last=2, adapter_config=config)
     lora_grpc = GrpcPublisher("127.0.0.1", free_port(), str(model), keep_last=2, adapter_config=config)

@@ -61,7 +61,6 @@ def test_each_child_sees_its_own_gpus(tmp_path):
 
 def test_rl_refuses_an_nccl_overlap_before_anything_starts(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    monkeypatch.chdir(tmp_path)  # no outputs/ here: the default model name must not be refused first
     assert main(["--output-dir", str(tmp_path), "--weights.type", "nccl", "--dry-run"]) == 2
     assert "weights.type 'nccl' cannot form a group" in capsys.readouterr().err
     assert not (tmp_path / "configs").exists()

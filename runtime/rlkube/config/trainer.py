@@ -77,6 +77,11 @@ class LoraConfig(Config):
     """SFT export: also write the merged full weights (`weights/step_N_merged/`, what
     `weights/final` then points at) next to the adapter directory."""
 
+    @property
+    def scaling(self) -> float:
+        """The factor `alpha / rank` on every adapter's output."""
+        return self.alpha / self.rank
+
     @model_validator(mode="after")
     def _targets_are_unique(self):
         if len(set(self.target_modules)) != len(self.target_modules):

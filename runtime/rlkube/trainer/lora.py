@@ -26,7 +26,7 @@ _A, _B = ".lora_A.weight", ".lora_B.weight"
 class LoraLinear(nn.Module):
     """A frozen linear layer plus a trainable low-rank update."""
 
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float) -> None:
+    def __init__(self, base: nn.Linear, rank: int, scaling: float, dropout: float) -> None:
         super().__init__()
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight = base.weight
@@ -35,7 +35,7 @@ class LoraLinear(nn.Module):
         self.lora_A = nn.Linear(base.in_features, rank, bias=False, **factory)
         self.lora_B = nn.Linear(rank, base.out_features, bias=False, **factory)
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.scaling = alpha / rank
+        self.scaling = scaling
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias) + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
@@ -59,7 +59,7 @@ def apply_lora(model: nn.Module, config: LoraConfig) -> nn.Module:
     for name, module in targets.items():
         parent, _, child = name.rpartition(".")
         model.get_submodule(parent).register_module(
-            child, LoraLinear(module, config.rank, config.alpha, config.dropout)
+            child, LoraLinear(module, config.rank, config.scaling, config.dropout)
         )
     return model
 

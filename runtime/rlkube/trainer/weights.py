@@ -77,7 +77,7 @@ def export_hf_weights(model: nn.Module, tokenizer, out_dir: Path, *, is_main: bo
     model's with its adapters merged)."""
     state_dict = full_state_dict(model)
     if is_main and lora is not None:
-        state_dict = merge_adapters(state_dict, lora.alpha / lora.rank)
+        state_dict = merge_adapters(state_dict, lora.scaling)
     if is_main:
         save_hf_dir(state_dict, model, tokenizer, out_dir)
     dist.barrier()

@@ -79,3 +79,16 @@ def test_a_missing_local_model_directory_is_refused(capsys, tmp_path, monkeypatc
 def test_hub_ids_are_not_taken_for_missing_paths(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)  # no outputs/ here: `outputs/tiny-model` may be a hub id
     assert rl_main(["--output-dir", str(tmp_path / "run"), "--model.name", name, "--dry-run"]) == 0
+
+
+@pytest.mark.parametrize("command, section", [("rl", "trainer."), ("sft", "")])
+def test_lora_targets_that_name_no_linear_layer_of_the_model_are_refused(capsys, tmp_path, tiny_model, command, section):
+    from rlkube.entrypoints.sft import main as sft_main
+
+    main = {"rl": rl_main, "sft": sft_main}[command]
+    argv = ["--output-dir", str(tmp_path / "run"), "--model.name", str(tiny_model)]
+    err = refusal(capsys, main, [*argv, f"--{section}lora.target-modules", '["q_proj", "qkv"]'])
+    assert f"{section}lora.target_modules: ['qkv'] name no linear layer of Qwen3ForCausalLM" in err
+    assert "'q_proj'" in err.split("its linear layers:")[1], "the error lists the layers there are"
+    assert not (tmp_path / "run").exists()
+    assert main([*argv, f"--{section}lora.rank", "8", "--dry-run"]) == 0, "the default targets are the model's"

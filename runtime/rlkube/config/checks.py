@@ -1,6 +1,7 @@
 """Checks of what a config names outside itself, run by the CLI before anything starts
-(`--dry-run` included): every environment id must resolve and every local model directory
-must exist.
+(`--dry-run` included): every environment id must resolve, every local model directory
+must exist, and LoRA's target modules must name linear layers of the local model they adapt
+(built on the meta device from its `config.json`: no weights are read).
 
 Not pydantic validators: the operator validates the same models where neither the
 environments' packages nor the pods' volumes are, so only the runtime's CLI runs these.
@@ -22,6 +23,7 @@ from pydantic import BaseModel
 from rlkube.config.cli import ConfigError
 from rlkube.config.orchestrator import EnvConfig
 from rlkube.config.shared import ModelConfig
+from rlkube.config.trainer import LoraConfig, TrainerCommonConfig
 
 HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
@@ -33,17 +35,22 @@ def check_references(config: BaseModel) -> None:
         raise ConfigError("invalid config:\n" + "\n".join(problems))
 
 
-def _problems(node, path: str) -> Iterator[tuple[str, str]]:
+def _problems(node, path: str, model: ModelConfig | None = None) -> Iterator[tuple[str, str]]:
+    """`model`: the model of the nearest enclosing config that names one (an RL config's
+    `[trainer]` trains the top-level model)."""
     if isinstance(node, ModelConfig) and (reason := model_path_problem(node.name)):
         yield f"{path}name", reason
     if isinstance(node, EnvConfig) and (reason := env_id_problem(node.id)):
         yield f"{path}id", reason
     if isinstance(node, BaseModel):
+        model = getattr(node, "model", None) if isinstance(getattr(node, "model", None), ModelConfig) else model
+        if isinstance(node, TrainerCommonConfig) and node.lora and model and (reason := lora_targets_problem(model, node.lora)):
+            yield f"{path}lora.target_modules", reason
         for name in type(node).model_fields:
-            yield from _problems(getattr(node, name), f"{path}{name}.")
+            yield from _problems(getattr(node, name), f"{path}{name}.", model)
     elif isinstance(node, list):
         for i, item in enumerate(node):
-            yield from _problems(item, f"{path}{i}.")
+            yield from _problems(item, f"{path}{i}.", model)
 
 
 def model_path_problem(name: str) -> str | None:
@@ -85,4 +92,25 @@ def env_id_problem(env_id: str) -> str | None:
         import_taskset(env_id)
     except ImportError as e:
         return f"environment '{env_id}' does not resolve: not built in ({', '.join(BUILTIN_ENVS)}), {e}"
+    return None
+
+
+def lora_targets_problem(model: ModelConfig, lora: LoraConfig) -> str | None:
+    """None unless `model` is a local directory and one of `lora.target_modules` names no
+    linear layer of the model it describes (a hub id is checked when the trainer builds it)."""
+    path = Path(model.name).expanduser()
+    if not (path / "config.json").is_file():
+        return None
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlkube.trainer.lora import apply_lora
+
+    model_config = AutoConfig.from_pretrained(path, trust_remote_code=model.trust_remote_code)
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(model_config, trust_remote_code=model.trust_remote_code)
+    try:
+        apply_lora(built, lora)
+    except ValueError as e:
+        return str(e).removeprefix("trainer.lora.target_modules: ")
     return None

@@ -266,3 +266,55 @@ def test_tools_in_prompt_declares_the_tool_to_the_model(tiny_model):
     _, rollout, _ = run_one_rollout(tiny_model, policy, tools_in_prompt=True)
     assert rollout.reward == 1.0
     assert json.dumps(TOOL_SPEC) in tokenizer.decode(policy.prompts[0])
+
+
+@pytest.mark.parametrize("path", ["lean", "verifiers"])
+def test_eval_saves_a_teachers_rollouts_as_the_sft_rows_of_a_solved_exchange(tiny_model, tmp_path, path):
+    """SFT distillation's first half, `rlkube eval --save-samples` against a teacher: a rollout
+    that solves the task becomes a row `rlkube sft` trains on exactly as the built-in solved
+    exchange (same tokens, same loss mask), every rollout carries its reward, and
+    `--samples-min-reward` keeps only those that reach it."""
+    from rlkube.entrypoints.eval import main
+    from rlkube.trainer.sft.data import ChatTokenizer, load_rows
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    solves = lambda value: int(value) % 2 == 1  # the teacher misreads even values
+    teacher = ScriptedModel(tokenizer, answer=lambda value: value if solves(value) else "xyz")
+    keys = generate_keys("train", 8, seed=3)
+    assert {solves(value_of(k)) for k in keys} == {True, False}, "the data must hold both cases"
+
+    def save(out, *extra):
+        argv = [
+            "--base-url", server.url, "--model.name", str(tiny_model), "--env.id", "tool_lookup",
+            "--env.args", '{split = "train", num_examples = 8, seed = 3}', "--env.rollout-path", path,
+            "--sampling.max-tokens", "96", "--save-samples", "--output-dir", str(out), *extra,
+        ]
+        assert main(argv) == 0
+        return load_rows(SFTDataConfig(name=str(out / "samples.jsonl")))
+
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with FakeInferenceThread(FakeInference(str(tiny_model), stop, respond=teacher)) as server:
+        every = save(tmp_path / "all")
+        kept = save(tmp_path / "kept", "--samples-min-reward", "1.0")
+
+    key_of = lambda row: row["messages"][0]["content"]
+    assert [(key_of(r), r["reward"]) for r in every] == [
+        (k, 1.0 if solves(value_of(k)) else LOOKUP_CREDIT) for k in keys
+    ]
+    assert len({r["example"] for r in every}) == len(keys)
+    assert [key_of(r) for r in kept] == [k for k in keys if solves(value_of(k))]
+    tokenize = ChatTokenizer(tokenizer, str(tiny_model), ["assistant"])
+    for row in kept:
+        sample, gold = tokenize(row), tokenize({"messages": solved_exchange(key_of(row))})
+        assert (sample.input_ids, sample.loss_mask) == (gold.input_ids, gold.loss_mask)
+    wrong = next(r for r in every if r["reward"] < 1.0)
+    assert wrong["messages"][-1] == {"role": "assistant", "content": "xyz"}
+    assert wrong["messages"][2]["role"] == "tool" and wrong["messages"][2]["content"] == value_of(key_of(wrong))
+
+
+def test_samples_min_reward_without_save_samples_is_refused():
+    from rlkube.config import EvalRunConfig
+
+    with pytest.raises(ValueError, match="samples_min_reward: .*save_samples is off"):
+        EvalRunConfig(samples_min_reward=1.0)

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlkube.config.base import Config
 from rlkube.config.inference import InferenceServerConfig
@@ -34,6 +34,14 @@ class EvalRunConfig(Config):
     sampling: SamplingConfig = SamplingConfig(temperature=0.0)
     """Sampling (greedy by default)."""
 
+    save_samples: bool = False
+    """Also write every finished rollout as a chat row to `<output_dir>/samples.jsonl`
+    (`messages`, `tools`, `reward`, `example`): the file `rlkube sft --data.name` trains on,
+    for SFT distillation from the served model (a teacher) on the env's prompts."""
+
+    samples_min_reward: float | None = None
+    """With `save_samples`: keep only rollouts whose reward reaches this (rejection sampling)."""
+
     base_url: str | None = None
     """Use this running server instead of starting one."""
 
@@ -45,3 +53,9 @@ class EvalRunConfig(Config):
 
     log: LogConfig = LogConfig()
     """Logging."""
+
+    @model_validator(mode="after")
+    def _min_reward_needs_samples(self):
+        if self.samples_min_reward is not None and not self.save_samples:
+            raise ValueError("samples_min_reward: filters the saved samples, but save_samples is off")
+        return self

@@ -6,12 +6,21 @@ Starts one `rlkube inference` for the model (or uses `--base-url`), runs the spl
 real verifiers environment (`rlkube.orchestrator.eval`, shared with the orchestrator's periodic
 eval), prints mean reward and pass rate (avg@k / pass@k), writes
 `<output_dir>/eval_results.json`, and stops the server it started.
+
+With `--save-samples` it also writes the rollouts as SFT rows, which makes it the first half
+of SFT distillation from a teacher:
+
+    rlkube eval --base-url http://teacher:8000 --model.name <teacher> --env.args '{split = "train"}' \
+        --num-examples 2000 --rollouts-per-example 4 --sampling.temperature 0.7 \
+        --save-samples --samples-min-reward 0.9 --output-dir outputs/distill
+    rlkube sft @ sft.toml --data.name outputs/distill/samples.jsonl
 """
 
 import asyncio
 import contextlib
 import json
 import sys
+from pathlib import Path
 
 from rlkube.config import EvalRunConfig, InferenceConfig, parse_cli, write_toml
 
@@ -34,7 +43,7 @@ async def run_eval(config: EvalRunConfig) -> int:
         results = await evaluate(
             [config.env], [base_url], config.model.name, config.sampling,
             num_examples=config.num_examples, rollouts_per_example=config.rollouts_per_example,
-            pass_threshold=config.pass_threshold,
+            pass_threshold=config.pass_threshold, keep_samples=config.save_samples,
         )
     print_results(results, config.model.name)
     out = config.output_dir / "eval_results.json"
@@ -42,7 +51,21 @@ async def run_eval(config: EvalRunConfig) -> int:
     payload = {"model": config.model.name, "results": [r.to_json() for r in results]}
     out.write_text(json.dumps(payload, indent=2))
     print(f"results: {out}")
+    if config.save_samples:
+        write_samples(results, config.output_dir / "samples.jsonl", config.samples_min_reward)
     return 0
+
+
+def write_samples(results, path: Path, min_reward: float | None) -> None:
+    """The kept rollouts as JSON lines, written whole (a temporary file renamed into place)."""
+    rows = [row for r in results for row in r.samples if min_reward is None or row["reward"] >= min_reward]
+    total = sum(len(r.samples) for r in results)
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    partial.replace(path)
+    kept = f" ({len(rows)} of {total} reach reward {min_reward})" if min_reward is not None else ""
+    print(f"samples: {path}: {len(rows)} rows{kept}")
 
 
 def print_results(results, model: str) -> None:

@@ -7,9 +7,13 @@ Used by `rlkube eval` (one shot) and by the orchestrator every `eval.interval` s
 With k rollouts per example: avg@k is the mean reward over all rollouts; pass@k is the share of
 examples with at least one rollout whose reward reaches `pass_threshold`; pass rate is the share
 of single rollouts that pass (pass@1 estimated from all k).
+
+With `keep_samples`, every rollout is also kept as a chat row (`chat_rows`): what `rlkube eval
+--save-samples` writes for SFT distillation from a served model.
 """
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -29,6 +33,8 @@ class EvalResult:
     """Per example, the rewards of its k rollouts."""
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    samples: list[dict] = field(default_factory=list)
+    """With `keep_samples`: every finished rollout's chat rows (`chat_rows`), in example order."""
 
     @property
     def num_examples(self) -> int:
@@ -69,23 +75,60 @@ class EvalResult:
         }
 
 
-async def _score(env: Any, task: Any, ctx: Any) -> tuple[float, str | None]:
-    """Mean trace reward of one episode; a failed episode scores 0 and reports its error."""
+def _openai_message(message: Any) -> dict:
+    """A verifiers message in the OpenAI chat format that chat templates and `rlkube sft` read."""
+    row = message.model_dump(exclude_none=True, exclude={"tool_calls", "provider_state"})
+    if getattr(message, "tool_calls", None):
+        row["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in message.tool_calls
+        ]
+    return row
+
+
+def _openai_tool(tool: Any) -> dict:
+    return {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}
+
+
+def chat_rows(traces: list, example: str) -> list[dict]:
+    """An episode's trainable message paths as `rlkube sft` rows: `messages`, `tools` (a JSON
+    string, so that files with and without tools load alike) and the path's `reward`."""
+    return [
+        {
+            "example": example, "reward": trace.reward,
+            "messages": [_openai_message(m) for m in branch.messages],
+            "tools": json.dumps([_openai_tool(t) for t in branch.tools]),
+        }
+        for trace in traces if trace.agent.trainable
+        for branch in trace.branches if branch.trainable
+    ]
+
+
+@dataclass
+class _Scored:
+    reward: float
+    error: str | None
+    rows: list[dict]
+
+
+async def _score(env: Any, task: Any, ctx: Any, keep_samples: bool) -> _Scored:
+    """Mean trace reward of one episode; a failed episode scores 0, reports its error and
+    keeps no samples."""
     try:
         episode = await env.run_episode(task, ctx)
     except Exception as e:  # noqa: BLE001 - a failed rollout is a result, not a crash
-        return 0.0, f"{type(e).__name__}: {e}"
+        return _Scored(0.0, f"{type(e).__name__}: {e}", [])
     traces = episode.traces
-    error = None
     if not episode.ok:
         errors = list(episode.errors) + [e for t in traces for e in t.errors]
-        error = f"{errors[-1].type}: {errors[-1].message}" if errors else "episode failed"
-    return (sum(t.reward for t in traces) / len(traces) if traces else 0.0), error
+        return _Scored(0.0, f"{errors[-1].type}: {errors[-1].message}" if errors else "episode failed", [])
+    reward = sum(t.reward for t in traces) / len(traces) if traces else 0.0
+    return _Scored(reward, None, chat_rows(traces, str(task.key)) if keep_samples else [])
 
 
 async def evaluate_env(
     name: str, env: Any, contexts: list, *, num_examples: int | None, rollouts_per_example: int,
-    pass_threshold: float, max_concurrent: int = 64,
+    pass_threshold: float, max_concurrent: int = 64, keep_samples: bool = False,
 ) -> EvalResult:
     """k rollouts of each of the first `num_examples` tasks of `env` (an environment already
     inside `env.serving()`), spread over the replicas' `contexts` by example."""
@@ -97,18 +140,19 @@ async def evaluate_env(
     tasks = list(taskset)[:num_examples]
     slots = asyncio.Semaphore(max_concurrent)
 
-    async def one(task: Any) -> tuple[float, str | None]:
+    async def one(task: Any) -> _Scored:
         ctx = contexts[pick_replica(name, str(task.key), len(contexts))]
         async with slots:
-            return await _score(env, task, ctx)
+            return await _score(env, task, ctx, keep_samples)
 
     start = time.perf_counter()
     scored = await asyncio.gather(*(one(t) for t in tasks for _ in range(rollouts_per_example)))
     result = EvalResult(name, rollouts_per_example, pass_threshold, seconds=time.perf_counter() - start)
     for i in range(len(tasks)):
         group = scored[i * rollouts_per_example : (i + 1) * rollouts_per_example]
-        result.rewards.append([reward for reward, _ in group])
-        result.errors += [error for _, error in group if error]
+        result.rewards.append([s.reward for s in group])
+        result.errors += [s.error for s in group if s.error]
+        result.samples += [row for s in group for row in s.rows]
     if result.errors:
         logger.warning("eval %s: %d of %d rollouts failed, e.g. %s", name, len(result.errors), len(scored), result.errors[0])
     return result
@@ -118,6 +162,7 @@ async def evaluate(
     envs: list[EnvConfig], base_urls: list[str], model: str, sampling: SamplingConfig, *,
     num_examples: int | None, rollouts_per_example: int, pass_threshold: float = 1.0,
     timeout_s: float = 600, max_concurrent: int = 64, loaded_envs: dict[str, Any] | None = None,
+    keep_samples: bool = False,
 ) -> list[EvalResult]:
     """Evaluate `model` served at `base_urls` on each environment of `envs`.
     `loaded_envs` (name -> env) reuses environments built earlier (periodic eval)."""
@@ -134,7 +179,7 @@ async def evaluate(
             results.append(await evaluate_env(
                 name, env, contexts, num_examples=num_examples,
                 rollouts_per_example=rollouts_per_example, pass_threshold=pass_threshold,
-                max_concurrent=max_concurrent,
+                max_concurrent=max_concurrent, keep_samples=keep_samples,
             ))
     return results
 

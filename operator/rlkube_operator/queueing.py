@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
 
 from rlkube_operator import builders, gang, pods
 from rlkube_operator.conditions import set_condition
@@ -131,6 +132,33 @@ def pod_sets(run: RunRef, spec: RunSpecBase, trainer_job: dict) -> list[dict]:
             for component, count in component_pods(spec).items()]
 
 
+def quota_shape(wl: dict) -> list[tuple]:
+    """What Kueue counts of the Workload's podSets: each one's name, count and the resources
+    its pod template asks, per container. A request defaults to its limit and quantities are
+    compared by value (`"1000m"` is `1`), so Kueue's defaulting or canonical forms of the same
+    template never read as a change."""
+    return [(s["name"], s["count"], _template_requests(s["template"])) for s in wl["spec"]["podSets"]]
+
+
+def _template_requests(template: dict) -> tuple:
+    pod = template.get("spec") or {}
+    containers = [c for kind in ("initContainers", "containers") for c in pod.get(kind) or []]
+    return (tuple((c["name"], _requests(c.get("resources") or {})) for c in containers),
+            _quantities(pod.get("overhead") or {}))
+
+
+def _requests(resources: dict) -> dict:
+    return _quantities((resources.get("limits") or {}) | (resources.get("requests") or {}))
+
+
+def _quantities(amounts: dict) -> dict:
+    return {name: parse_quantity(amount) for name, amount in amounts.items()}
+
+
+def _sizes(wl: dict) -> str:
+    return ", ".join(f"{s['name']}×{s['count']}" for s in wl["spec"]["podSets"])
+
+
 def build_pod_group(run: RunRef, spec: RunSpecBase) -> dict | None:
     """The run's PodGroup when its `scheduling.schedulerName` is a gang scheduler (None
     otherwise): `minMember` counts every pod that scheduler places, so none starts before all
@@ -194,22 +222,66 @@ class CustomObjects:
         return json_body(method(group, version, meta["namespace"], plural, meta["name"], patch,
                             _content_type=MERGE_PATCH, _preload_content=False))
 
+    def replace(self, obj: dict, plural: str, desired: dict) -> dict | None:
+        """Delete `obj`, that very object (its uid a precondition: never a newer one under its
+        name), and create `desired` in its place. None while the name is still taken (the old
+        object waits on a finalizer, or another one was made meanwhile): a later pass retries."""
+        group, version = obj["apiVersion"].split("/")
+        meta = obj["metadata"]
+        body = {"propagationPolicy": "Background", "preconditions": {"uid": meta["uid"]}}
+        try:
+            self._api.delete_namespaced_custom_object(group, version, meta["namespace"], plural, meta["name"],
+                                                      body=body, _preload_content=False)
+        except ApiException as e:
+            if e.status not in (404, 409):  # gone already, or another object under the name
+                raise
+        try:
+            return json_body(self._api.create_namespaced_custom_object(group, version, meta["namespace"], plural,
+                                                                       desired, _preload_content=False))
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            return None
+
 
 class Kueue:
-    """The Workload calls: create, `spec.active`, and the two status writes Kueue leaves to a
-    workload's controller."""
+    """The Workload calls: create (and replace, resized), `spec.active`, and the two status
+    writes Kueue leaves to a workload's controller."""
 
     def __init__(self, objects: CustomObjects):
         self._objects = objects
 
     def ensure(self, run: RunRef, desired: dict) -> Admission:
-        """Create the run's Workload once (its podSets are immutable), keep `spec.active`
-        in step with the run's suspend, and read its admission."""
+        """Create the run's Workload, keep `spec.active` in step with the run's suspend, and
+        read its admission. Its podSets are immutable: a run resized while suspended gets a new
+        Workload (`_resize`), so Kueue counts what the run will really run."""
         wl = self._objects.get_or_create(run, "workloads", desired)
-        active = desired["spec"]["active"]
+        if _condition(wl, "Finished") is None and quota_shape(wl) != quota_shape(desired):
+            return self._resize(wl, desired)
+        return admission(self._activate(wl, desired["spec"]["active"]))
+
+    def _resize(self, wl: dict, desired: dict) -> Admission:
+        """Replace a Workload whose podSets no longer match the run, as Kueue's own job
+        integrations do, but only once it holds no quota: until then it is deactivated, so
+        Kueue evicts it (the run stops, then releases it as after any eviction)."""
+        name = wl["metadata"]["name"]
+        if _condition(wl, "QuotaReserved") is not None or (wl.get("status") or {}).get("admission"):
+            read = admission(self._activate(wl, False))
+            return Admission(False, f"Workload {name} still holds quota for the run's former size ({_sizes(wl)}); "
+                                    "it is recreated for the new size once Kueue releases it",
+                             evicted=read.evicted, workload=read.workload)
+        log.info("recreating Workload %s/%s: podSets %s, now %s", wl["metadata"]["namespace"], name,
+                 _sizes(wl), _sizes(desired))
+        created = self._objects.replace(wl, "workloads", desired)
+        if created is None:
+            return Admission(False, f"Workload {name} is being replaced for the run's new size ({_sizes(desired)})",
+                             workload=wl)
+        return admission(created)
+
+    def _activate(self, wl: dict, active: bool) -> dict:
         if wl["spec"].get("active", True) != active:
             wl = self._objects.patch(wl, "workloads", {"spec": {"active": active}})
-        return admission(wl)
+        return wl
 
     def release(self, wl: dict, now: str) -> None:
         """After an eviction the run has stopped: give the quota back (Kueue requeues the

@@ -163,8 +163,84 @@ async def test_eviction_scales_to_zero_without_spending_backoff_and_readmission_
     assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
 
     kueue = lambda grants: {g for g in grants if g[0] == "kueue.x-k8s.io"}
-    assert kueue(operator_requests(cluster)) == kueue(_granted(VALUES["kueue"]))
+    assert kueue(operator_requests(cluster)) == kueue(_granted(VALUES["kueue"])) - {RESIZE_GRANT}
     assert kueue(_granted(VALUES["default"])) == set()
+
+
+RESIZE_GRANT = ("kueue.x-k8s.io", "workloads", "delete")
+"""The one Workload call a run's life makes only when it is resized while suspended."""
+
+
+def _pod_set_counts(cluster) -> dict[str, int]:
+    return {s["name"]: s["count"] for s in cluster.get("Workload", "rt-workload")["spec"]["podSets"]}
+
+
+def test_a_workload_is_resized_only_when_what_kueue_counts_changed():
+    """The same template as Kueue may store it (a request defaulted to its limit, a quantity in
+    another form) is no change; another count or resource is."""
+    def workload(count: int, resources: dict) -> dict:
+        template = {"spec": {"containers": [{"name": "main", "image": "x", "resources": resources}]}}
+        return {"spec": {"podSets": [{"name": "teacher", "count": count, "template": template}]}}
+
+    shape = queueing.quota_shape(workload(2, {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "2"}}))
+    kueue_stored = {"limits": {"nvidia.com/gpu": 1}, "requests": {"cpu": "2000m", "nvidia.com/gpu": "1"}}
+    assert queueing.quota_shape(workload(2, kueue_stored)) == shape
+    assert queueing.quota_shape(workload(3, kueue_stored)) != shape
+    assert queueing.quota_shape(workload(2, kueue_stored | {"requests": {"cpu": "3"}})) != shape
+
+
+async def test_a_run_resized_while_suspended_gets_a_workload_of_its_new_size(cluster):
+    """A suspended queued run that adds a teacher and more inference replicas: its Workload
+    (podSets are immutable) is deleted and made anew with the new podSets, so Kueue counts the
+    teacher's pods; resumed, the run queues at that size. The chart grants the delete."""
+    await cluster.create(rlrun(queue={"name": "team-gpus"}, suspend=True))
+    old = await cluster.until(lambda: cluster.get("Workload", "rt-workload"), what="Workload")
+    assert _pod_set_counts(cluster) == {"inference": 1, "orchestrator": 1, "trainer": 1}
+
+    await cluster.patch("RLRun", "rt", {"spec": {"teacher": TEACHER, "inference": {"replicas": 2}}})
+    new = await cluster.until(lambda: cluster.get("Workload", "rt-workload")["metadata"]["uid"] != old["metadata"]["uid"]
+                              and cluster.get("Workload", "rt-workload"), what="a new Workload")
+    assert _pod_set_counts(cluster) == {"inference": 2, "orchestrator": 1, "teacher": 2, "trainer": 1}
+    assert new["spec"]["active"] is False
+    (teacher,) = next(s for s in new["spec"]["podSets"] if s["name"] == "teacher")["template"]["spec"]["containers"]
+    assert teacher["resources"]["requests"] == TEACHER["resources"]["requests"]
+
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
+    await cluster.until(lambda: cluster.get("Workload", "rt-workload")["spec"]["active"] is True, what="queued")
+    assert cluster.get("Workload", "rt-workload")["metadata"]["uid"] == new["metadata"]["uid"]
+    assert RESIZE_GRANT in operator_requests(cluster) <= _granted(VALUES["kueue"])
+
+
+async def test_a_workload_holding_quota_is_not_replaced_until_kueue_releases_it(cluster):
+    """Resized while Kueue still holds the old size's quota (suspended, not yet evicted): the
+    Workload stays, inactive even when the run is resumed at once (which then says why it
+    waits); evicted, the run gives the quota back and only then is the Workload made anew,
+    without the dropped teacher."""
+    await cluster.create(rlrun(queue={"name": "team-gpus"}, teacher=TEACHER))
+    old = await cluster.until(lambda: cluster.get("Workload", "rt-workload"), what="Workload")
+    await admit(cluster)
+    await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="the admitted run's trainer Job")
+
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": True, "teacher": None}})
+    await cluster.until(lambda: cluster.get("Workload", "rt-workload")["spec"]["active"] is False, what="inactive")
+    await asyncio.sleep(1)  # several passes of the test operator
+    wl = cluster.get("Workload", "rt-workload")
+    assert wl["metadata"]["uid"] == old["metadata"]["uid"] and "teacher" in _pod_set_counts(cluster)
+    assert wl["status"]["admission"] == ADMISSION
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
+    status = await cluster.until(lambda: "former size" in _status(cluster)["message"] and _status(cluster),
+                                 what="the run waiting for the quota")
+    assert status["message"] == ("Queued: Workload rt-workload still holds quota for the run's former size "
+                                 "(inference×1, orchestrator×1, teacher×2, trainer×1); it is recreated for the "
+                                 "new size once Kueue releases it")
+    assert cluster.get("Workload", "rt-workload")["spec"]["active"] is False
+
+    await cluster.patch("Workload", "rt-workload", {"status": {"conditions": _kueue_conditions(
+        "QuotaReserved", "Admitted", "Evicted")}})  # Kueue evicts the inactive Workload
+    await cluster.until(lambda: cluster.get("Workload", "rt-workload")["metadata"]["uid"] != old["metadata"]["uid"],
+                        what="a new Workload once the quota is released")
+    assert _pod_set_counts(cluster) == {"inference": 1, "orchestrator": 1, "trainer": 1}
+    assert cluster.get("Workload", "rt-workload")["spec"]["active"] is True
 
 
 async def run_trainer(cluster, attempt: int) -> None:

@@ -513,6 +513,10 @@ class RLRunSpec(RunSpecBase):
                 "config.orchestrator.env_workers must equal envWorkers.replicas (or be left out)",
             ),
             (
+                "!has(self.config) || !has(self.config.teacher)",
+                "config.teacher is the teacher server `rlkube rl` starts on one machine; in an RLRun use spec.teacher (the operator runs its servers)",
+            ),
+            (
                 (
                     "(has(self.config) && has(self.config.weights) && has(self.config.weights.type)"
                     " && self.config.weights.type != 'storage')"
@@ -620,6 +624,8 @@ class RLRunSpec(RunSpecBase):
                 f"config.inference.replicas ({cfg.replicas}) must equal inference.replicas "
                 f"({self.inference.replicas}) or be left out"
             )
+        if self.config.teacher is not None:
+            raise ValueError("config.teacher is the teacher server `rlkube rl` starts on one machine; in an RLRun use spec.teacher (the operator runs its servers)")
         workers = self.config.orchestrator
         if "env_workers" in workers.model_fields_set and workers.env_workers != self.env_workers.replicas:
             raise ValueError(

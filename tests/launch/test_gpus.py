@@ -20,6 +20,16 @@ def test_replicas_take_the_first_gpus_and_the_trainer_the_next():
     assert placed.inference == [["4", "5"]] and placed.trainer == ["6", "7"]
 
 
+def test_a_served_teacher_takes_the_gpus_after_the_trainers():
+    teacher = {"model": {"name": "teacher"}, "replicas": 2, "tensor_parallel_size": 2}
+    placed = place_gpus(rl(trainer={"nproc_per_node": 2}, teacher=teacher), [str(i) for i in range(7)])
+    assert placed.inference == [["0"]] and placed.trainer == ["1", "2"] and placed.teacher == [["3", "4"], ["5", "6"]]
+    placed = place_gpus(rl(teacher=teacher | {"gpus": [0, 1, 0, 1]}), ["0", "1"])
+    assert placed.teacher == [["0", "1"], ["0", "1"]]
+    with pytest.raises(ValueError, match=r"teacher.gpus: 1 GPUs given, 4 needed"):
+        place_gpus(rl(teacher=teacher | {"gpus": [0]}), ["0", "1"])
+
+
 def test_one_gpu_is_shared_unless_weights_go_over_nccl():
     placed = place_gpus(rl(), ["0"])
     assert placed.inference == [["0"]] and placed.trainer == ["0"]

@@ -4,7 +4,7 @@ import socket
 import tomllib
 from pathlib import Path
 
-from rlkube.config import OrchestratorConfig, RLConfig, TrainerConfig
+from rlkube.config import InferenceConfig, OrchestratorConfig, RLConfig, TrainerConfig
 from rlkube.entrypoints.rl import main
 from rlkube.launch.checkpoints import MARKER, checkpoint_root, part_dir, resolve_resume_step
 from rlkube.launch.local import child_stages, write_process_configs
@@ -34,6 +34,31 @@ def test_stages_start_replicas_on_consecutive_ports_and_torchrun_for_several_ran
     assert "torch.distributed.run" in first[2].argv and "--nproc-per-node=2" in first[2].argv
     assert [s.name for s in second] == ["orchestrator"]
     assert first[2].log_path == tmp_path / "logs" / "trainer.log"
+
+
+def test_a_served_teacher_starts_with_inference_on_its_own_ports_before_the_orchestrator(tmp_path):
+    config = RLConfig(output_dir=tmp_path, teacher={"model": {"name": "teacher"}, "replicas": 2, "port": 9200})
+    paths = write_process_configs(config)
+    first, second = child_stages(config, paths)
+    assert [s.name for s in first] == ["inference-0", "teacher-0", "teacher-1", "trainer"]
+    teacher = first[2]
+    assert teacher.argv[-4:] == ["@", str(paths["teacher"]), "--port", "9201"]
+    assert teacher.health_url == "http://127.0.0.1:9201/health" and teacher.log_path == tmp_path / "logs" / "teacher-1.log"
+    served = InferenceConfig.model_validate(tomllib.loads(paths["teacher"].read_text()))
+    assert (served.model.name, served.start_paused) == ("teacher", False)
+    orchestrator = OrchestratorConfig.model_validate(tomllib.loads(paths["orchestrator"].read_text()))
+    assert orchestrator.teacher.base_urls == ["http://127.0.0.1:9200", "http://127.0.0.1:9201"]
+    assert [s.name for s in second] == ["orchestrator"]
+
+
+def test_a_taken_teacher_port_is_refused_before_anything_starts(tmp_path, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        argv = ["--output-dir", str(tmp_path), "--teacher.model.name", str(tmp_path), "--teacher.port", str(port)]
+        assert main(argv) == 2
+    assert f"teacher.port: 127.0.0.1:{port} is in use" in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists(), "no child was started"
 
 
 def complete(root, step, process):

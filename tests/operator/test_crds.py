@@ -287,6 +287,7 @@ ADMISSION = [
     ("RLRun", {"config.orchestrator.sampling.temperature": 0}, "temperature must be > 0 for training"),
     ("RLRun", {"config.orchestrator.sampling.top_p": 0.9}, "top_p must be 1 for training"),
     ("RLRun", {"config.orchestrator.eval": {"sampling": {"temperature": 0, "top_p": 0.9}}}, None),
+    ("RLRun", {"config.teacher": {"model": {"name": "teacher"}}}, "config.teacher is the teacher server `rlkube rl` starts"),
     ("RLRun", {"storage": OWN_CLAIM}, "storage.pvc.accessModes ['ReadWriteOncePod'] lets one pod use the claim"),
     ("SFTRun", {"storage": OWN_CLAIM}, None),  # one pod
     ("SFTRun", {"storage": OWN_CLAIM, "trainer.nodes": 2},

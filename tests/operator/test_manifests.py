@@ -437,7 +437,7 @@ def test_the_orchestrator_asks_the_teachers_pods_for_the_teachers_model(tmp_path
     plain = manifests("RLRun", SPECS["gpu-rlrun"][1])
     assert "teacher.toml" not in plain[0]["data"] and "teacher" not in tomllib.loads(plain[0]["data"]["orchestrator.toml"])
     assert not [o for o in plain if o["metadata"]["name"] == "big-teacher"]
-    with pytest.raises(ValidationError, match="orchestrator.teacher is not set"):
+    with pytest.raises(ValidationError, match="distills from a teacher, but neither .* nor orchestrator.teacher"):
         RLRunSpec.model_validate(OPD_RLRUN | {"teacher": None})
 
 
@@ -562,7 +562,7 @@ def test_example_runs_carry_the_same_config_as_the_local_examples(manifest, toml
     machine's settings differ on the cluster (the trainer has its pod's cores to itself there,
     the operator serves the teacher)."""
     machine = {"output_dir": True, "model": True, "device": True, "cpu_threads": True,
-               "trainer": {"cpu_threads": True}, "orchestrator": {"teacher": True}}
+               "trainer": {"cpu_threads": True}, "orchestrator": {"teacher": True}, "teacher": True}
     spec_model = RLRunSpec if model is RLConfig else SFTRunSpec
     on_cluster = spec_model.model_validate(example(manifest)["spec"]).config.model_dump(exclude=machine)
     local = load_config(model, [arg for toml in tomls for arg in ("@", str(EXAMPLES / toml))])

@@ -67,6 +67,25 @@ class InferenceSection(InferenceServerConfig):
     `tensor_parallel_size` per replica in order; the first ones when unset (`rlkube.launch.gpus`)."""
 
 
+class TeacherServerSection(InferenceServerConfig):
+    """The `[teacher]` section of an RL config: `rlkube rl` serves the teacher of on-policy
+    distillation itself, unpaused, and points `orchestrator.teacher` at it."""
+
+    model: ModelConfig
+    """The teacher's model."""
+
+    port: int = Field(default=8100, ge=1, le=65535)
+    """Port of the first teacher replica; replica i listens on `port + i`."""
+
+    replicas: int = Field(default=1, ge=1)
+    """Teacher servers (a task's samples go to one of them, for its prefix cache)."""
+
+    gpus: list[int] | None = None
+    """`rlkube rl` on a GPU machine: the GPUs (indices among the visible ones) of the teacher
+    replicas, `tensor_parallel_size` per replica in order; the ones after the trainer's when
+    unset (`rlkube.launch.gpus`)."""
+
+
 class InferenceConfig(InferenceServerConfig):
     """`rlkube inference @ inference.toml`: one vLLM server with rlkube's weight-update extension."""
 

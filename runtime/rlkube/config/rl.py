@@ -8,7 +8,7 @@ nothing is configured in two places and kept in sync by validators.
 from pydantic import Field, model_validator
 
 from rlkube.config.base import Config
-from rlkube.config.inference import InferenceConfig, InferenceSection
+from rlkube.config.inference import InferenceConfig, InferenceSection, TeacherServerSection
 from rlkube.config.orchestrator import ClientConfig, OrchestratorSection, RolloutServerConfig
 from rlkube.config.shared import RunConfig
 from rlkube.config.trainer import LossConfig, TrainerCommonConfig
@@ -67,6 +67,12 @@ class RLConfig(RunConfig):
     weights: WeightTransferConfig = WeightTransferConfig()
     """Trainer-to-inference weight transfer."""
 
+    teacher: TeacherServerSection | None = None
+    """A teacher for on-policy distillation that `rlkube rl` serves itself (beside inference,
+    never updated) and points `orchestrator.teacher` at; leave it out and set
+    `orchestrator.teacher` to use servers of your own. Local runs only: an RLRun has its own
+    `teacher` block."""
+
     @model_validator(mode="after")
     def _local_urls_match_replicas(self):
         urls = self.orchestrator.client.base_urls
@@ -80,12 +86,32 @@ class RLConfig(RunConfig):
     @model_validator(mode="after")
     def _distillation_has_a_teacher(self):
         loss = self.trainer.loss
-        if loss.uses_teacher and self.orchestrator.teacher is None:
+        if loss.uses_teacher and self.orchestrator.teacher is None and self.teacher is None:
             raise ValueError(
                 f"trainer.loss.type '{loss.type}' with trainer.loss.teacher_kl_coef {loss.teacher_kl_coef:g} "
-                "distills from a teacher, but orchestrator.teacher is not set: give its model and base_urls"
+                "distills from a teacher, but neither teacher (a server rlkube rl starts) nor "
+                "orchestrator.teacher (servers of your own: model and base_urls) is set"
             )
         return self
+
+    @model_validator(mode="after")
+    def _one_teacher(self):
+        if self.teacher is None:
+            return self
+        if self.orchestrator.teacher is not None:
+            raise ValueError(
+                "orchestrator.teacher: rlkube rl points the orchestrator at the [teacher] it serves; "
+                "set one of the two (orchestrator.teacher for servers of your own)"
+            )
+        inference_ports = set() if self.uses_external_inference else set(self._ports(self.inference))
+        if taken := sorted(inference_ports & set(self._ports(self.teacher))):
+            raise ValueError(f"teacher.port: port {taken[0]} is also an inference replica's (inference.port "
+                             f"{self.inference.port}, {self.inference.replicas} replicas)")
+        return self
+
+    @staticmethod
+    def _ports(section: InferenceSection | TeacherServerSection) -> range:
+        return range(section.port, section.port + section.replicas)
 
     @model_validator(mode="after")
     def _context_fits(self):
@@ -111,16 +137,28 @@ class RLConfig(RunConfig):
                 )
         return self
 
+    @property
+    def uses_external_inference(self) -> bool:
+        """`orchestrator.client.base_urls` given: attach to those servers instead of starting any."""
+        return "base_urls" in self.orchestrator.client.model_fields_set
+
     def inference_urls(self) -> list[str]:
         """The replicas' URLs: as given, or `host:port+i` for the local launcher."""
-        if "base_urls" in self.orchestrator.client.model_fields_set:
+        if self.uses_external_inference:
             return list(self.orchestrator.client.base_urls)
-        host, port = self.inference.host, self.inference.port
-        return [f"http://{host}:{port + i}" for i in range(self.inference.replicas)]
+        return self._urls(self.inference)
+
+    def teacher_urls(self) -> list[str]:
+        """The `[teacher]` replicas' URLs, `host:port+i`."""
+        return self._urls(self.teacher) if self.teacher else []
+
+    def _urls(self, section: InferenceSection | TeacherServerSection) -> list[str]:
+        return [f"http://{section.host}:{port}" for port in self._ports(section)]
 
     def process_configs(self, exclude_unset: bool = False) -> dict[str, Config]:
         """Each process's resolved config: `trainer`, `orchestrator` and one `inference` for
-        all replicas (the local launcher and the operator set each replica's port).
+        all replicas (the local launcher and the operator set each replica's port), and one
+        `teacher` for the `[teacher]` replicas.
         `exclude_unset`: each carries only what was set here (and what is derived from it, the
         inference URLs), so its TOML leaves the rest to the defaults of the runtime reading it."""
 
@@ -134,11 +172,19 @@ class RLConfig(RunConfig):
         sections = {"rollouts": dump(self.rollouts), "weights": weights}
         trainer = TrainerConfig.model_validate(shared | dump(self.trainer, exclude={"gpus"}) | sections)
         client = ClientConfig.model_validate(dump(self.orchestrator.client) | {"base_urls": self.inference_urls()})
+        served_teacher = {"teacher": {"model": self.teacher.model.name, "base_urls": self.teacher_urls()}} if self.teacher else {}
         orchestrator = OrchestratorConfig.model_validate(
-            shared | dump(self.orchestrator) | sections | {"client": dump(client)}
+            shared | dump(self.orchestrator) | sections | {"client": dump(client)} | served_teacher
         )
         inference = InferenceConfig.model_validate(
             dump(self.inference, exclude={"replicas", "gpus"})
             | {key: shared[key] for key in ("model", "seed", "log") if key in shared}
         )
-        return {"inference": inference, "orchestrator": orchestrator, "trainer": trainer}
+        configs = {"inference": inference, "orchestrator": orchestrator, "trainer": trainer}
+        if self.teacher:  # served as it is: no orchestrator brings it to a policy version
+            configs["teacher"] = InferenceConfig.model_validate(
+                dump(self.teacher, exclude={"replicas", "gpus"})
+                | {key: shared[key] for key in ("seed", "log") if key in shared}
+                | {"port": self.teacher.port, "start_paused": False}
+            )
+        return configs

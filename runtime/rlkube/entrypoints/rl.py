@@ -16,19 +16,14 @@ from rlkube.config import RLConfig, parse_cli
 def main(argv: list[str] | None = None) -> int:
     config, dry_run = parse_cli(RLConfig, "rl", argv)
     from rlkube.launch.gpus import place_gpus, visible_gpus
-    from rlkube.launch.local import (
-        check_inference_ports,
-        child_stages,
-        uses_external_inference,
-        write_process_configs,
-    )
+    from rlkube.launch.local import check_inference_ports, child_stages, write_process_configs
     from rlkube.launch.progress import RunProgress
     from rlkube.launch.supervisor import Supervisor, install_sigterm_as_interrupt
     from rlkube.logs import setup_logging
 
     resuming = config.ckpt is not None and config.ckpt.resume_step is not None
     try:
-        gpus = place_gpus(config, visible_gpus(), uses_external_inference(config))
+        gpus = place_gpus(config, visible_gpus())
         if not dry_run:
             check_inference_ports(config)  # before anything is deleted or started
             if config.clean_output_dir:
@@ -44,8 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, path in paths.items():
         log.info("%s config: %s", name, path)
     if gpus:
+        servers = [(f"{name}-{i}", d) for name, each in (("inference", gpus.inference), ("teacher", gpus.teacher))
+                   for i, d in enumerate(each)]
         log.info("GPUs (CUDA_VISIBLE_DEVICES): %s, trainer %s",
-                 ", ".join(f"inference-{i} {','.join(d)}" for i, d in enumerate(gpus.inference)), ",".join(gpus.trainer))
+                 ", ".join(f"{name} {','.join(d)}" for name, d in servers), ",".join(gpus.trainer))
     if dry_run:
         return 0
     undo = install_sigterm_as_interrupt()

@@ -25,7 +25,7 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def ensure_port_free(host: str, port: int) -> None:
+def ensure_port_free(host: str, port: int, field: str = "inference.port") -> None:
     """Refuse to start a server on a taken port: `/health` of another server there would
     otherwise look like ours coming up (and the run would train against it)."""
     with socket.socket() as probe:
@@ -33,7 +33,7 @@ def ensure_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as e:
-            raise RuntimeError(f"inference.port: {host}:{port} is in use ({e.strerror})") from None
+            raise RuntimeError(f"{field}: {host}:{port} is in use ({e.strerror})") from None
 
 
 class InferenceProcess:

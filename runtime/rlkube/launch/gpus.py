@@ -1,7 +1,8 @@
 """Which GPUs the processes of `rlkube rl` get on one machine (`CUDA_VISIBLE_DEVICES` each).
 
 By default the inference replicas take the first `replicas x tensor_parallel_size` visible
-GPUs, in order, and the trainer's ranks the next `nproc_per_node`; a machine with fewer GPUs
+GPUs, in order, the trainer's ranks the next `nproc_per_node`, and a `[teacher]`'s replicas
+the next `replicas x tensor_parallel_size`; a machine with fewer GPUs
 than that shares them (a single-GPU box runs vLLM beside the trainer, vLLM taking
 `gpu_memory_utilization` of it). `inference.gpus` / `trainer.gpus` place them by hand. NCCL
 weight updates need the trainer's rank 0 and every vLLM worker on different GPUs (NCCL cannot
@@ -20,6 +21,8 @@ class GpuPlacement:
     inference: list[list[str]]
     """Each replica's devices, as `CUDA_VISIBLE_DEVICES` names them."""
     trainer: list[str]
+    teacher: list[list[str]]
+    """Each `[teacher]` replica's devices."""
 
     def env(self, devices: list[str]) -> dict[str, str]:
         return {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
@@ -36,16 +39,19 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def place_gpus(config: RLConfig, visible: list[str], external_inference: bool = False) -> GpuPlacement | None:
+def place_gpus(config: RLConfig, visible: list[str]) -> GpuPlacement | None:
     """The placement of `config`'s processes on `visible` GPUs; None on a machine without GPUs.
     Raises ValueError naming the field when the placement cannot work."""
     if not visible:
         return None
     per_replica = config.inference.tensor_parallel_size
-    replicas = 0 if external_inference else config.inference.replicas
+    replicas = 0 if config.uses_external_inference else config.inference.replicas
     ranks = config.trainer.nproc_per_node
     inference = _indices("inference.gpus", config.inference.gpus, replicas * per_replica, visible, first=0)
     trainer = _indices("trainer.gpus", config.trainer.gpus, ranks, visible, first=len(inference))
+    teacher = config.teacher
+    teacher_gpus = _indices("teacher.gpus", teacher.gpus, teacher.replicas * teacher.tensor_parallel_size, visible,
+                            first=len(inference) + len(trainer)) if teacher else []
     if config.weights.type == "nccl" and (shared := sorted(set(inference) & set(trainer))):
         raise ValueError(
             f"inference.gpus / trainer.gpus: GPU {', '.join(visible[i] for i in shared)} would hold both an inference "
@@ -53,10 +59,16 @@ def place_gpus(config: RLConfig, visible: list[str], external_inference: bool = 
             f"{len(visible)} GPUs are visible, {replicas * per_replica + ranks} are needed apart "
             "(inference.replicas x inference.tensor_parallel_size + trainer.nproc_per_node)"
         )
-    replica_devices = [
-        [visible[i] for i in inference[r * per_replica : (r + 1) * per_replica]] for r in range(replicas)
-    ]
-    return GpuPlacement(inference=replica_devices, trainer=[visible[i] for i in trainer])
+    return GpuPlacement(
+        inference=_per_replica(inference, per_replica, visible),
+        trainer=[visible[i] for i in trainer],
+        teacher=_per_replica(teacher_gpus, teacher.tensor_parallel_size, visible) if teacher else [],
+    )
+
+
+def _per_replica(indices: list[int], per_replica: int, visible: list[str]) -> list[list[str]]:
+    """`indices` cut into each replica's devices, by name."""
+    return [[visible[i] for i in indices[r : r + per_replica]] for r in range(0, len(indices), per_replica)]
 
 
 def _indices(field: str, given: list[int] | None, count: int, visible: list[str], first: int) -> list[int]:

@@ -1,7 +1,7 @@
 """`rlkube rl` on one machine: per-process configs on disk, then the three processes as children.
 
 The resolved configs are written to `<output_dir>/configs/{inference,orchestrator,trainer}.toml`
-(what `--dry-run` stops after); the commands below are exactly what one would type by hand, so
+(and `teacher.toml` with a `[teacher]`; what `--dry-run` stops after); the commands below are exactly what one would type by hand, so
 any process can be restarted alone from its file. `ckpt.resume_step = "latest"` is passed
 through as is: each process resolves it to the same step itself (rlkube.launch.checkpoints).
 """
@@ -21,12 +21,14 @@ many times per worker before the run fails: a crash-looping worker is a bug to s
 
 
 def check_inference_ports(config: RLConfig) -> None:
-    """The local replicas' ports must be free (RuntimeError naming `inference.port` if not)."""
+    """The local replicas' ports must be free (RuntimeError naming `inference.port` or
+    `teacher.port` if not)."""
     from rlkube.inference.process import ensure_port_free
 
-    if not uses_external_inference(config):
-        for i in range(config.inference.replicas):
-            ensure_port_free(config.inference.host, config.inference.port + i)
+    servers = [] if config.uses_external_inference else [("inference", config.inference)]
+    for name, section in [*servers, *([("teacher", config.teacher)] if config.teacher else [])]:
+        for i in range(section.replicas):
+            ensure_port_free(section.host, section.port + i, f"{name}.port")
 
 
 def write_process_configs(config: RLConfig) -> dict[str, Path]:
@@ -59,28 +61,29 @@ def trainer_argv(nproc: int, config_path: Path) -> tuple[list[str], dict[str, st
     return [*torchrun, "-m", "rlkube.entrypoints.trainer", "@", str(config_path)], {}
 
 
-def uses_external_inference(config: RLConfig) -> bool:
-    """`orchestrator.client.base_urls` given: attach to those servers instead of starting any."""
-    return "base_urls" in config.orchestrator.client.model_fields_set
-
-
 def child_stages(
     config: RLConfig, paths: dict[str, Path], gpus: GpuPlacement | None = None
 ) -> list[list[ChildSpec]]:
-    """Inference replicas and the trainer start at once (model loading overlaps vLLM's start);
-    the orchestrator starts once every replica is healthy, with its env workers (they dial it
-    until it listens). `gpus`: the devices each replica and the trainer see."""
+    """Inference and teacher replicas and the trainer start at once (model loading overlaps
+    vLLM's start); the orchestrator starts once every replica is healthy, with its env workers
+    (they dial it until it listens). `gpus`: the devices each replica and the trainer see."""
     logs = config.output_dir / "logs"
-    inference = [] if uses_external_inference(config) else [
-        ChildSpec(
-            name=f"inference-{i}",
-            argv=[*_module("inference"), "@", str(paths["inference"]), "--port", str(config.inference.port + i)],
-            log_path=logs / f"inference-{i}.log",
-            health_url=f"{url}/health",
-            env=gpus.env(gpus.inference[i]) if gpus else {},
-        )
-        for i, url in enumerate(config.inference_urls()[: config.inference.replicas])
-    ]
+
+    def servers(name: str, urls: list[str], devices: list[list[str]]) -> list[ChildSpec]:
+        return [
+            ChildSpec(
+                name=f"{name}-{i}",
+                argv=[*_module("inference"), "@", str(paths[name]), "--port", url.rsplit(":", 1)[1]],
+                log_path=logs / f"{name}-{i}.log",
+                health_url=f"{url}/health",
+                env=gpus.env(devices[i]) if gpus else {},
+            )
+            for i, url in enumerate(urls)
+        ]
+
+    inference = [] if config.uses_external_inference else servers(
+        "inference", config.inference_urls(), gpus.inference if gpus else [])
+    teacher = servers("teacher", config.teacher_urls(), gpus.teacher if gpus else [])
     trainer_cmd, trainer_env = trainer_argv(config.trainer.nproc_per_node, paths["trainer"])
     if gpus:
         trainer_env |= gpus.env(gpus.trainer)
@@ -96,5 +99,5 @@ def child_stages(
                   logs / f"env-worker-{i}.log", max_restarts=ENV_WORKER_RESTARTS)
         for i in range(config.orchestrator.env_workers)
     ]
-    return [[*inference, trainer], [orchestrator, *env_workers]]
+    return [[*inference, *teacher, trainer], [orchestrator, *env_workers]]
 

@@ -1,3 +1,19 @@
 """Shared fixtures. Each fixture module under tests/fixtures/ is imported here."""
+import asyncio
+import sys
+
+import pytest
+
 from tests.fixtures.inference import inference_server, moto_s3, s3_endpoint  # noqa: F401
 from tests.fixtures.models import tiny_model  # noqa: F401
+
+
+@pytest.fixture(autouse=True)
+def renderers_lock_of_this_tests_loop():
+    """`renderers.client` serializes its first `/v1/models` lookup per engine URL with ONE
+    module-level `asyncio.Lock`, and a lock that was ever waited on belongs to that event loop.
+    rlkube's processes run one loop each, but tests run a loop per `asyncio.run`: once one test
+    has made rollouts wait on it, a later test's first lookup of a new engine fails with "is
+    bound to a different event loop". Each test gets a fresh lock."""
+    if (client := sys.modules.get("renderers.client")) is not None:
+        client._max_prompt_len_lock = asyncio.Lock()

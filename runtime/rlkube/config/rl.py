@@ -172,9 +172,9 @@ class RLConfig(RunConfig):
         sections = {"rollouts": dump(self.rollouts), "weights": weights}
         trainer = TrainerConfig.model_validate(shared | dump(self.trainer, exclude={"gpus"}) | sections)
         client = ClientConfig.model_validate(dump(self.orchestrator.client) | {"base_urls": self.inference_urls()})
-        served_teacher = {"teacher": {"model": self.teacher.model.name, "base_urls": self.teacher_urls()}} if self.teacher else {}
+        served = {"teacher": {"model": self.teacher.model.name, "base_urls": self.teacher_urls()}} if self.teacher else {}
         orchestrator = OrchestratorConfig.model_validate(
-            shared | dump(self.orchestrator) | sections | {"client": dump(client)} | served_teacher
+            shared | dump(self.orchestrator) | sections | {"client": dump(client)} | served
         )
         inference = InferenceConfig.model_validate(
             dump(self.inference, exclude={"replicas", "gpus"})

@@ -59,6 +59,15 @@ def place_gpus(config: RLConfig, visible: list[str]) -> GpuPlacement | None:
             f"{len(visible)} GPUs are visible, {replicas * per_replica + ranks} are needed apart "
             "(inference.replicas x inference.tensor_parallel_size + trainer.nproc_per_node)"
         )
+    if teacher and (shared := sorted(set(inference) & set(teacher_gpus))):
+        claimed = config.inference.gpu_memory_utilization + teacher.gpu_memory_utilization
+        if claimed > 1:
+            raise ValueError(
+                f"teacher.gpus: GPU {', '.join(visible[i] for i in shared)} would serve both inference and the "
+                f"teacher, whose vLLM engines claim {claimed:g} of its memory together "
+                "(inference.gpu_memory_utilization + teacher.gpu_memory_utilization); lower them or place "
+                "the teacher on GPUs of its own"
+            )
     return GpuPlacement(
         inference=_per_replica(inference, per_replica, visible),
         trainer=[visible[i] for i in trainer],

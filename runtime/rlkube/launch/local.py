@@ -1,9 +1,10 @@
 """`rlkube rl` on one machine: per-process configs on disk, then the three processes as children.
 
 The resolved configs are written to `<output_dir>/configs/{inference,orchestrator,trainer}.toml`
-(and `teacher.toml` with a `[teacher]`; what `--dry-run` stops after); the commands below are exactly what one would type by hand, so
-any process can be restarted alone from its file. `ckpt.resume_step = "latest"` is passed
-through as is: each process resolves it to the same step itself (rlkube.launch.checkpoints).
+(and `teacher.toml` with a `[teacher]`; what `--dry-run` stops after); the commands below are
+exactly what one would type by hand, so any process can be restarted alone from its file.
+`ckpt.resume_step = "latest"` is passed through as is: each process resolves it to the same step
+itself (rlkube.launch.checkpoints).
 """
 
 import socket

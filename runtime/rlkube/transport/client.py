@@ -100,8 +100,8 @@ class RolloutClient:
 
         Each micro-batch is a dict: `input_ids`, `position_ids` (int64), `sample_ids` (int32,
         -1 on padding), `loss_mask` (bool), `advantages`, `inference_logprobs`, `temperatures`
-        (float32), all `[rows, seq_len]` with at most `micro_batch_rows` rows; plus ints `global_loss_tokens` (loss
-        tokens of the whole step across ranks), `step`, `index`, `count`. Every rank of a step
+        (float32), all `[rows, seq_len]` with at most `micro_batch_rows` rows; plus ints
+        `global_loss_tokens` (loss tokens of the whole step across ranks), `step`, `index`, `count`. Every rank of a step
         receives the same number of micro-batches (padding rows have an all-false loss_mask)."""
         request = pb.GetBatchRequest(step=step, rank=rank, world_size=world_size, micro_batch_rows=micro_batch_rows)
         what = f"GetBatch(step={step}, rank={rank})"

@@ -43,7 +43,8 @@ def _problems(node, path: str, model: ModelConfig | None = None) -> Iterator[tup
     if isinstance(node, EnvConfig) and (reason := env_id_problem(node.id)):
         yield f"{path}id", reason
     if isinstance(node, BaseModel):
-        model = getattr(node, "model", None) if isinstance(getattr(node, "model", None), ModelConfig) else model
+        if isinstance(own := getattr(node, "model", None), ModelConfig):
+            model = own
         if isinstance(node, TrainerCommonConfig) and node.lora and model and (reason := lora_targets_problem(model, node.lora)):
             yield f"{path}lora.target_modules", reason
         for name in type(node).model_fields:
@@ -101,16 +102,11 @@ def lora_targets_problem(model: ModelConfig, lora: LoraConfig) -> str | None:
     path = Path(model.name).expanduser()
     if not (path / "config.json").is_file():
         return None
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from rlkube.trainer.lora import apply_lora
+    from rlkube.trainer.model import build_meta_model
 
-    model_config = AutoConfig.from_pretrained(path, trust_remote_code=model.trust_remote_code)
-    with torch.device("meta"):
-        built = AutoModelForCausalLM.from_config(model_config, trust_remote_code=model.trust_remote_code)
     try:
-        apply_lora(built, lora)
+        apply_lora(build_meta_model(model), lora)
     except ValueError as e:
         return str(e).removeprefix("trainer.lora.target_modules: ")
     return None

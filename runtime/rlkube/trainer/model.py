@@ -49,7 +49,7 @@ def build_model(
     rows with shared prompts) instead of the model's default attention. `lora`: freeze the
     model and train adapters (rlkube.trainer.lora), added before sharding so FSDP2 shards them
     with their layer; they start from the seed set before (`torch.manual_seed`)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
     path = checkpoint_dir(config.name)
     extra = {}
@@ -57,11 +57,7 @@ def build_model(
         from rlkube.trainer.rl.attention import register
 
         extra["attn_implementation"] = register()
-    model_config = AutoConfig.from_pretrained(path, trust_remote_code=config.trust_remote_code)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(
-            model_config, dtype=torch.float32, trust_remote_code=config.trust_remote_code, **extra
-        )
+    model = build_meta_model(config, **extra)
     if lora is not None:
         apply_lora(model, lora)
     parallelize(model, parallel, dtype)
@@ -75,6 +71,17 @@ def build_model(
     model.config.use_cache = False
     model.train()
     return model
+
+
+def build_meta_model(config: ModelConfig, **extra) -> nn.Module:
+    """The model's modules on the meta device, in float32: its structure without memory."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_config = AutoConfig.from_pretrained(checkpoint_dir(config.name), trust_remote_code=config.trust_remote_code)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(
+            model_config, dtype=torch.float32, trust_remote_code=config.trust_remote_code, **extra
+        )
 
 
 def checkpoint_dir(name: str) -> Path:

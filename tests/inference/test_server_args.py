@@ -11,7 +11,7 @@ def value(args: list[str], flag: str) -> str:
 
 def test_cpu_defaults():
     config = InferenceConfig.model_validate(
-        {"model": {"name": "/m"}, "port": 8123, "kv_cache_space_gb": 1.5, "max_model_len": 512}
+        {"model": {"name": "/m"}, "port": 8123, "kv_cache_space_gb": 2, "max_model_len": 512}
     )
     command = vllm_command(config, on_cpu=True)
     args = command.args
@@ -22,7 +22,7 @@ def test_cpu_defaults():
     assert value(args, "--max-model-len") == "512"
     assert "--enable-scale-out" in args  # /inference/v1/generate
     assert "--gpu-memory-utilization" not in args and "--weight-transfer-config" not in args
-    assert command.env["VLLM_CPU_KVCACHE_SPACE"] == "1.5"
+    assert command.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert command.env["VLLM_SERVER_DEV_MODE"] == "1"  # /pause, /resume, /collective_rpc
     assert command.env[SPIN_ENV] == "5"  # short busy-wait on CPU by default
 

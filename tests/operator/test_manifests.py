@@ -307,6 +307,27 @@ def test_gpus_per_replica_become_vllms_tensor_parallel_size():
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
 
 
+@pytest.mark.parametrize("serving", ["adapter", "merge"])
+def test_a_lora_runs_inference_pods_serve_its_adapter_and_the_orchestrator_requests_it(serving):
+    """`trainer.lora.serving = "adapter"` reaches the pods: each inference pod's vLLM starts
+    with LoRA support at the adapter's rank and rlkube's load route, and the orchestrator's
+    config names the adapter; `merge` leaves both as for full weights."""
+    from rlkube.config import InferenceConfig, OrchestratorConfig
+    from rlkube.config.inference import POLICY_ADAPTER
+    from rlkube.inference.server import LORA_MIDDLEWARE, vllm_command
+
+    lora = {"trainer": {"lora": {"rank": 32, "serving": serving}, "optim": {"lr": 1e-4}}}
+    spec = RLRunSpec.model_validate(GPU_RLRUN | {"config": GPU_RLRUN["config"] | lora})
+    data = manifests("RLRun", spec)[0]["data"]
+    args = vllm_command(InferenceConfig.model_validate(tomllib.loads(data["inference.toml"])), on_cpu=False).args
+    client = OrchestratorConfig.model_validate(tomllib.loads(data["orchestrator.toml"])).client
+    if serving == "merge":
+        assert "--enable-lora" not in args and client.lora_adapter is None
+        return
+    assert args[args.index("--max-lora-rank") + 1] == "32" and LORA_MIDDLEWARE in args
+    assert client.lora_adapter == POLICY_ADAPTER
+
+
 def test_env_workers_are_a_cpu_deployment_running_the_orchestrators_config(tmp_path):
     """`envWorkers.replicas` pods of `rlkube env-worker @ orchestrator.toml`, dialing the
     orchestrator's Service; the run's pod labels (so its NetworkPolicy admits them), none of

@@ -7,14 +7,19 @@ Serves `/inference/v1/generate` (the route verifiers' training client calls), `/
 
 Like vLLM it keeps a pause state and a weight version (`/pause`, `/resume`, `/is_paused`,
 `/update_weight_version`, `/weight_info`): a generate request waits while paused, and the
-version it ran under is recorded in `generated_versions`. `restart()` is what a restarted
-`rlkube inference` looks like: version "default", paused (`inference.start_paused`).
+version it ran under is recorded in `generated_versions`, the model it named in
+`requested_models`. `restart()` is what a restarted `rlkube inference` looks like: version
+"default", paused (`inference.start_paused`), no LoRA adapter.
+
+Like `rlkube inference` with `max_lora_rank`, `/rlkube/load_lora_adapter` (query: location,
+step) loads the adapter `rlkube-policy`; a request naming it before that is answered 404.
 """
 
 import asyncio
 import threading
 
 from aiohttp import web
+from rlkube.config.inference import POLICY_ADAPTER
 
 from tests.fixtures.inference import free_port
 
@@ -32,11 +37,14 @@ class FakeInference:
         self.generated_versions: list[str] = []
         self.unloadable: set[str] = set()
         """Weight locations whose load the server answers with an error."""
+        self.requested_models: list[str] = []
+        self.adapter: str | None = None
+        """The location of the loaded LoRA adapter."""
 
     def restart(self, start_paused: bool = True) -> None:
         """Forget the weights' version and pause, as a freshly started server (call it on the
         server's loop: `FakeInferenceThread.call`)."""
-        self.weight_version = "default"
+        self.weight_version, self.adapter = "default", None
         if start_paused:
             self.resumed.clear()
 
@@ -54,6 +62,9 @@ class FakeInference:
         body = await request.json()
         self.generate_requests += 1
         await self.resumed.wait()
+        if body.get("model") == POLICY_ADAPTER and self.adapter is None:
+            return web.json_response({"error": {"message": f"LoRA adapter {POLICY_ADAPTER} does not exist"}}, status=404)
+        self.requested_models.append(body.get("model"))
         version = self.weight_version
         self.generated_versions.append(version)
         ids = self.respond(body["token_ids"])[: body["sampling_params"].get("max_tokens", 1 << 30) - 1]
@@ -85,6 +96,12 @@ class FakeInference:
             self.resumed.set()
         elif route == "update_weight_version":
             self.weight_version = body["new_version"]
+        elif route == "rlkube/load_lora_adapter":
+            self.calls[-1] = (route, dict(request.query))
+            if request.query["location"] in self.unloadable:
+                return web.json_response({"error": f"cannot load {request.query['location']}"}, status=500)
+            self.adapter = request.query["location"]
+            return web.json_response({"result": f"adapter of step {request.query['step']}"})
         elif route == "collective_rpc":
             if body["kwargs"].get("location") in self.unloadable:
                 return web.json_response({"error": f"cannot load {body['kwargs']['location']}"}, status=500)

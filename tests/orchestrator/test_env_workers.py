@@ -16,6 +16,7 @@ import time
 import grpc
 import pytest
 from rlkube.config import OrchestratorConfig, write_toml
+from rlkube.config.inference import POLICY_ADAPTER
 from rlkube.envs import load_env
 from rlkube.orchestrator.app import build_runners
 from rlkube.orchestrator.clock import PolicyClock
@@ -305,15 +306,19 @@ def test_worker_processes_stay_bounded_and_a_killed_ones_groups_are_reissued_onc
 
 def test_workers_produce_the_in_process_rollouts(tiny_model, tmp_path):
     """The same tasks through a worker process and in-process, on the same deterministic engine:
-    the same token ids, masks, logprobs and rewards."""
+    the same token ids, masks, logprobs and rewards. The worker requests the model the
+    orchestrator names with each group (here a LoRA run's adapter, as after its first policy)."""
     fake = FakeInference(str(tiny_model), stop_token_id=3)
+    fake.adapter = "/w/step_1"
     with FakeInferenceThread(fake) as server:
         config = reverse_text_config(tmp_path, tiny_model, server.url, env_workers=1)
+        config.client.lora_adapter = POLICY_ADAPTER
         runner, pool = EnvRunner(config.envs[0], load_env(config.envs[0]), seed=0), pool_for(config)
         tasks = [runner.next_task() for _ in range(4)]
 
         async def both():
-            hub = WorkerHub(PolicyClock(async_level=1), config.group_size, [runner.name], timeout_s=60)
+            hub = WorkerHub(PolicyClock(async_level=1), config.group_size, [runner.name], timeout_s=60,
+                            request_model=lambda: POLICY_ADAPTER)
             grpc_server = await start_server(None, "127.0.0.1", config.rollouts.port, workers=hub)
             try:
                 remote = await asyncio.wait_for(asyncio.gather(*(hub.run_group(runner, *t) for t in tasks)), 60)
@@ -330,6 +335,9 @@ def test_workers_produce_the_in_process_rollouts(tiny_model, tmp_path):
         with worker_processes(config, tmp_path):
             remote, local = asyncio.run(both())
     assert [[r.to_dict() for r in g] for g in remote] == [[r.to_dict() for r in g] for g in local]
+    remote_requests = 4 * config.group_size
+    assert set(fake.requested_models[:remote_requests]) == {POLICY_ADAPTER}
+    assert set(fake.requested_models[remote_requests:]) == {str(tiny_model)}, "in-process: policy 0, the base model"
     assert all(r.error is None and r.samples for g in remote for r in g)
     assert len({r.reward for g in remote for r in g}) > 1, "rewards vary, so the comparison says something"
 

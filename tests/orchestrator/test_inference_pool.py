@@ -8,6 +8,7 @@ import contextlib
 
 import pytest
 from rlkube.config import ClientConfig, EnvConfig, SamplingConfig
+from rlkube.config.inference import POLICY_ADAPTER
 from rlkube.envs import load_env
 from rlkube.inference.client import InferenceError
 from rlkube.orchestrator.inference import InferencePool
@@ -32,8 +33,8 @@ def replicas(tiny_model, n, start_paused=True):
         yield servers
 
 
-def make_pool(tiny_model, urls):
-    config = ClientConfig(base_urls=urls, resync_interval_s=0.1)
+def make_pool(tiny_model, urls, **client):
+    config = ClientConfig(base_urls=urls, resync_interval_s=0.1, **client)
     return InferencePool(config, str(tiny_model), str(tiny_model), SAMPLING)
 
 
@@ -42,7 +43,7 @@ async def rollout_on(pool, runner, replica: int, policy=lambda: 1):
     while True:
         example_id, task = runner.next_task()
         ctx = pool.context_for(runner.name, example_id)
-        if ctx is pool.contexts[replica]:
+        if ctx is pool.contexts[pool.request_model][replica]:
             return await runner.rollout(task, example_id, ctx, SAMPLING.temperature, policy)
 
 
@@ -136,3 +137,40 @@ def test_a_policy_update_passes_a_replica_that_is_down_and_fails_on_one_that_ref
             asyncio.run(pool.load_policy(3, "/w/step_3", 60))
         assert pool.loaded == (2, "/w/step_2")
         assert server.fake.resumed.is_set(), "a failed load still resumes generation"
+
+
+def test_a_lora_run_served_as_an_adapter_requests_it_from_the_first_policy_on(tiny_model):
+    """`client.lora_adapter`: policies load through rlkube's adapter route (never the worker's
+    merge), requests name the base model at policy 0 and the adapter after, and a replica that
+    restarts (adapter gone) gets it again before it generates."""
+    env_config = EnvConfig(args={"num_examples": 20})
+    runner = EnvRunner(env_config, load_env(env_config), seed=0)
+    with replicas(tiny_model, 2) as servers:
+        fakes = [s.fake for s in servers]
+
+        async def go():
+            pool = make_pool(tiny_model, [s.url for s in servers], lora_adapter=POLICY_ADAPTER)
+            async with runner.serving():
+                await pool.sync((0, None), 60, fresh=True)
+                assert (await rollout_on(pool, runner, 0, policy=lambda: 0)).error is None
+                await pool.load_policy(1, "/w/step_1", 60)
+                assert (await rollout_on(pool, runner, 0)).error is None
+                watcher = asyncio.ensure_future(pool.watch(lambda: (1, "/w/step_1"), 60))
+                try:
+                    servers[1].call(fakes[1].restart)
+                    await until(lambda: fakes[1].weight_version == "default")
+                    rollout = await rollout_on(pool, runner, 1)  # waits while it is paused
+                finally:
+                    watcher.cancel()
+            return rollout
+
+        rollout = asyncio.run(go())
+    assert rollout.error is None and rollout.served_versions == ["1"]
+    assert fakes[0].requested_models == [str(tiny_model), POLICY_ADAPTER]
+    assert fakes[1].requested_models == [POLICY_ADAPTER] and fakes[1].adapter == "/w/step_1"
+    for fake, loads in zip(fakes, (1, 2)):
+        assert [route for route, _ in fake.calls if route in ("collective_rpc", "rlkube/load_lora_adapter")] == (
+            ["rlkube/load_lora_adapter"] * loads
+        )
+        adapter_loads = [body for route, body in fake.calls if route == "rlkube/load_lora_adapter"]
+        assert all(body["location"] == "/w/step_1" and body["step"] == "1" for body in adapter_loads)

@@ -40,10 +40,12 @@ class FakeRunner:
 
 
 class FakePool:
+    request_model = "model"
+
     def __init__(self):
         self.loads = []
 
-    def context_for(self, env, example_id):
+    def context_for(self, env, example_id, model=None):
         return None
 
     def slot(self):

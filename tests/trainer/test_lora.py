@@ -80,10 +80,11 @@ def test_the_merged_weight_computes_what_the_adapted_layer_does():
     torch.testing.assert_close(F.linear(x, merged["q_proj.weight"], merged["q_proj.bias"]), model(x))
 
 
-def test_a_target_the_model_lacks_is_an_error_naming_the_field():
+@pytest.mark.parametrize("field", ["trainer.lora", "lora"])
+def test_a_target_the_model_lacks_is_an_error_naming_the_field(field):
     model = torch.nn.Sequential(OrderedDict(q_proj=torch.nn.Linear(6, 4)))
-    with pytest.raises(ValueError, match=r"trainer.lora.target_modules: \['nope'\] name no linear layer.*\['q_proj'\]"):
-        apply_lora(model, LoraConfig(target_modules=["q_proj", "nope"]))
+    with pytest.raises(ValueError, match=rf"^{field}.target_modules: \['nope'\] name no linear layer.*\['q_proj'\]"):
+        apply_lora(model, LoraConfig(target_modules=["q_proj", "nope"]), field)
 
 
 @pytest.mark.parametrize("fields, field", [
@@ -210,6 +211,26 @@ def test_the_config_error_names_the_field_path():
     with pytest.raises(ConfigError, match=r"trainer\.lora\.rank: .*greater than or equal to 1"):
         load_config(RLConfig, ["--trainer.lora.rank", "0"])
     assert load_config(RLConfig, ["--trainer.lora.rank", "16"]).process_configs()["trainer"].lora.rank == 16
+
+
+@pytest.mark.parametrize("serving", ["adapter", "merge"])
+def test_the_run_serves_the_adapter_with_vllms_lora_support_or_merges_it(serving):
+    """`trainer.lora.serving = "adapter"` starts inference with vLLM's LoRA support at the
+    smallest rank vLLM offers that holds the adapter, one adapter slot and rlkube's load route,
+    and points the orchestrator at the adapter's name; `merge` sets none of it."""
+    from rlkube.config import RLConfig, load_config
+    from rlkube.config.inference import POLICY_ADAPTER
+    from rlkube.inference.server import LORA_MIDDLEWARE, vllm_command
+
+    configs = load_config(RLConfig, ["--trainer.lora.rank", "12", "--trainer.lora.serving", serving]).process_configs()
+    args = vllm_command(configs["inference"], on_cpu=True).args
+    if serving == "merge":
+        assert configs["orchestrator"].client.lora_adapter is None and configs["inference"].max_lora_rank is None
+        assert "--enable-lora" not in args and LORA_MIDDLEWARE not in args
+        return
+    assert configs["orchestrator"].client.lora_adapter == POLICY_ADAPTER
+    assert "--enable-lora" in args and args[args.index("--max-lora-rank") + 1] == "16"
+    assert args[args.index("--max-loras") + 1] == "1" and LORA_MIDDLEWARE in args
 
 
 @pytest.mark.slow

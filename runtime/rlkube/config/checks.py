@@ -102,11 +102,7 @@ def lora_targets_problem(model: ModelConfig, lora: LoraConfig) -> str | None:
     path = Path(model.name).expanduser()
     if not (path / "config.json").is_file():
         return None
-    from rlkube.trainer.lora import apply_lora
+    from rlkube.trainer.lora import unmatched_targets
     from rlkube.trainer.model import build_meta_model
 
-    try:
-        apply_lora(build_meta_model(model), lora)
-    except ValueError as e:
-        return str(e).removeprefix("trainer.lora.target_modules: ")
-    return None
+    return unmatched_targets(build_meta_model(model), lora.target_modules)

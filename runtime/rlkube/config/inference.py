@@ -7,6 +7,9 @@ from pydantic import Field
 from rlkube.config.base import Config
 from rlkube.config.shared import LogConfig, ModelConfig
 
+POLICY_ADAPTER = "rlkube-policy"
+"""The model name inference serves a LoRA run's policy under (`max_lora_rank` set)."""
+
 
 class InferenceServerConfig(Config):
     """How one vLLM OpenAI-compatible server is run."""
@@ -26,8 +29,9 @@ class InferenceServerConfig(Config):
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """GPU only: fraction of GPU memory vLLM may use."""
 
-    kv_cache_space_gb: float | None = Field(default=None, gt=0)
-    """CPU only: KV-cache size in GiB (`VLLM_CPU_KVCACHE_SPACE`)."""
+    kv_cache_space_gb: int | None = Field(default=None, ge=1)
+    """CPU only: KV-cache size in whole GiB (`VLLM_CPU_KVCACHE_SPACE`, which vLLM reads as an
+    integer: its engine refuses to start on "0.5")."""
 
     enforce_eager: bool = False
     """Disable CUDA graphs / torch.compile (faster start, slower decode)."""
@@ -94,6 +98,13 @@ class InferenceConfig(InferenceServerConfig):
 
     seed: int = 0
     """Sampling seed."""
+
+    max_lora_rank: int | None = Field(default=None, ge=1, le=512)
+    """Serve a LoRA run's adapters with vLLM's LoRA support, up to this rank: each published
+    adapter is loaded in place as the model `rlkube-policy` (`rlkube.inference.lora_serving`),
+    and the base model keeps its weights. `rlkube rl` sets it from `trainer.lora.rank` when
+    `trainer.lora.serving` is `adapter`. Unset: an adapter snapshot is merged into the base
+    weights (`rlkube.inference.worker`)."""
 
     start_paused: bool = True
     """Start with generation paused (`/health` answers once the engine is up, requests queue):

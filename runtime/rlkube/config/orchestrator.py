@@ -99,6 +99,12 @@ class ClientConfig(Config):
     max_concurrent: int = Field(default=256, ge=1)
     """Requests in flight across all replicas (backpressure)."""
 
+    lora_adapter: str | None = None
+    """The model name inference serves a LoRA run's policy under once one is loaded (vLLM's
+    LoRA support: `inference.max_lora_rank`); requests name it from the first policy update on,
+    and the base model before it. `rlkube rl` sets it when `trainer.lora.serving` is `adapter`.
+    Unset: every request names the model (adapters are merged into its weights)."""
+
     resync_interval_s: float = Field(default=2.0, gt=0)
     """How often the orchestrator checks that every replica serves the current policy, and
     brings one that restarted (paused, weight version "default") back to it before it

@@ -8,7 +8,12 @@ nothing is configured in two places and kept in sync by validators.
 from pydantic import Field, model_validator
 
 from rlkube.config.base import Config
-from rlkube.config.inference import InferenceConfig, InferenceSection, TeacherServerSection
+from rlkube.config.inference import (
+    POLICY_ADAPTER,
+    InferenceConfig,
+    InferenceSection,
+    TeacherServerSection,
+)
 from rlkube.config.orchestrator import ClientConfig, OrchestratorSection, RolloutServerConfig
 from rlkube.config.shared import RunConfig
 from rlkube.config.trainer import LossConfig, TrainerCommonConfig
@@ -171,7 +176,12 @@ class RLConfig(RunConfig):
             weights["inference_urls"] = self.inference_urls()  # the trainer drives the replicas
         sections = {"rollouts": dump(self.rollouts), "weights": weights}
         trainer = TrainerConfig.model_validate(shared | dump(self.trainer, exclude={"gpus"}) | sections)
-        client = ClientConfig.model_validate(dump(self.orchestrator.client) | {"base_urls": self.inference_urls()})
+        lora = self.trainer.lora
+        serves_adapter = lora is not None and lora.serving == "adapter"
+        client = ClientConfig.model_validate(
+            dump(self.orchestrator.client) | {"base_urls": self.inference_urls()}
+            | ({"lora_adapter": POLICY_ADAPTER} if serves_adapter else {})
+        )
         served = {"teacher": {"model": self.teacher.model.name, "base_urls": self.teacher_urls()}} if self.teacher else {}
         orchestrator = OrchestratorConfig.model_validate(
             shared | dump(self.orchestrator) | sections | {"client": dump(client)} | served
@@ -179,6 +189,7 @@ class RLConfig(RunConfig):
         inference = InferenceConfig.model_validate(
             dump(self.inference, exclude={"replicas", "gpus"})
             | {key: shared[key] for key in ("model", "seed", "log") if key in shared}
+            | ({"max_lora_rank": lora.rank} if serves_adapter else {})
         )
         configs = {"inference": inference, "orchestrator": orchestrator, "trainer": trainer}
         if self.teacher:  # served as it is: no orchestrator brings it to a policy version

@@ -15,6 +15,8 @@ from rlkube.http import async_client
 
 PauseMode = Literal["keep", "wait", "abort"]
 NCCL_VERSION_POLL_S = 0.2
+ADAPTER_ROUTE = "/rlkube/load_lora_adapter"
+"""rlkube's route that loads a LoRA adapter in place (`rlkube.inference.lora_serving`)."""
 
 
 class InferenceError(RuntimeError):
@@ -97,11 +99,16 @@ async def is_paused(base_url: str, timeout: float = 10) -> bool:
     return bool((await _get(base_url, "/is_paused", timeout))["is_paused"])
 
 
-async def update_weights(base_url: str, step: int, location: str, timeout: float = 600) -> str:
+async def update_weights(base_url: str, step: int, location: str, timeout: float = 600, as_adapter: bool = False) -> str:
     """Load policy `step` from `location` (a storage path/URL of a snapshot, or
     "grpc://host:port") on every worker of the server, then drop the KV prefix cache (it was
     computed with the old weights) and tag new tokens with weight version `step`.
-    Returns the worker's summary line.
+    Returns the server's summary line.
+
+    `as_adapter`: the snapshot is a LoRA run's adapter, loaded with vLLM's LoRA support as the
+    model `rlkube-policy` (a server started with `inference.max_lora_rank`,
+    `rlkube.inference.lora_serving`); otherwise the worker extension loads it (an adapter is
+    merged into the base weights).
 
     An `nccl://` location means the trainer broadcasts the weights into the workers itself,
     pausing and resuming the server around it (`weights.type = "nccl"`); this then only waits,
@@ -115,24 +122,26 @@ async def update_weights(base_url: str, step: int, location: str, timeout: float
                 raise InferenceError(f"{base_url} serves weight version {version} after {timeout:g}s, expected {step}")
             await asyncio.sleep(NCCL_VERSION_POLL_S)
         return f"step {step} broadcast over NCCL (serving {version})"
-    # The worker gets `timeout` to obtain the snapshot, waiting for it included. vLLM's own RPC
+    # The server gets `timeout` to obtain the snapshot, waiting for it included. vLLM's own RPC
     # deadline is only a backstop, with room for the load itself: it must not fire first, as
     # vLLM 0.32 then hands the worker's late answer to the next RPC (a later /pause fails).
-    rpc_timeout = 2 * timeout
-    rpc = {
-        "method": "rlkube_load_weights",
-        "kwargs": {"location": location, "step": str(step), "timeout": str(timeout)},
-        "timeout": rpc_timeout,
-    }
+    load_timeout = 2 * timeout
+    arguments = {"location": location, "step": str(step), "timeout": str(timeout)}
     try:
-        response = await post(base_url, "/collective_rpc", rpc_timeout + 10, json=rpc)
+        if as_adapter:
+            response = await post(base_url, ADAPTER_ROUTE, load_timeout + 10, params=arguments)
+            summary = response.json()["result"]
+        else:
+            rpc = {"method": "rlkube_load_weights", "kwargs": arguments, "timeout": load_timeout}
+            response = await post(base_url, "/collective_rpc", load_timeout + 10, json=rpc)
+            summary = response.json()["results"][0]
     except InferenceError as e:
         raise type(e)(f"loading weights of step {step} from {location}: {e}") from None
     await post(
         base_url, "/reset_prefix_cache", timeout, params={"reset_running_requests": "true"}
     )
     await post(base_url, "/update_weight_version", timeout, json={"new_version": str(step)})
-    return response.json()["results"][0]
+    return summary
 
 
 def _is_at_least(version: str | None, step: int) -> bool:

@@ -8,6 +8,8 @@ This is vLLM's own server (`vllm serve`), not a wrapper around a generate loop. 
 - the token-in/token-out route `/inference/v1/generate` (`--enable-scale-out`);
 - rlkube's worker extension (`rlkube.inference.worker.WeightLoaderExtension`), which loads
   published snapshots from storage or gRPC;
+- with `inference.max_lora_rank`, vLLM's LoRA support and rlkube's route that loads a LoRA run's
+  adapter in place (`rlkube.inference.lora_serving`);
 - with `inference.start_paused` (the default), generation paused from the start
   (`rlkube.inference.start_paused`): the orchestrator syncs the server, then resumes it;
 - on CPU, a 5 ms busy-wait on vLLM's shared-memory queues instead of 1 s
@@ -26,9 +28,13 @@ from dataclasses import dataclass
 from rlkube.config import InferenceConfig
 from rlkube.inference.vllm_plugin import SPIN_ENV
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The adapter ranks vLLM 0.32 can be configured for (`--max-lora-rank`)."""
+
 WORKER_EXTENSION = "rlkube.inference.worker.WeightLoaderExtension"
 GENERATE_MIDDLEWARE = "rlkube.inference.generate_mode.GenerateTextMode"
 START_PAUSED_MIDDLEWARE = "rlkube.inference.start_paused.StartPaused"
+LORA_MIDDLEWARE = "rlkube.inference.lora_serving.LoadLoraAdapter"
 CPU_SHM_SPIN_MS = 5.0
 
 
@@ -80,6 +86,10 @@ def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
         args += ["--middleware", START_PAUSED_MIDDLEWARE]
     if config.max_model_len is not None:
         args += ["--max-model-len", str(config.max_model_len)]
+    if config.max_lora_rank is not None:
+        # One adapter, the policy's: a batch never mixes two (rlkube.inference.lora_serving).
+        rank = min(r for r in VLLM_LORA_RANKS if r >= config.max_lora_rank)
+        args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "1", "--middleware", LORA_MIDDLEWARE]
     if config.enforce_eager:
         args.append("--enforce-eager")
     if config.tensor_parallel_size > 1:
@@ -96,7 +106,7 @@ def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
         "VLLM_LOGGING_LEVEL": config.log.level.upper(),
     }
     if on_cpu and config.kv_cache_space_gb is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{config.kv_cache_space_gb:g}"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_space_gb)
     spin_ms = CPU_SHM_SPIN_MS if config.shm_spin_ms is None and on_cpu else config.shm_spin_ms
     if spin_ms is not None:
         env[SPIN_ENV] = f"{spin_ms:g}"

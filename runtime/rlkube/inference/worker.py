@@ -12,11 +12,13 @@ A location is one of:
 Either way, a snapshot not published yet is waited for up to `timeout` seconds.
 
 A LoRA run's snapshot holds its adapters alone (PEFT layout, `adapter_config.json` present).
-They are merged, `W = W_base + (alpha / r) * B @ A`, into the base weights of the targeted
-modules, which the worker reads once from the served model's own safetensors files and keeps;
-only those merged tensors are reloaded. Merging (rather than serving the adapter with vLLM's
-LoRA support, which on CPU gives up torch.compile and adds LoRA kernels to every token) keeps
-the engine's speed and the model name the orchestrator asks for.
+Served with `trainer.lora.serving = "merge"`, they come here and are merged,
+`W = W_base + (alpha / r) * B @ A`, into the base weights of the targeted modules, which the
+worker reads once from the served model's own safetensors files and keeps; only those merged
+tensors are reloaded. That keeps LoRA kernels off the decode path (on CPU, where vLLM's LoRA
+layers also give up torch.compile, it serves about twice as fast), at the cost of a host copy
+of every targeted base tensor per worker. With "adapter" (the default) they never reach this
+extension: `rlkube.inference.lora_serving` loads them with vLLM's LoRA support.
 """
 
 import contextlib

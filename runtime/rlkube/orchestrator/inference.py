@@ -14,6 +14,11 @@ before its first rollout and then every `client.resync_interval_s` (`watch`), so
 restarted mid-run serves the current policy before any of its rollouts count. A policy update
 passes a replica that does not answer (that `sync` is for). Rollouts that were in flight on it
 when it died failed with it; the orchestrator runs them again, and never trains them.
+
+A LoRA run whose replicas serve the adapter with vLLM's LoRA support (`client.lora_adapter`)
+loads each policy as that adapter, and requests name it from the first policy update on
+(`request_model`); before it they name the base model, which is policy 0. A request sent with
+the base model's name just before that first update finishes on the base model.
 """
 
 import asyncio
@@ -76,15 +81,25 @@ class InferencePool:
         self.trainer_sends_weights = trainer_sends_weights
         """`weights.type = "nccl"`: the trainer pauses, loads, tags and resumes the replicas."""
         self.base_urls = list(config.base_urls)
-        self.contexts = model_contexts(self.base_urls, model, renderer_model, sampling, config.timeout_s)
+        self.adapter = config.lora_adapter
+        self.contexts = {
+            name: model_contexts(self.base_urls, name, renderer_model, sampling, config.timeout_s)
+            for name in filter(None, (model, self.adapter))
+        }
         self.slots = asyncio.Semaphore(config.max_concurrent)
         self.updating = asyncio.Lock()
         """Held while replicas change weights: `load_policy` and `sync` never interleave."""
         self.loaded: Policy = (0, None)
         """The newest policy `load_policy` put on every replica."""
 
-    def context_for(self, env_name: str, example_id: str):
-        return self.contexts[pick_replica(env_name, example_id, len(self.base_urls))]
+    @property
+    def request_model(self) -> str:
+        """The model name requests name now: the policy adapter once a policy is loaded as one."""
+        return self.adapter if self.adapter is not None and self.loaded[0] > 0 else self.model
+
+    def context_for(self, env_name: str, example_id: str, model: str | None = None):
+        """The replica context of a task, requesting `model` (`request_model` when None)."""
+        return self.contexts[model or self.request_model][pick_replica(env_name, example_id, len(self.base_urls))]
 
     @asynccontextmanager
     async def slot(self):
@@ -110,7 +125,7 @@ class InferencePool:
             try:
                 await pause(url, mode="keep")
                 try:
-                    await update_weights(url, step, location, timeout=timeout_s)
+                    await update_weights(url, step, location, timeout=timeout_s, as_adapter=self.adapter is not None)
                 finally:
                     await resume(url)
             except ReplicaUnreachable as e:
@@ -203,7 +218,7 @@ class InferencePool:
             )
         await pause(url, mode="keep")
         if step > 0:
-            await update_weights(url, step, location, timeout=timeout_s)
+            await update_weights(url, step, location, timeout=timeout_s, as_adapter=self.adapter is not None)
         else:
             if await weight_version(url) not in ("default", "0"):
                 await load_base_weights(url, self.model, timeout_s)

@@ -55,7 +55,8 @@ class Orchestrator:
         self.clock = PolicyClock(config.async_level)
         self.buffer = RolloutBuffer(config.batch_size, config.max_off_policy_steps)
         self.workers = (
-            WorkerHub(self.clock, config.group_size, list(self.runners), config.env_worker_timeout_s)
+            WorkerHub(self.clock, config.group_size, list(self.runners), config.env_worker_timeout_s,
+                      lambda: self.pool.request_model)
             if config.env_workers else None
         )
         """Groups go to env worker processes (served on the gRPC port) instead of running here."""

@@ -137,14 +137,15 @@ class EnvRunner:
 
 
 async def run_group(runner, pool, example_id: str, task: Any, group_size: int, temperature: float, policy_version,
-                    retry_after_s: float) -> list[Rollout]:
+                    retry_after_s: float, model: str | None = None) -> list[Rollout]:
     """`group_size` rollouts of one task on its sticky replica, each once the pool has a slot.
 
     Rollouts whose replica died or restarted mid-call (`lost_its_engine`) say nothing about the
     policy or the env: they run again after `retry_after_s`, once the orchestrator's watcher
     has the replica back on the current policy. What the orchestrator runs in-process, and
-    what an env worker runs for it (`rlkube.orchestrator.env_worker`)."""
-    ctx = pool.context_for(runner.name, example_id)
+    what an env worker runs for it (`rlkube.orchestrator.env_worker`), requesting the `model`
+    the orchestrator names (`InferencePool.request_model` when None)."""
+    ctx = pool.context_for(runner.name, example_id, model)
 
     async def one() -> Rollout:
         async with pool.slot():

@@ -28,6 +28,7 @@ import asyncio
 import itertools
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlkube.orchestrator.clock import PolicyClock
@@ -72,8 +73,12 @@ class WorkerSession:
 
 
 class WorkerHub:
-    def __init__(self, clock: PolicyClock, group_size: int, envs: list[str], timeout_s: float):
+    def __init__(self, clock: PolicyClock, group_size: int, envs: list[str], timeout_s: float,
+                 request_model: Callable[[], str] = lambda: ""):
         self.clock, self.group_size, self.envs, self.timeout_s = clock, group_size, envs, timeout_s
+        self.request_model = request_model
+        """The model name a group's requests name when it is sent (`InferencePool.request_model`;
+        "": the worker's own choice)."""
         self.sessions: list[WorkerSession] = []
         self.waiting: deque[Group] = deque()
         self.dispatch_ids = itertools.count(1)
@@ -171,5 +176,5 @@ class WorkerHub:
             group.out += 1
             session.outbox.put_nowait(
                 pb.GroupTask(dispatch_id=dispatch_id, env=group.env, example_id=group.example_id,
-                             group_size=self.group_size)
+                             group_size=self.group_size, model=self.request_model())
             )

@@ -41,20 +41,26 @@ class LoraLinear(nn.Module):
         return F.linear(x, self.weight, self.bias) + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
 
 
-def apply_lora(model: nn.Module, config: LoraConfig) -> nn.Module:
+def _linear_layers(model: nn.Module) -> dict[str, nn.Linear]:
+    return {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+
+
+def unmatched_targets(model: nn.Module, target_modules: list[str]) -> str | None:
+    """Why `target_modules` do not fit `model` (some name no linear layer of it), or None."""
+    linear = sorted({name.rpartition(".")[2] for name in _linear_layers(model)})
+    if unmatched := sorted(set(target_modules) - set(linear)):
+        return f"{unmatched} name no linear layer of {type(model).__name__} (its linear layers: {linear})"
+    return None
+
+
+def apply_lora(model: nn.Module, config: LoraConfig, field: str = "trainer.lora") -> nn.Module:
     """Freeze `model` and wrap every linear layer named in `config.target_modules` (works on
-    the meta device, before FSDP sharding; `init_adapters` gives the adapters their values)."""
-    targets = {
-        name: module for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and name.rpartition(".")[2] in config.target_modules
-    }
-    unmatched = set(config.target_modules) - {name.rpartition(".")[2] for name in targets}
-    if unmatched:
-        linear = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(
-            f"trainer.lora.target_modules: {sorted(unmatched)} name no linear layer of "
-            f"{type(model).__name__} (its linear layers: {linear})"
-        )
+    the meta device, before FSDP sharding; `init_adapters` gives the adapters their values).
+    `field`: where `config` sits in the run's config, for the error."""
+    if reason := unmatched_targets(model, config.target_modules):
+        raise ValueError(f"{field}.target_modules: {reason}")
+    targets = {name: module for name, module in _linear_layers(model).items()
+               if name.rpartition(".")[2] in config.target_modules}
     model.requires_grad_(False)
     for name, module in targets.items():
         parent, _, child = name.rpartition(".")

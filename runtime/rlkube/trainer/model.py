@@ -41,14 +41,15 @@ def load_tokenizer(config: ModelConfig):
 
 def build_model(
     config: ModelConfig, parallel: ParallelConfig, device: torch.device, dtype: torch.dtype,
-    packed_attention: bool = False, lora: LoraConfig | None = None,
+    packed_attention: bool = False, lora: LoraConfig | None = None, lora_field: str = "trainer.lora",
 ) -> nn.Module:
     """The model sharded over all ranks on `device`, in float32, in training mode.
 
     `packed_attention`: attend through `rlkube.trainer.rl.attention` (the RL trainer's packed
     rows with shared prompts) instead of the model's default attention. `lora`: freeze the
     model and train adapters (rlkube.trainer.lora), added before sharding so FSDP2 shards them
-    with their layer; they start from the seed set before (`torch.manual_seed`)."""
+    with their layer; they start from the seed set before (`torch.manual_seed`). `lora_field`:
+    where `lora` sits in the run's config, for errors."""
     from transformers import GenerationConfig
 
     path = checkpoint_dir(config.name)
@@ -59,7 +60,7 @@ def build_model(
         extra["attn_implementation"] = register()
     model = build_meta_model(config, **extra)
     if lora is not None:
-        apply_lora(model, lora)
+        apply_lora(model, lora, lora_field)
     parallelize(model, parallel, dtype)
     model.to_empty(device=device)
     init_unsaved_buffers(model)

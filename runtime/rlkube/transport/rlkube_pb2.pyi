@@ -180,15 +180,17 @@ class WorkerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., result: _Optional[_Union[GroupResult, _Mapping]] = ...) -> None: ...
 
 class GroupTask(_message.Message):
-    __slots__ = ("dispatch_id", "env", "example_id", "group_size", "temperature")
+    __slots__ = ("dispatch_id", "env", "example_id", "group_size", "temperature", "model")
     DISPATCH_ID_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     EXAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     dispatch_id: int
     env: str
     example_id: str
     group_size: int
     temperature: float
-    def __init__(self, dispatch_id: _Optional[int] = ..., env: _Optional[str] = ..., example_id: _Optional[str] = ..., group_size: _Optional[int] = ..., temperature: _Optional[float] = ...) -> None: ...
+    model: str
+    def __init__(self, dispatch_id: _Optional[int] = ..., env: _Optional[str] = ..., example_id: _Optional[str] = ..., group_size: _Optional[int] = ..., temperature: _Optional[float] = ..., model: _Optional[str] = ...) -> None: ...

@@ -10,7 +10,8 @@ inference replica to load it (`rlkube.inference.client.update_weights`).
   engine; the replicas are updated by the time `publish` returns.
 
 A LoRA run (`adapter_config` given) publishes its adapters alone as a PEFT directory through
-`storage` or `grpc`; inference merges them into its base weights.
+`storage` or `grpc`; inference serves them as a vLLM LoRA adapter or merges them into its base
+weights (`trainer.lora.serving`).
 """
 
 from abc import ABC, abstractmethod

@@ -9,7 +9,7 @@ snapshot without it, so it never loads half a snapshot.
 The storage transport writes a `Snapshot`'s files, the gRPC transport holds them in memory and
 streams them: one format for both. A LoRA run's snapshot is a PEFT adapter directory instead
 (`adapter_config.json` + `adapter_model.safetensors`, rlkube.trainer.lora), which inference
-recognises by its config and merges into its own base weights.
+serves as a vLLM LoRA adapter or merges into its own base weights (`trainer.lora.serving`).
 """
 
 import json

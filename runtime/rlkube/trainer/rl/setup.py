@@ -34,7 +34,7 @@ class TrainingEnv:
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective: what a policy update carries, on rank 0: the adapters alone in a
-        LoRA run (inference merges them into its base), else the full weights."""
+        LoRA run (`trainer.lora.serving`: served as an adapter or merged), else the full weights."""
         return adapter_state_dict(self.model) if self.lora else self.full_state_dict()
 
     def barrier(self) -> None:

@@ -58,7 +58,7 @@ class SFTTrainer:
         torch.manual_seed(config.seed)
         self.tokenizer = load_tokenizer(config.model)
         self.dtype = resolve_dtype(config.model.dtype, self.dist.device)
-        self.model = build_model(config.model, config.parallel, self.dist.device, self.dtype, lora=config.lora)
+        self.model = build_model(config.model, config.parallel, self.dist.device, self.dtype, lora=config.lora, lora_field="lora")
         self.num_params = count_parameters(self.model)
         self.optimizer = build_optimizer(self.model, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.scheduler, config.max_steps)

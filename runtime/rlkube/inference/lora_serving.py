@@ -1,0 +1,121 @@
+"""ASGI middleware for vLLM's server: load a LoRA run's published adapter with vLLM's own LoRA
+support, in place, under one fixed name (`POLICY_ADAPTER`).
+
+With `inference.max_lora_rank` set, `rlkube inference` starts vLLM with `--enable-lora` and adds
+this middleware. `POST /rlkube/load_lora_adapter?location=...&step=N&timeout=S` then:
+1. obtains the adapter directory of policy `step` at `location` (a local path or an fsspec URL of
+   a storage snapshot, or `grpc://host:port`), waiting up to `timeout` seconds for it, and
+   copies its two files into a staging directory of this server (a pod's local disk);
+2. loads it into the engine in place of the previous policy's adapter, on every worker, with
+   the adapter's id kept (requests that name it pick the new weights up);
+3. registers it under `POLICY_ADAPTER`, which requests name from then on.
+Only the adapter moves: megabytes per update, whatever the size of the base model, which the
+engine keeps as it is.
+
+Why not vLLM's `/v1/load_lora_adapter` with `load_inplace`: in vLLM 0.32 the request it stores
+for the adapter keeps `load_inplace=True`, so every scheduler step that serves it reads the
+adapter from disk again (checked: changing the file on disk changed the next outputs with no
+load in between). The request registered here does not carry the flag. The caller pauses the
+server around the call and resets the prefix cache after it (`rlkube.inference.client`): the
+cache keys on the adapter's id, which an in-place load keeps.
+"""
+
+import asyncio
+import atexit
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from rlkube.config.inference import POLICY_ADAPTER
+from rlkube.inference.client import ADAPTER_ROUTE as ROUTE
+from rlkube.transport.weights_grpc import fetch_snapshot
+from rlkube.transport.weights_snapshot import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from rlkube.transport.weights_storage import local_snapshot
+
+logger = logging.getLogger(__name__)
+
+GRPC_SCHEME = "grpc://"
+
+
+def stage_adapter(location: str, step: int, timeout: float, staging: Path) -> Path:
+    """Copy the adapter of policy `step` at `location` into `staging/step_N` (written whole
+    under a temporary name first); returns that directory."""
+    files = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
+    target, partial = staging / f"step_{step}", staging / f"step_{step}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    if location.startswith(GRPC_SCHEME):
+        snapshot = fetch_snapshot(location.removeprefix(GRPC_SCHEME), step, timeout)
+        if ADAPTER_CONFIG not in snapshot:
+            raise ValueError(f"{location} step {step} is not a LoRA adapter (no {ADAPTER_CONFIG}): full weights "
+                             "load through /collective_rpc, not as an adapter")
+        for name in files:
+            (partial / name).write_bytes(snapshot[name])
+    else:
+        with local_snapshot(location, timeout) as path:
+            if not (Path(path) / ADAPTER_CONFIG).is_file():
+                raise ValueError(f"{location} is not a LoRA adapter (no {ADAPTER_CONFIG}): full weights load "
+                                 "through /collective_rpc, not as an adapter")
+            for name in files:
+                shutil.copyfile(Path(path) / name, partial / name)
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return target
+
+
+class LoadLoraAdapter:
+    """Answers `POST /rlkube/load_lora_adapter`; passes everything else on to vLLM's app."""
+
+    def __init__(self, app):
+        self.app = app
+        self.staging = Path(tempfile.mkdtemp(prefix="rlkube-lora-"))
+        atexit.register(shutil.rmtree, self.staging, True)
+        self.lock = asyncio.Lock()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != ROUTE:
+            await self.app(scope, receive, send)
+            return
+        query = {key: values[0] for key, values in parse_qs(scope["query_string"].decode()).items()}
+        try:
+            location, step, timeout = query["location"], int(query.get("step", "-1")), float(query.get("timeout", "600"))
+        except (KeyError, ValueError) as e:
+            await _answer(send, 400, {"error": f"{ROUTE} needs location, step (int) and timeout (float): {e!r}"})
+            return
+        try:
+            async with self.lock:
+                summary = await self.load(scope["app"].state, location, step, timeout)
+        except Exception as e:  # the caller gets the reason; the server lives on
+            logger.exception("loading the LoRA adapter of step %s from %s failed", step, location)
+            await _answer(send, 500, {"error": f"loading the LoRA adapter of step {step} from {location}: {e}"})
+            return
+        await _answer(send, 200, {"result": summary})
+
+    async def load(self, state, location: str, step: int, timeout: float) -> str:
+        from vllm.lora.request import LoRARequest
+
+        start = time.perf_counter()
+        path = await asyncio.to_thread(stage_adapter, location, step, timeout, self.staging)
+        models = state.openai_serving_models
+        known = models.lora_requests.get(POLICY_ADAPTER)
+        adapter_id = known.lora_int_id if known else models.lora_id_counter.inc(1)
+        await state.engine_client.add_lora(LoRARequest(POLICY_ADAPTER, adapter_id, str(path), load_inplace=True))
+        models.lora_requests[POLICY_ADAPTER] = LoRARequest(POLICY_ADAPTER, adapter_id, str(path))
+        for old in self.staging.iterdir():
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True)
+        size = (path / ADAPTER_WEIGHTS).stat().st_size
+        took = time.perf_counter() - start
+        logger.info("loaded the LoRA adapter of step %d from %s in %.2fs (%d bytes)", step, location, took, size)
+        return f"adapter of step {step} from {location} in {took:.3f}s ({size} bytes)"
+
+
+async def _answer(send, status: int, body: dict) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})

@@ -37,3 +37,35 @@ def test_rlkube_eval_against_running_server(inference_server, tmp_path):
     rewards = [r for group in result["rewards"] for r in group]
     assert len(rewards) == 6 and all(0.0 <= r <= 1.0 for r in rewards)
     assert result["avg_at_k"] == pytest.approx(sum(rewards) / 6)
+
+
+def test_periodic_eval_asks_for_the_policy_the_replicas_serve(tiny_model, tmp_path):
+    """In a LoRA run served as an adapter, the orchestrator's eval of policy 0 asks for the
+    base model, and of later policies for the adapter they are served as (asked for the base
+    model, it would score policy 0 at every step)."""
+    import asyncio
+
+    from rlkube.config import OrchestratorConfig
+    from rlkube.config.inference import POLICY_ADAPTER
+    from rlkube.orchestrator.eval import periodic_eval
+    from rlkube.orchestrator.inference import InferencePool
+
+    from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
+
+    with FakeInferenceThread(FakeInference(str(tiny_model), stop_token_id=3)) as server:
+        config = OrchestratorConfig.model_validate({
+            "output_dir": tmp_path, "model": {"name": str(tiny_model)},
+            "client": {"base_urls": [server.url], "lora_adapter": POLICY_ADAPTER},
+            "eval": {"num_examples": 3, "sampling": {"max_tokens": 8}},
+        })
+        pool = InferencePool(config.client, config.model.name, config.model.name, config.sampling)
+        evaluate = periodic_eval(config, lambda: pool.request_model)
+
+        async def steps():
+            at_0 = await evaluate(0)
+            await pool.load_policy(1, "/w/step_1", 60)
+            return at_0, await evaluate(1)
+
+        metrics = asyncio.run(steps())
+    assert all(m["eval/reverse_text/errored_rollouts"] == 0 for m in metrics)
+    assert server.fake.requested_models == [str(tiny_model)] * 3 + [POLICY_ADAPTER] * 3

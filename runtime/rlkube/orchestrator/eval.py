@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,15 +163,17 @@ async def evaluate(
     envs: list[EnvConfig], base_urls: list[str], model: str, sampling: SamplingConfig, *,
     num_examples: int | None, rollouts_per_example: int, pass_threshold: float = 1.0,
     timeout_s: float = 600, max_concurrent: int = 64, loaded_envs: dict[str, Any] | None = None,
-    keep_samples: bool = False,
+    keep_samples: bool = False, renderer_model: str | None = None,
 ) -> list[EvalResult]:
     """Evaluate `model` served at `base_urls` on each environment of `envs`.
-    `loaded_envs` (name -> env) reuses environments built earlier (periodic eval)."""
+    `loaded_envs` (name -> env) reuses environments built earlier (periodic eval);
+    `renderer_model`: whose tokenizer renders the prompts when `model` names no model of its own
+    (a LoRA adapter); `model` when None."""
     from rlkube.envs import load_env
     from rlkube.envs.in_process import serving
     from rlkube.orchestrator.inference import model_contexts
 
-    contexts = model_contexts(base_urls, model, model, sampling, timeout_s)
+    contexts = model_contexts(base_urls, model, renderer_model or model, sampling, timeout_s)
     results = []
     for env_config in envs:
         name = env_config.name or env_config.id
@@ -184,9 +187,10 @@ async def evaluate(
     return results
 
 
-def periodic_eval(config) -> Any:
+def periodic_eval(config, request_model: Callable[[], str]) -> Any:
     """The orchestrator's `evaluate(step) -> metrics` for `config.eval` (an OrchestratorConfig);
-    environments are built once."""
+    environments are built once. Requests name `request_model()` (`InferencePool.request_model`:
+    a LoRA run's adapter once a policy is served as one)."""
     from rlkube.envs import load_env
 
     eval_config = config.eval
@@ -194,10 +198,10 @@ def periodic_eval(config) -> Any:
 
     async def run(step: int) -> dict[str, float]:
         results = await evaluate(
-            eval_config.envs, list(config.client.base_urls), config.model.name, eval_config.sampling,
+            eval_config.envs, list(config.client.base_urls), request_model(), eval_config.sampling,
             num_examples=eval_config.num_examples, rollouts_per_example=eval_config.rollouts_per_example,
             pass_threshold=eval_config.pass_threshold, timeout_s=config.client.timeout_s,
-            max_concurrent=config.client.max_concurrent, loaded_envs=loaded,
+            max_concurrent=config.client.max_concurrent, loaded_envs=loaded, renderer_model=config.model.name,
         )
         logger.info("eval at step %d: %s", step, {r.env: round(r.avg_at_k, 4) for r in results})
         return {k: v for r in results for k, v in r.metrics().items()}

@@ -2,7 +2,7 @@
 attention over segments and chunked log-probs ("new") against the dense `seq_len x seq_len`
 mask and full-vocabulary logits rlkube used before ("old", copied below as the baseline).
 
-    python benchmarks/trainer_memory.py [--seq-lens 2048 8192 32768] [--threads 2]
+    python benchmarks/trainer_memory.py [--seq-lens 2048 8192 32768] [--threads 2] [--device cuda]
 
 One step is the forward and backward of the default RL loss on one packed row of `seq_len`
 tokens (GRPO-shaped groups of 8 samples sharing their prompt) for a randomly initialised
@@ -13,6 +13,10 @@ Each configuration runs in a fresh process, and its memory is the growth of the 
 resident set (`ru_maxrss`) over the step, measured after the model, its gradient buffers and
 the batch exist: the step's activations and temporaries. Prints a table and the 32k/2k ratio
 of that growth (linear in the row length gives 16; an `S x S` tensor, 256).
+
+`--device cuda`: the same on the GPU, where the trainer's attention is FlexAttention (compiled:
+one untimed step first, at the same length), and memory is the growth of the peak of
+`torch.cuda.max_memory_allocated` over the step.
 """
 
 import argparse
@@ -103,7 +107,7 @@ def packed_row(seq_len: int, seed: int = 0) -> dict:
     return micro_batches[0]
 
 
-def run_one(path: str, seq_len: int, threads: int) -> dict:
+def run_one(path: str, seq_len: int, threads: int, device: str) -> dict:
     import torch
     from rlkube.config import LossConfig
     from rlkube.trainer.rl.attention import register
@@ -114,41 +118,62 @@ def run_one(path: str, seq_len: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     attention = register() if path == "new" else "sdpa"
-    model = Qwen3ForCausalLM(Qwen3Config(**MODEL, attn_implementation=attention))
+    model = Qwen3ForCausalLM(Qwen3Config(**MODEL, attn_implementation=attention)).to(device)
     model.config.use_cache = False
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
-    batch = packed_row(seq_len)
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in packed_row(seq_len).items()}
     batch["inference_logprobs"] = torch.where(batch["loss_mask"], -1.0, 0.0)
     logprobs_fn = policy_logprobs if path == "new" else legacy_policy_logprobs
 
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    def step() -> None:
+        logprobs, entropy = logprobs_fn(model, batch)
+        inputs = LossInputs(logprobs, batch["inference_logprobs"], batch["advantages"], batch["loss_mask"], batch["sample_ids"])
+        loss, _ = compute_loss(inputs, LossConfig(), int(batch["loss_mask"].sum()), entropy=entropy)
+        loss.backward()
+
+    on_gpu = device == "cuda"
+    if on_gpu:
+        step()  # compiles FlexAttention's kernels
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() / 1e9
+    else:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     start = time.perf_counter()
-    logprobs, entropy = logprobs_fn(model, batch)
-    inputs = LossInputs(logprobs, batch["inference_logprobs"], batch["advantages"], batch["loss_mask"], batch["sample_ids"])
-    loss, _ = compute_loss(inputs, LossConfig(), int(batch["loss_mask"].sum()), entropy=entropy)
-    loss.backward()
+    step()
+    if on_gpu:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = torch.cuda.max_memory_allocated() / 1e9 if on_gpu else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "tokens": int((batch["sample_ids"] >= 0).sum()),
-        "baseline_gb": before / 1e6, "step_gb": (peak - before) / 1e6, "seconds": seconds,
+        "baseline_gb": before, "step_gb": peak - before, "seconds": seconds,
     }
 
 
 # --- the parent: every configuration side by side ---
 
+def torch_device_name() -> str:
+    import torch
+
+    return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 8192, 32768])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--old-limit-gb", type=float, default=OLD_PATH_LIMIT_GB,
+                        help="skip the old path where its estimated largest tensors exceed this")
     parser.add_argument("--child", nargs=2, metavar=("PATH", "SEQ_LEN"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_one(args.child[0], int(args.child[1]), args.threads)))
+        print(json.dumps(run_one(args.child[0], int(args.child[1]), args.threads, args.device)))
         return
 
     from rich.console import Console
@@ -158,11 +183,12 @@ def main() -> None:
     # the new path first: its figures are the point, and the old path's are the slow ones
     for path in ("new", "old"):
         for seq_len in args.seq_lens:
-            if path == "old" and (estimate := old_path_estimate_gb(seq_len)) > OLD_PATH_LIMIT_GB:
-                results[path, seq_len] = f"skipped: needs ~{estimate:.0f} GB (> {OLD_PATH_LIMIT_GB:g} GB)"
+            if path == "old" and (estimate := old_path_estimate_gb(seq_len)) > args.old_limit_gb:
+                results[path, seq_len] = f"skipped: needs ~{estimate:.0f} GB (> {args.old_limit_gb:g} GB)"
                 continue
             child = subprocess.run(
-                [sys.executable, __file__, "--threads", str(args.threads), "--child", path, str(seq_len)],
+                [sys.executable, __file__, "--threads", str(args.threads), "--device", args.device,
+                 "--child", path, str(seq_len)],
                 check=False, capture_output=True, text=True, env=os.environ | {"TRANSFORMERS_VERBOSITY": "error"},
             )
             if child.returncode:
@@ -174,9 +200,10 @@ def main() -> None:
     first = next(r for r in results.values() if isinstance(r, dict))
     table = Table(
         title="one RL trainer step (forward + backward) on one packed row",
-        caption=f"Qwen3-shaped, {first['params'] / 1e6:.0f}M parameters, float32, activation checkpointing, CPU, "
-        f"{args.threads} threads; "
-        "memory: growth of peak RSS over the step (fresh process each)",
+        caption=f"Qwen3-shaped, {first['params'] / 1e6:.0f}M parameters, float32, activation checkpointing, "
+        + (f"{torch_device_name()}; memory: growth of peak CUDA allocation over the step" if args.device == "cuda"
+           else f"CPU, {args.threads} threads; memory: growth of peak RSS over the step")
+        + " (fresh process each)",
     )
     for column in ("seq_len", "tokens", "old: step memory", "new: step memory", "old: µs/token", "new: µs/token"):
         table.add_column(column, justify="right")

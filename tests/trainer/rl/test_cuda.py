@@ -5,12 +5,10 @@
 import pytest
 import torch
 from rlkube.config import TrainerConfig
-from rlkube.orchestrator.packing import pack_batch
-from rlkube.trainer.rl.attention import register
 from rlkube.trainer.rl.packed import policy_logprobs
 
 from tests.fixtures.inference import free_port
-from tests.trainer.rl.test_packed import grouped_samples, logprobs_and_grads
+from tests.trainer.rl.test_packed import logprobs_and_grads, model_and_rows
 from tests.trainer.rl.test_trainer import (
     Server,
     SyntheticSource,
@@ -33,14 +31,8 @@ def test_flex_attention_gives_shared_prompts_the_unshared_logprobs_and_gradients
     """What `test_packed` checks on CPU's tiles, on CUDA's FlexAttention: rows whose groups share
     their prompt give every sample the log-probs and gradients of rows that repeat it, and both
     match the CPU's."""
-    from transformers import AutoModelForCausalLM
-
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation=register())
-    samples = grouped_samples(groups=5, group_size=4)
-    plain = pack_batch(samples, 64, world_size=1, micro_batch_rows=3, share_prompts=False)[0]
-    shared = pack_batch(samples, 64, world_size=1, micro_batch_rows=3, share_prompts=True)[0]
+    model, _, plain, shared = model_and_rows(tiny_model)
     lp_cpu, grads_cpu, _ = logprobs_and_grads(model, plain)
     model.cuda()
     lp_plain, grads_plain, _ = logprobs_and_grads(model, [on_cuda(b) for b in plain])

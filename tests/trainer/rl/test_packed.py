@@ -96,19 +96,26 @@ def logprobs_and_grads(model, micro_batches) -> tuple[dict[float, torch.Tensor],
     return per_sample, grads, tokens
 
 
-@pytest.mark.parametrize("query_chunk", [512, 16], ids=["one-tile-per-row", "tiles-of-16-queries"])
-def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_model, query_chunk, monkeypatch):
-    from rlkube.trainer.rl import attention
+def model_and_rows(tiny_model) -> tuple[torch.nn.Module, list[Sample], list[dict], list[dict]]:
+    """The tiny model on the segment attention; 5 groups of 4 samples; their micro-batches of
+    64-token rows with each prompt repeated, and with prompts shared (most groups do not fit
+    one row, so they split and repeat the prompt)."""
     from transformers import AutoModelForCausalLM
-
-    monkeypatch.setattr(attention, "QUERY_CHUNK", query_chunk)
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation=register())
     samples = grouped_samples(groups=5, group_size=4)
-    # rows of 64 tokens: most groups do not fit one row, so they split and repeat the prompt
-    plain = pack_batch(samples, 64, world_size=1, micro_batch_rows=3, share_prompts=False)[0]
-    shared = pack_batch(samples, 64, world_size=1, micro_batch_rows=3, share_prompts=True)[0]
+    plain, shared = (pack_batch(samples, 64, world_size=1, micro_batch_rows=3, share_prompts=share)[0]
+                     for share in (False, True))
+    return model, samples, plain, shared
+
+
+@pytest.mark.parametrize("query_chunk", [512, 16], ids=["one-tile-per-row", "tiles-of-16-queries"])
+def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_model, query_chunk, monkeypatch):
+    from rlkube.trainer.rl import attention
+
+    monkeypatch.setattr(attention, "QUERY_CHUNK", query_chunk)
+    model, samples, plain, shared = model_and_rows(tiny_model)
     lp_plain, grads_plain, tokens_plain = logprobs_and_grads(model, plain)
     lp_shared, grads_shared, tokens_shared = logprobs_and_grads(model, shared)
 

@@ -79,7 +79,7 @@ def lora_server(tiny_model, tmp_path_factory):
         "max_model_len": 512, "max_num_seqs": 8, "start_paused": False, "max_lora_rank": LORA.rank,
     })
     server = InferenceProcess(config, tmp_path_factory.mktemp("lora_server"))
-    with server.start():
+    with server:
         try:
             asyncio.run(server.wait_until_healthy(timeout=600))
         except RuntimeError as e:

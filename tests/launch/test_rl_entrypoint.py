@@ -9,6 +9,8 @@ from rlkube.entrypoints.rl import main
 from rlkube.launch.checkpoints import MARKER, checkpoint_root, part_dir, resolve_resume_step
 from rlkube.launch.local import child_stages, write_process_configs
 
+from tests.fixtures.inference import free_port
+
 
 def test_dry_run_writes_each_process_config(tmp_path):
     out = tmp_path / "run"
@@ -55,7 +57,9 @@ def test_a_taken_teacher_port_is_refused_before_anything_starts(tmp_path, capsys
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
-        argv = ["--output-dir", str(tmp_path), "--teacher.model.name", str(tmp_path), "--teacher.port", str(port)]
+        # inference on a free port too: the default 8000 may be another run's
+        argv = ["--output-dir", str(tmp_path), "--teacher.model.name", str(tmp_path), "--teacher.port", str(port),
+                "--inference.port", str(free_port())]
         assert main(argv) == 2
     assert f"teacher.port: 127.0.0.1:{port} is in use" in capsys.readouterr().err
     assert not (tmp_path / "logs").exists(), "no child was started"

@@ -32,13 +32,12 @@ from urllib.parse import parse_qs
 
 from rlkube.config.inference import POLICY_ADAPTER
 from rlkube.inference.client import ADAPTER_ROUTE as ROUTE
+from rlkube.inference.worker import GRPC_SCHEME
 from rlkube.transport.weights_grpc import fetch_snapshot
 from rlkube.transport.weights_snapshot import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from rlkube.transport.weights_storage import local_snapshot
 
 logger = logging.getLogger(__name__)
-
-GRPC_SCHEME = "grpc://"
 
 
 def stage_adapter(location: str, step: int, timeout: float, staging: Path) -> Path:

@@ -21,7 +21,10 @@ clients rely on:
   kubelet's last word); an object with finalizers stays until they are gone;
   `propagationPolicy` Foreground/Orphan adds the `foregroundDeletion`/`orphan` finalizer that
   the garbage collector (controllers.py) acts on; preconditions (uid, resourceVersion);
-- admission: the CRDs' CEL rules (admission.py) on every write but to `/status`;
+- admission (admission.py) on every write but to `/status`: the CRDs' CEL rules, transition
+  rules (`oldSelf`) on updates, and the fields of built-in kinds that cannot change (a Job's
+  template and selector, a StatefulSet's spec but replicas/template/..., a PVC's spec but its
+  requests, a Service's clusterIP, an immutable ConfigMap's data);
 - discovery, OpenAPI v3 and Table output (resources.py); `pods/<name>/log` from the kubelet's
   log files when `logs` is given;
 - reactions declared with kmock's DSL (`server["fetch v1/configmaps"] << 403`) answer first,
@@ -476,7 +479,7 @@ class ApiServer(kmock.KubernetesEmulator):
             if new == old:
                 return old
             if subresource != "status":
-                _admit(kind, new)
+                _admit(kind, new, old)
             if {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
                     {k: v for k, v in old.items() if k not in ("metadata", "status")}:
                 meta["generation"] = old["metadata"].get("generation", 1) + 1
@@ -514,9 +517,14 @@ class ApiServer(kmock.KubernetesEmulator):
             return obj
 
 
-def _admit(kind: Kind, obj: dict) -> None:
-    if errors := admission.check(kind.schema, obj):
-        raise ApiError(422, "Invalid", f'{kind.kind} "{obj["metadata"]["name"]}" is invalid: ' + "; ".join(errors))
+def _admit(kind: Kind, obj: dict, old: dict | None = None) -> None:
+    """The CRDs' CEL rules (transition rules on an update), and the built-in kinds' immutable fields."""
+    errors = admission.check(kind.schema, obj, old)
+    if old is not None:
+        errors += admission.immutable_violations(kind.kind, old, obj)
+    if errors:
+        qualified = f"{kind.kind}.{kind.group}" if kind.group else kind.kind
+        raise ApiError(422, "Invalid", f'{qualified} "{obj["metadata"]["name"]}" is invalid: ' + "; ".join(errors))
 
 
 def _normalized(obj: dict) -> dict:

@@ -56,15 +56,15 @@ def test_status_subresource_generation_and_conflicts(local_api, ns):
     assert cm["metadata"]["name"].startswith("c-") and cm["metadata"]["uid"]
     run = local_api.create(rlrun_path(ns), rlrun("r", status={"phase": "Succeeded"}))
     assert run["status"] == {}, "status is not set through the object"
-    patched = local_api.patch(rlrun_path(ns, "r"), {"spec": {"image": "b"}, "status": {"phase": "Failed"}})
+    patched = local_api.patch(rlrun_path(ns, "r"), {"spec": {"suspend": True}, "status": {"phase": "Failed"}})
     assert patched["metadata"]["generation"] == 2 and patched["status"] == {}
     labelled = local_api.patch(rlrun_path(ns, "r"), {"metadata": {"labels": {"a": "b"}}})
     assert labelled["metadata"]["generation"] == 2
-    status = local_api.patch(rlrun_path(ns, "r") + "/status", {"spec": {"image": "c"}, "status": {"phase": "Running"}})
-    assert status["status"] == {"phase": "Running"} and status["spec"]["image"] == "b"
+    status = local_api.patch(rlrun_path(ns, "r") + "/status", {"spec": {"suspend": False}, "status": {"phase": "Running"}})
+    assert status["status"] == {"phase": "Running"} and status["spec"]["suspend"] is True
     unchanged = local_api.patch(rlrun_path(ns, "r") + "/status", {"status": {"phase": "Running"}})
     assert unchanged["metadata"]["resourceVersion"] == status["metadata"]["resourceVersion"]
-    stale = {"metadata": {"resourceVersion": run["metadata"]["resourceVersion"]}, "spec": {"image": "d"}}
+    stale = {"metadata": {"resourceVersion": run["metadata"]["resourceVersion"]}, "spec": {"suspend": False}}
     response = local_api.request("PATCH", rlrun_path(ns, "r"), stale, ok=(409,))
     assert response.json()["reason"] == "Conflict"
     local_api.request("POST", "/api/v1/namespaces/nowhere/configmaps", {"metadata": {"name": "x"}}, ok=(404,))
@@ -77,6 +77,69 @@ def test_cel_rules_of_the_crd_are_enforced(local_api, ns):
     local_api.create(rlrun_path(ns), rlrun("r"))
     response = local_api.request("PATCH", rlrun_path(ns, "r"), {"spec": {"config": {"inference": {"replicas": 3}}}}, ok=(422,))
     assert "config.inference.replicas must equal inference.replicas" in response.json()["message"]
+
+
+def test_transition_rules_of_the_crd_are_enforced_on_updates(local_api, ns):
+    """The CRD's `oldSelf` rules: a started run's image and storage cannot change, its suspend can."""
+    local_api.create(rlrun_path(ns), rlrun("r"))
+    response = local_api.request("PATCH", rlrun_path(ns, "r"), {"spec": {"image": "other:1"}}, ok=(422,))
+    assert "spec.image: spec.image cannot change once the run is created" in response.json()["message"]
+    claim = {"spec": {"storage": {"pvc": {"claimName": "elsewhere"}}}}
+    assert "spec.storage cannot change" in local_api.request("PATCH", rlrun_path(ns, "r"), claim, ok=(422,)).json()["message"]
+    out = local_api.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(rlrun("r") | {"spec": {
+        **rlrun("r")["spec"], "image": "other:1"}}), check=False)
+    assert "spec.image cannot change" in out, out
+    assert local_api.patch(rlrun_path(ns, "r"), {"spec": {"suspend": True}})["spec"]["suspend"] is True
+
+
+def _job(name: str, **spec) -> dict:
+    template = {"metadata": {"labels": {"app": name}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "x"}]}}
+    return {"metadata": {"name": name}, "spec": {"template": template, **spec}}
+
+
+def test_immutable_fields_of_built_in_kinds_are_refused(local_api, ns):
+    """As kube-apiserver's validation: what the operator may patch, and what it may not."""
+    jobs = f"/apis/batch/v1/namespaces/{ns}/jobs"
+    local_api.create(jobs, _job("running"))
+    image = {"spec": {"template": {"spec": {"containers": [{"name": "main", "image": "y"}]}}}}
+    refused = local_api.request("PATCH", f"{jobs}/running", image, content_type="application/strategic-merge-patch+json",
+                                ok=(422,)).json()["message"]
+    assert refused.startswith('Job.batch "running" is invalid: spec.template: field is immutable'), refused
+    assert local_api.patch(f"{jobs}/running", {"spec": {"suspend": True, "activeDeadlineSeconds": 9}})["spec"]["suspend"]
+    # A suspended Job that never started takes scheduling directives (Kueue's flavours), only those.
+    local_api.create(jobs, _job("queued", suspend=True))
+    flavour = {"spec": {"template": {"spec": {"nodeSelector": {"pool": "a"}, "tolerations": [{"key": "a"}]}}}}
+    assert local_api.patch(f"{jobs}/queued", flavour)["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "a"}
+    local_api.request("PATCH", f"{jobs}/queued", {"spec": {"template": {"spec": {"restartPolicy": "OnFailure"}}}},
+                      ok=(422,))
+
+    sets = f"/apis/apps/v1/namespaces/{ns}/statefulsets"
+    sts = {"metadata": {"name": "s"}, "spec": {"serviceName": "s", "replicas": 1, "selector": {"matchLabels": {"a": "s"}},
+                                               "template": {"metadata": {"labels": {"a": "s"}}, "spec": {}}}}
+    local_api.create(sets, sts)
+    assert local_api.patch(f"{sets}/s", {"spec": {"replicas": 0}})["spec"]["replicas"] == 0
+    refused = local_api.request("PATCH", f"{sets}/s", {"spec": {"serviceName": "t"}}, ok=(422,)).json()["message"]
+    assert "updates to statefulset spec for fields other than" in refused
+    deployments = f"/apis/apps/v1/namespaces/{ns}/deployments"
+    local_api.create(deployments, sts | {"spec": {k: v for k, v in sts["spec"].items() if k != "serviceName"}})
+    local_api.request("PATCH", f"{deployments}/s", {"spec": {"selector": {"matchLabels": {"a": "t"}}}}, ok=(422,))
+
+    claims = f"/api/v1/namespaces/{ns}/persistentvolumeclaims"
+    local_api.create(claims, {"metadata": {"name": "c"}, "spec": {"accessModes": ["ReadWriteOnce"],
+                                                                 "resources": {"requests": {"storage": "1Gi"}}}})
+    grown = local_api.patch(f"{claims}/c", {"spec": {"resources": {"requests": {"storage": "2Gi"}}}})
+    assert grown["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    local_api.request("PATCH", f"{claims}/c", {"spec": {"storageClassName": "fast"}}, ok=(422,))
+
+    services = f"/api/v1/namespaces/{ns}/services"
+    local_api.create(services, {"metadata": {"name": "h"}, "spec": {"clusterIP": "None", "selector": {"a": "s"}}})
+    assert local_api.patch(f"{services}/h", {"spec": {"selector": {"a": "t"}}})["spec"]["selector"] == {"a": "t"}
+    local_api.request("PATCH", f"{services}/h", {"spec": {"clusterIP": None}}, ok=(422,))
+
+    configmaps = f"/api/v1/namespaces/{ns}/configmaps"
+    local_api.create(configmaps, {"metadata": {"name": "frozen"}, "immutable": True, "data": {"a": "1"}})
+    local_api.request("PATCH", f"{configmaps}/frozen", {"data": {"a": "2"}}, ok=(422,))
 
 
 def test_finalizers_hold_deletion_as_kopf_expects(local_api, ns):

@@ -18,6 +18,11 @@ replica holds the Lease; a holder that cannot renew within `renew_deadline` (sho
 at once: `run` exits the process and the pod restarts as a candidate. A graceful stop (SIGTERM,
 a rolling update) lets the reconcile pass in flight finish, then releases the Lease, so the
 other replica takes over without waiting for it to expire.
+
+Every Lease call runs on the elector's own thread, never in the event loop's default executor:
+that pool runs the reconcile passes, and passes held up by slow API calls or by runs' pods
+(each read is bounded, `podread`, but many can be in flight) would otherwise queue the renewal
+behind them until the leader gives up.
 """
 
 import asyncio
@@ -31,6 +36,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlparse
@@ -195,31 +201,40 @@ async def lead(lock: LeaseLock, operate: Operate, stop: asyncio.Event, *, standb
     other arguments bound) while renewing it. Returns after `operate` ends, the Lease released;
     raises LeadershipLost, with `operate` cancelled, as soon as the Lease is lost. A cancelled
     `lead` (a crash, in tests) cancels `operate` and releases nothing."""
+    lease_thread = ThreadPoolExecutor(1, thread_name_prefix=f"lease-{lock.election.lease_name}")
+    try:
+        await _lead(lock, operate, stop, lease_thread, standby_liveness)
+    finally:  # a renewal hung on a lost API server ends by its own request timeout
+        lease_thread.shutdown(wait=False, cancel_futures=True)
+
+
+async def _lead(lock: LeaseLock, operate: Operate, stop: asyncio.Event, lease_thread: ThreadPoolExecutor,
+                standby_liveness: str | None) -> None:
     async with _serving_liveness(standby_liveness):
-        if not await _acquire(lock, stop):
+        if not await _acquire(lock, stop, lease_thread):
             return
     election = lock.election
     log.info("%s holds lease %s/%s: reconciling", election.identity, election.namespace, election.lease_name)
     operator = asyncio.create_task(operate(stop_flag=stop))
     try:
-        await _renew_while_running(lock, operator)
+        await _renew_while_running(lock, operator, lease_thread)
     except BaseException:
         operator.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await operator
         raise
-    await asyncio.get_running_loop().run_in_executor(None, lock.release)
+    await asyncio.get_running_loop().run_in_executor(lease_thread, lock.release)
     if not operator.cancelled():  # kopf ends by cancelling itself when stopped
         operator.result()
 
 
-async def _acquire(lock: LeaseLock, stop: asyncio.Event) -> bool:
+async def _acquire(lock: LeaseLock, stop: asyncio.Event, lease_thread: ThreadPoolExecutor) -> bool:
     """Try every retry_period until the Lease is ours (True) or `stop` is set (False)."""
     loop = asyncio.get_running_loop()
     waiting_for = None
     while not stop.is_set():
         try:
-            if await loop.run_in_executor(None, lock.try_acquire_or_renew):
+            if await loop.run_in_executor(lease_thread, lock.try_acquire_or_renew):
                 return True
         except API_ERRORS as e:  # the API server unreachable or failing: keep trying
             log.warning("cannot read lease %s: %s", lock.election.lease_name, e)
@@ -231,7 +246,7 @@ async def _acquire(lock: LeaseLock, stop: asyncio.Event) -> bool:
     return False
 
 
-async def _renew_while_running(lock: LeaseLock, operator: asyncio.Task) -> None:
+async def _renew_while_running(lock: LeaseLock, operator: asyncio.Task, lease_thread: ThreadPoolExecutor) -> None:
     """Renew every retry_period until `operator` ends. A renewal counts from when it was sent
     (the Lease was written after that); a failed one is retried until renew_deadline has passed
     since the last success. Uses no tasks of its own: kopf cancels any task that is younger than
@@ -243,7 +258,7 @@ async def _renew_while_running(lock: LeaseLock, operator: asyncio.Task) -> None:
         if operator.done():
             return
         sent_at, deadline = loop.time(), renewed_at + election.renew_deadline
-        attempt = loop.run_in_executor(None, lock.try_acquire_or_renew)
+        attempt = loop.run_in_executor(lease_thread, lock.try_acquire_or_renew)
         await asyncio.wait({attempt}, timeout=max(0.0, deadline - sent_at))
         error = attempt.exception() if attempt.done() else None
         if attempt.done() and error is None:

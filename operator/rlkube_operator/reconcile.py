@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ValidationError
 from rlkube.config.cli import format_validation_error
 
-from rlkube_operator import builders, lifetime, observe, progress, queueing
+from rlkube_operator import builders, lifetime, observe, podread, progress, queueing
 from rlkube_operator.conditions import Conditions
 from rlkube_operator.kube import ForeignChild, Kube
 from rlkube_operator.names import SFT_STATUS_PORT, RunRef
@@ -334,7 +334,7 @@ class Reconciler:
             conditions.set(f"{comp.capitalize()}Ready", h.ready, h.reason, h.message)
         if "teacher" not in health:
             conditions.drop("TeacherReady")  # a teacher dropped while suspended
-        self._read_progress(run, workload, spec, attempt, health, status)
+        self._read_progress(run, workload, spec, health, status, conditions)
         was_running = status.get("phase") == "Running"
         phase, message, degraded = self._phase(spec, health, terminal, why, was_running, hold)
         if terminal:
@@ -419,10 +419,11 @@ class Reconciler:
         return "Initializing", "; ".join(f"{c}: {h.message}" for c, h in health.items() if not h.ready), None
 
     def _read_progress(
-        self, run: RunRef, workload: Workload, spec: RLRunSpec | SFTRunSpec, attempt: int,
-        health: dict[str, observe.Health], status: dict,
+        self, run: RunRef, workload: Workload, spec: RLRunSpec | SFTRunSpec,
+        health: dict[str, observe.Health], status: dict, conditions: Conditions,
     ) -> None:
-        """Step, reward and checkpoint from the orchestrator (RLRun) or trainer pod 0 (SFTRun)."""
+        """Step, reward and checkpoint from the orchestrator (RLRun) or trainer pod 0 (SFTRun);
+        `ProgressReadable` says whether the last read worked, and if not from where and why."""
         if workload.trainer_status_port is None:
             source, service = "orchestrator", run.child("orchestrator")
         else:
@@ -432,9 +433,13 @@ class Reconciler:
             return
         url = progress.status_url(self.settings.status_url_template, service=service,
                                   namespace=run.namespace, port=port)
-        data = progress.read_progress(url)
-        if data is None:
+        try:
+            data = progress.read_progress(url)
+        except podread.Unreadable as e:
+            if conditions.set("ProgressReadable", False, e.reason, str(e)):
+                log.warning("progress of %s %s/%s unreadable: %s", run.kind, run.namespace, run.name, e)
             return
+        conditions.set("ProgressReadable", True, "Read", f"{source} status read from {url}")
         for ours, theirs in (("step", "step"), ("reward", "reward"), ("lastCheckpointStep", "last_checkpoint_step")):
             if data.get(theirs) is not None:
                 status[ours] = data[theirs]

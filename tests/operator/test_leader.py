@@ -13,18 +13,20 @@ import socket
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 import kopf
 import kubernetes_validate
 import pytest
 from kubernetes import client
-from rlkube_operator import leader
+from rlkube_operator import leader, podread, progress
 from rlkube_operator.kube import Kube
 from rlkube_operator.main import build_registry, parse_args
 from rlkube_operator.reconcile import Reconciler, Settings
 
 from tests.operator.cluster import NS, Cluster, declare_resources
+from tests.operator.hostile import serve_status_pods
 from tests.operator.test_helm import operator_args, render
 from tests.operator.test_operator_kmock import rlrun
 
@@ -49,10 +51,14 @@ def requests_of(server, token: str) -> list[tuple[int, object]]:
 
 class Replica:
     """One operator pod: `crash()` kills it without a word (the Lease stays held until it
-    expires), `stop()` is SIGTERM (kopf stops, the Lease is released)."""
+    expires), `stop()` is SIGTERM (kopf stops, the Lease is released). `workers`: the size of
+    its reconcile thread pool (the event loop's default executor; None: Python's default,
+    min(32, CPUs + 4)); `registry_options`: `build_registry`'s pacing."""
 
-    def __init__(self, name: str, cluster: Cluster, status_url: str, lease: str = LEASE, **timing):
+    def __init__(self, name: str, cluster: Cluster, status_url: str, lease: str = LEASE, *,
+                 workers: int | None = None, registry_options: dict | None = None, **timing):
         self.name, self.error = name, None
+        self._workers, self._registry_options = workers, registry_options or {"interval": 0.3}
         self.liveness = free_port_url()
         self._url = str(cluster.server.url).rstrip("/")
         self._status_url = status_url
@@ -96,9 +102,11 @@ class Replica:
     async def _lead(self) -> None:
         self._loop, self._task, self._stop = asyncio.get_running_loop(), asyncio.current_task(), asyncio.Event()
         self._started.set()
+        if self._workers:
+            self._loop.set_default_executor(ThreadPoolExecutor(self._workers, thread_name_prefix=f"{self.name}-pass"))
         api = self._api()
         registry = build_registry(Reconciler(Kube(api), Settings(status_url_template=self._status_url)),
-                                  interval=0.3, login=self._login)
+                                  login=self._login, **self._registry_options)
         settings = kopf.OperatorSettings()
         settings.watching.reconnect_backoff = 0.2
         operate = functools.partial(kopf.operator, registry=registry, settings=settings, standalone=True,
@@ -374,3 +382,47 @@ async def test_a_leader_process_that_loses_the_lease_exits_to_restart(replicas, 
     await cluster.until(lambda: holder(cluster) == "operator-a", what="a holds the lease")
     await cluster.patch("Lease", LEASE, {"spec": {"holderIdentity": "operator-z"}})
     assert await exit_code(a) == 1
+
+
+async def renewal_gaps(cluster: Cluster, seconds: float) -> list[float]:
+    """Seconds between the Lease's successive renewals seen over `seconds` (sampled every 50 ms)."""
+    loop, seen, gaps = asyncio.get_running_loop(), None, []
+    end = changed = loop.time()
+    end += seconds
+    while loop.time() < end:
+        renewed = ((cluster.get("Lease", LEASE) or {}).get("spec") or {}).get("renewTime")
+        if renewed != seen:
+            seen, gaps, changed = renewed, gaps + [loop.time() - changed], loop.time()
+        await asyncio.sleep(0.05)
+    return gaps[1:] + [loop.time() - changed]
+
+
+async def test_the_leader_renews_while_every_reconcile_worker_reads_a_trickling_pod(kmock):
+    """Two reconcile workers and three runs whose orchestrators trickle their GET /status a
+    byte every 0.2 s (no socket read ever waits long): every worker is held by a pod. The Lease
+    is renewed on time all along, each read ends at its deadline, and each run says why its
+    progress cannot be read."""
+    declare_resources(kmock)
+    cluster = Cluster(kmock)
+    names = [f"trickle-{i}" for i in range(3)]
+    async with serve_status_pods(trickle_every=0.2) as pods:
+        a = Replica("operator-a", cluster, pods.url, workers=2, **FAST).start()
+        await cluster.until(lambda: holder(cluster) == "operator-a", what="a holds the lease")
+        for name in names:
+            await cluster.create(rlrun(name))
+        for name in names:
+            owner = await cluster.until(lambda: cluster.get("Deployment", f"{name}-orchestrator"), what="orchestrator")
+            await cluster.run_pods(owner, 1)
+        await cluster.until(lambda: a.error or len(pods.hostile_seconds["trickle"]) >= len(names), what="reads cut")
+        gaps = await renewal_gaps(cluster, 2 * FAST["renew_deadline"])
+        assert a.error is None and holder(cluster) == "operator-a"
+        assert max(gaps) < FAST["renew_deadline"], gaps
+        assert max(pods.hostile_seconds["trickle"]) < podread.DEADLINE_S + 2
+        for name in names:
+            url = progress.status_url(pods.url, service=f"{name}-orchestrator", namespace=NS, port=8080)
+            unreadable = await cluster.until(lambda: next(c for c in cluster.status("RLRun", name)["conditions"]
+                                                          if c["type"] == "ProgressReadable"), what="condition")
+            assert (unreadable["status"], unreadable["reason"]) == ("False", "ReadTimeout")
+            assert unreadable["message"] == f"status read from {url} exceeded {podread.DEADLINE_S:g} s"
+        await a.stop()
+    assert a.error is None

@@ -27,8 +27,10 @@ RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -c constr
 # The reverse-text example starts from a tiny model made here (no download at run time).
 RUN rlkube model init --out /opt/rlkube/models/tiny-reverse-text
 
-RUN useradd --uid 1000 --create-home rlkube
-USER 1000
+# uid and gid 1000: what the operator's pods run as (spec.securityContext's defaults), on a
+# read-only root filesystem with $HOME=/tmp (an emptyDir).
+RUN groupadd --gid 1000 rlkube && useradd --uid 1000 --gid 1000 --create-home rlkube
+USER 1000:1000
 WORKDIR /home/rlkube
 ENTRYPOINT []
 CMD ["rlkube", "--help"]

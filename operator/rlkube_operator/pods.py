@@ -97,12 +97,14 @@ def container(
 ) -> dict:
     """The component's container: the operator's env, envFrom and mounts, then the user's."""
     store = spec.storage.object_store
-    env = list(env or []) + [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    # The root filesystem is read-only: caches under $HOME (Hugging Face, vLLM, Triton) go to /tmp.
+    env = list(env or []) + [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "HOME", "value": "/tmp"}]
     if store and store.endpoint_url:
         env.append({"name": "AWS_ENDPOINT_URL", "value": store.endpoint_url})
     env += [e.model_dump(by_alias=True, exclude_none=True) for e in settings.env]
     # Credentials stay in the user's Secret; the pod reads them, the operator never does.
-    env_from = [{"secretRef": {"name": store.secret_name}}] if store and store.secret_name else []
+    secret = store_secret(spec, name)
+    env_from = [{"secretRef": {"name": secret}}] if secret else []
     env_from += settings.env_from
     out = {
         "name": name,
@@ -113,7 +115,10 @@ def container(
         "env": env,
         "resources": resources(res, gpus),
         "volumeMounts": volume_mounts(spec) + settings.volume_mounts,
-        "securityContext": container_security(spec),
+        # The runtime writes its error (naming the field) to /dev/termination-log; a crash that
+        # wrote none leaves its log's tail: either way the operator can say why the pod failed.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security(),
         **(probes or {}),
     }
     if env_from:
@@ -121,11 +126,34 @@ def container(
     return out
 
 
-def container_security(spec: RunSpecBase) -> dict:
-    out = {"allowPrivilegeEscalation": False}
-    if spec.security_context and spec.security_context.run_as_non_root:
-        out["capabilities"] = {"drop": ["ALL"]}
-    return out
+STORE_WRITERS = ("trainer", "orchestrator")
+STORE_READERS = ("inference",)
+"""Who gets the object store's credentials: the trainer (weights, checkpoints, compile cache)
+and the orchestrator (its checkpoints) write; inference reads weight snapshots when they go
+through the store. Env workers (user environment code) and the teacher get none."""
+
+
+def store_secret(spec: RunSpecBase, component: str) -> str | None:
+    """The Secret with the object store's credentials that `component` gets, if any."""
+    store = spec.storage.object_store
+    if store is None or component not in STORE_WRITERS + STORE_READERS:
+        return None
+    if component in STORE_WRITERS:
+        return store.secret_name
+    weights = spec.config.weights
+    if weights.type != "storage" or (weights.url is not None and "://" not in weights.url):
+        return None  # weights reach inference by gRPC/NCCL, or on the shared volume
+    return store.read_only_secret_name or store.secret_name
+
+
+def container_security() -> dict:
+    """What the `restricted` Pod Security Standard asks of each container, and a read-only root
+    filesystem: the runtime writes only to its volumes (/tmp, the run's data, /dev/shm)."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+    }
 
 
 def pod_template(run: RunRef, spec: RunSpecBase, settings: PodSettings, component: str, containers: list[dict],
@@ -145,6 +173,9 @@ def pod_spec(run: RunRef, spec: RunSpecBase, settings: PodSettings, containers: 
         "containers": containers,
         "volumes": volumes(run, spec, config_files) + settings.volumes,
         "enableServiceLinks": False,
+        # The runtime never talks to the Kubernetes API.
+        "automountServiceAccountToken": False,
+        "securityContext": spec.security_context.model_dump(by_alias=True, exclude_none=True),
         **extra,
     }
     optional = {
@@ -157,8 +188,6 @@ def pod_spec(run: RunRef, spec: RunSpecBase, settings: PodSettings, containers: 
         "runtimeClassName": settings.runtime_class_name,
         "serviceAccountName": settings.service_account_name,
         "imagePullSecrets": [{"name": s} for s in spec.image_pull_secrets] or None,
-        "securityContext": spec.security_context.model_dump(by_alias=True, exclude_none=True)
-        if spec.security_context else None,
     }
     out.update({k: v for k, v in optional.items() if v is not None})
     return out

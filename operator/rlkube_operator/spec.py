@@ -13,8 +13,9 @@ import copy
 import json
 from datetime import datetime
 from typing import Annotated, ClassVar, Literal
+from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from rlkube.config import (
     Config,
@@ -98,7 +99,7 @@ class EnvVar(K8sModel):
     """An environment variable of the component's container (Kubernetes' EnvVar)."""
 
     name: str = Field(min_length=1)
-    """Variable name; not one the operator sets (`PYTHONUNBUFFERED`, `AWS_ENDPOINT_URL`,
+    """Variable name; not one the operator sets (`PYTHONUNBUFFERED`, `HOME`, `AWS_ENDPOINT_URL`,
     `NODE_RANK`, `MASTER_ADDR`)."""
 
     value: str | None = None
@@ -292,20 +293,65 @@ class PVCStorage(K8sModel):
     """Where pods mount the claim; the run's output directory is `<mountPath>/<run name>`."""
 
 
+CREDENTIAL_QUERY_KEYS = ("key", "secret", "token", "password", "passwd", "credential", "signature", "sig")
+"""Query parameters that carry credentials (`?access_key=`, `?X-Amz-Signature=`, `?sig=`)."""
+
+
+URL_CREDENTIALS_RE = (r"^[a-z][a-z0-9+.-]*://[^/?#]*@|[?&][^=&#]*(?i:"
+                      + "|".join(CREDENTIAL_QUERY_KEYS) + ")")
+"""`url_credentials` as the CRD's CEL rule sees it (RE2)."""
+
+
+def url_credentials(url: str) -> str | None:
+    """What in `url` is a credential (user info, or a query parameter named like one), or None.
+    URLs land in the run's ConfigMap and the pods' command lines, readable by anyone who may
+    read those: credentials belong in a Secret."""
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        return "user info before '@'"
+    names = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True)]
+    if found := [n for n in names if any(word in n.lower() for word in CREDENTIAL_QUERY_KEYS)]:
+        return f"query parameter {found[0]!r}"
+    return None
+
+
 class ObjectStoreStorage(K8sModel):
     """An object store (an fsspec URL such as `s3://bucket/prefix`) for weight snapshots and
     checkpoints."""
 
+    model_config = ConfigDict(json_schema_extra=_cel(*(
+        (f"!has(self.{field}) || !self.{field}.matches('{URL_CREDENTIALS_RE}')",
+         (f"storage.objectStore.{field} must not hold credentials (user info before '@', or a key,"
+          " secret, token, password or signature query parameter): put them in the Secret named by secretName"))
+        for field in ("url", "endpointUrl")
+    )))
+
     url: str = Field(pattern=r"^[a-z][a-z0-9+.-]*://.+")
     """Base URL; weights go to `<url>/<namespace>/<run>/weights`, checkpoints to
-    `<url>/<namespace>/<run>/checkpoints` (unless `config.weights.url` / `config.ckpt.url` are set)."""
+    `<url>/<namespace>/<run>/checkpoints` (unless `config.weights.url` / `config.ckpt.url` are set).
+    No credentials in it (`s3://KEY:SECRET@bucket` is refused): they go in `secretName`."""
 
     secret_name: str | None = None
-    """A Secret whose keys become environment variables of every pod (for example
-    `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`). The operator never reads it."""
+    """A Secret whose keys become environment variables of the pods that write the store (for
+    example `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`): the trainer and the orchestrator, and
+    the inference servers when weights go through the store (`readOnlySecretName` for them
+    instead, if set). Env workers and the teacher never get it. The operator never reads it."""
+
+    read_only_secret_name: str | None = None
+    """A Secret with read-only credentials for the inference servers, which only download
+    weight snapshots; unset, they get `secretName`'s."""
 
     endpoint_url: str | None = None
-    """S3-compatible endpoint (MinIO, Ceph), passed as `AWS_ENDPOINT_URL`."""
+    """S3-compatible endpoint (MinIO, Ceph), passed as `AWS_ENDPOINT_URL`; no credentials in it."""
+
+    @model_validator(mode="after")
+    def _no_credentials_in_urls(self):
+        """Checked on the whole section, so that the error does not echo the URL's secret."""
+        for field in ("url", "endpoint_url"):
+            if (url := getattr(self, field)) is not None and (found := url_credentials(url)):
+                raise ValueError(f"{to_camel(field)} holds a credential ({found}); put credentials in "
+                                 "the Secret named by secretName, never in a URL")
+        return self
 
 
 class StorageSpec(K8sModel):
@@ -335,31 +381,38 @@ class RestartPolicy(K8sModel):
 
 
 class SeccompProfile(K8sModel):
-    type: Literal["RuntimeDefault", "Unconfined"]
+    type: Literal["RuntimeDefault", "Unconfined"] = "RuntimeDefault"
     """`RuntimeDefault`: the container runtime's default profile (the restricted Pod Security
     Standard requires it)."""
 
 
+IMAGE_UID = 1000
+"""The user (and group) the rlkube runtime images run as (images/runtime-*.Dockerfile)."""
+
+
 class PodSecurityContext(K8sModel):
     """The security context of every pod of the run (Kubernetes' PodSecurityContext, in part).
-    The rlkube runtime images run as uid 1000."""
+    The defaults meet the `restricted` Pod Security Standard and match the rlkube runtime
+    images (uid and gid 1000). Whatever is set here, every container also runs with
+    `allowPrivilegeEscalation: false`, every capability dropped, a read-only root filesystem
+    (writable: `/tmp`, the run's volume, `/dev/shm`) and no service-account token. The chart's
+    guardrails refuse root (`runAsUser: 0`, `runAsNonRoot: false`) and `Unconfined` unless the
+    cluster admin allows them."""
 
-    run_as_non_root: bool | None = None
-    """Refuse to start a container whose user is root. When true, the containers also drop
-    every capability (a non-root process has none in effect anyway), so the pods meet the
-    `restricted` Pod Security Standard."""
+    run_as_non_root: bool = True
+    """Refuse to start a container whose user is root."""
 
-    run_as_user: int | None = Field(default=None, ge=0)
-    """User id of the processes; the image's `USER` when unset."""
+    run_as_user: int = Field(default=IMAGE_UID, ge=0)
+    """User id of the processes."""
 
-    run_as_group: int | None = Field(default=None, ge=0)
+    run_as_group: int = Field(default=IMAGE_UID, ge=0)
     """Primary group id of the processes."""
 
-    fs_group: int | None = Field(default=None, ge=0)
-    """Group that owns the pods' volumes. Set it (1000 for the rlkube images) where the storage
-    class creates root-owned volumes, or the pods cannot write checkpoints."""
+    fs_group: int | None = Field(default=IMAGE_UID, ge=0)
+    """Group that owns the pods' volumes (Kubernetes makes them group-writable for it), so the
+    pods can write checkpoints on storage classes that create root-owned volumes."""
 
-    seccomp_profile: SeccompProfile | None = None
+    seccomp_profile: SeccompProfile = SeccompProfile()
     """Seccomp profile of every container."""
 
 
@@ -449,8 +502,14 @@ class RunSpecBase(K8sModel):
     to zero without spending `backoffLimit` and resumes from the latest checkpoint when
     admitted again. Unset: the run starts at once."""
 
-    security_context: PodSecurityContext | None = None
-    """Security context of every pod; the cluster's defaults when unset."""
+    security_context: PodSecurityContext = PodSecurityContext()
+    """Security context of every pod; the `restricted` Pod Security Standard by default."""
+
+    @field_validator("security_context", mode="before")
+    @classmethod
+    def _restricted_when_null(cls, value):
+        """A spec stored before the restricted defaults (`securityContext: null`) gets them."""
+        return PodSecurityContext() if value is None else value
 
     @model_validator(mode="after")
     def _storage_reaches_every_pod(self):

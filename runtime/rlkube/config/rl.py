@@ -16,7 +16,7 @@ from rlkube.config.inference import (
 )
 from rlkube.config.orchestrator import ClientConfig, OrchestratorSection, RolloutServerConfig
 from rlkube.config.shared import RunConfig
-from rlkube.config.trainer import LossConfig, TrainerCommonConfig
+from rlkube.config.trainer import LossConfig, TrainerCommonConfig, TrainerMetricsConfig
 from rlkube.config.weights import WeightTransferConfig
 
 
@@ -32,6 +32,14 @@ class RLTrainerSection(TrainerCommonConfig):
     gpus: list[int] | None = None
     """`rlkube rl` on a GPU machine: the GPU (index among the visible ones) of each trainer
     rank; the ones after the inference replicas' when unset (`rlkube.launch.gpus`)."""
+
+    metrics: TrainerMetricsConfig = TrainerMetricsConfig()
+    """Prometheus endpoint and MFU reference (`perf/*` metrics)."""
+
+    compile_cache_url: str | None = None
+    """A path or fsspec URL (`s3://bucket/run/compile_cache`) that keeps torch's compiled
+    kernels for restarts on other machines (`rlkube.trainer.compile_cache`); the local cache is
+    `<output_dir>/compile_cache/` either way."""
 
 
 class TrainerConfig(RunConfig, RLTrainerSection):

@@ -96,6 +96,22 @@ class LoraConfig(Config):
         return self
 
 
+class TrainerMetricsConfig(Config):
+    """Where the trainer's metrics go besides the console, `<output_dir>/metrics/` and W&B, and
+    what its MFU is measured against (`rlkube.trainer.perf`)."""
+
+    peak_flops: float | None = Field(default=None, gt=0)
+    """Peak FLOP/s of one device, for `perf/mfu`. Unset: the dense bf16 peak of a known GPU
+    (H100, H200, A100), and no `perf/mfu` on other devices (CPUs)."""
+
+    prometheus_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve every logged metric as a Prometheus gauge `rlkube_trainer_<name>` at
+    `http://<prometheus_host>:<port>/metrics` (rank 0); None serves none."""
+
+    prometheus_host: str = "127.0.0.1"
+    """The address the Prometheus endpoint binds; `0.0.0.0` to be scraped from other machines."""
+
+
 class TrainerCommonConfig(Config):
     """What the SFT trainer and the RL trainer share."""
 

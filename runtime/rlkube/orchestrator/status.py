@@ -10,39 +10,16 @@ largest lag in it.
 """
 
 import logging
-import re
 from collections.abc import Callable
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from rlkube.metrics import PrometheusMetrics
 
 logger = logging.getLogger(__name__)
 
 STATUS_KEYS = ("phase", "step", "max_steps", "reward", "policy_step", "off_policy_lag", "last_checkpoint_step")
-
-
-class PrometheusMetrics:
-    """Every logged metric as a gauge `rlkube_orchestrator_<name>` (`/` and other symbols
-    become `_`), plus the status numbers."""
-
-    def __init__(self):
-        self.registry = CollectorRegistry()
-        self.gauges: dict[str, Gauge] = {}
-
-    def _gauge(self, key: str) -> Gauge:
-        name = "rlkube_orchestrator_" + re.sub(r"[^a-zA-Z0-9_]", "_", key).strip("_")
-        if name not in self.gauges:
-            self.gauges[name] = Gauge(name, f"orchestrator metric {key}", registry=self.registry)
-        return self.gauges[name]
-
-    def update(self, metrics: dict[str, float]) -> None:
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._gauge(key).set(value)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 def make_app(status: Callable[[], dict], prometheus: PrometheusMetrics) -> web.Application:

@@ -141,7 +141,8 @@ def test_rl_steps_move_logprobs_with_the_advantage_and_publish_each_policy(train
     assert first["mismatch_kl/mean"] == pytest.approx(0.0, abs=1e-6), "step 1 trains the sampling policy"
     assert trainer.metrics.records[4]["mismatch_kl/mean"] > 0
     for key in ("loss/mean", "entropy/mean", "mismatch_kl/max", "masked_high/fraction", "optim/grad_norm",
-                "optim/lr", "perf/throughput", "time/step", "time/wait_for_batch", "time/forward_backward"):
+                "optim/lr", "perf/tokens_per_s", "perf/compiles", "time/step", "time/wait_for_batch",
+                "time/forward_backward", "time/optimizer", "time/publish_weights"):
         assert key in first, key
     published = trainer.publisher.published[4]
     assert torch.equal(published["lm_head.weight"], trainer.env.full_state_dict()["lm_head.weight"])

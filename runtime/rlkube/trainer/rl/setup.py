@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from rlkube.config import TrainerConfig
 from rlkube.trainer import dist as rdist
+from rlkube.trainer.compile_cache import CompileCache
 from rlkube.trainer.lora import adapter_state_dict
 from rlkube.trainer.model import build_model, resolve_dtype
 from rlkube.trainer.optim import build_optimizer, build_scheduler, clip_grad_norm
@@ -24,6 +25,8 @@ class TrainingEnv:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     lora: bool = False
     """Whether the model trains LoRA adapters on a frozen base (`trainer.lora`)."""
+    compile_cache: CompileCache | None = None
+    """Where compiled kernels are kept for restarts (activated before the model was built)."""
 
     def clip_grad_norm(self, max_norm: float | None) -> float:
         return clip_grad_norm(self.model, max_norm)
@@ -47,9 +50,13 @@ class TrainingEnv:
 
 def build_training_env(config: TrainerConfig) -> TrainingEnv:
     info = rdist.init_distributed(config.device, config.cpu_threads)
+    compile_cache = CompileCache(config.output_dir, info.device, config.compile_cache_url, main=info.rank == 0)
+    compile_cache.activate()
     torch.manual_seed(config.seed)
     dtype = resolve_dtype(config.model.dtype, info.device)
     model = build_model(config.model, config.parallel, info.device, dtype, packed_attention=True, lora=config.lora)
     optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.scheduler, config.max_steps)
-    return TrainingEnv(info.rank, info.world_size, info.device, model, optimizer, scheduler, config.lora is not None)
+    return TrainingEnv(
+        info.rank, info.world_size, info.device, model, optimizer, scheduler, config.lora is not None, compile_cache
+    )

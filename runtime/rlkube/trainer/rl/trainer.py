@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 
 from rlkube.config import TrainerConfig
+from rlkube.trainer.compile_cache import compiled_graphs
+from rlkube.trainer.perf import Throughput, peak_flops
 from rlkube.trainer.rl.loss import LossInputs, compute_loss, resolve_loss_fn
 from rlkube.trainer.rl.packed import policy_logprobs
 
@@ -42,13 +44,17 @@ class RLTrainer:
         self.checkpointer = checkpointer
         self.metrics = metrics
         self.loss_fn = resolve_loss_fn(config.loss)
+        self.throughput = Throughput(self.model, env.world_size, peak_flops(env.device, config.metrics.peak_flops))
         self.step = 0
         self.timings: dict[str, float] = {}
 
     @contextmanager
     def timed(self, name: str):
+        """`time/<name>`: the wall time of the block, including the device work it queued."""
         start = time.perf_counter()
         yield
+        if self.env.device.type == "cuda":
+            torch.cuda.synchronize(self.env.device)
         self.timings[f"time/{name}"] = time.perf_counter() - start
 
     def train(self) -> None:
@@ -74,20 +80,25 @@ class RLTrainer:
 
     def train_step(self, step: int) -> None:
         self.timings = {}
-        start = time.perf_counter()
+        start, compiled = time.perf_counter(), compiled_graphs()
         with self.timed("wait_for_batch"):
             micro_batches = self.client.get_batch(step, self.env.rank, self.env.world_size, self.config.micro_batch_size)
         with self.timed("forward_backward"):
             stats, tokens = self.forward_backward(micro_batches)
         lr = self.scheduler.get_last_lr()[0]
-        grad_norm = self.optimizer_step()
+        with self.timed("optimizer"):
+            grad_norm = self.optimizer_step()
         self.step = step
         with self.timed("publish_weights"):
             self.publish_policy(step)
         with self.timed("save_ckpt"):
             self.maybe_save_checkpoint(step)
         self.timings["time/step"] = time.perf_counter() - start
-        self.log_metrics(step, stats | {"optim/grad_norm": grad_norm, "optim/lr": lr}, tokens)
+        perf = self.throughput.metrics(tokens, self.timings["time/step"], micro_batches[0]["input_ids"].shape[-1])
+        perf["perf/compiles"] = compiled_graphs() - compiled
+        if self.env.compile_cache is not None:
+            self.env.compile_cache.save_if_compiled()
+        self.log_metrics(step, stats | {"optim/grad_norm": grad_norm, "optim/lr": lr} | perf)
 
     def forward_backward(self, micro_batches: list[dict]) -> tuple[dict[str, float], int]:
         """Accumulate gradients over this rank's micro-batches; returns the step's statistics
@@ -156,11 +167,12 @@ class RLTrainer:
         if step == self.config.max_steps or (ckpt.interval is not None and step % ckpt.interval == 0):
             self.checkpointer.save(step, self.model, self.optimizer, self.scheduler)
 
-    def log_metrics(self, step: int, stats: dict[str, float], tokens: int) -> None:
-        if self.env.rank != 0:
-            return
-        throughput = tokens / max(self.timings["time/step"], 1e-9)
-        self.metrics.log(step, {**stats, "perf/throughput": throughput, **self.timings})
+    def log_metrics(self, step: int, stats: dict[str, float]) -> None:
+        """`perf/tokens_per_s` (trained tokens of all ranks per second of the whole step),
+        `perf/mfu` (rlkube.trainer.perf), `perf/compiles` (graphs Dynamo compiled during the
+        step: the first step's warm-up, 0 after unless shapes change) and the `time/*` split."""
+        if self.env.rank == 0:
+            self.metrics.log(step, {**stats, **self.timings})
 
 
 def run(config: TrainerConfig) -> None:
@@ -177,8 +189,10 @@ def run(config: TrainerConfig) -> None:
     main = env.rank == 0
     root = checkpoint_root(config.output_dir, config.ckpt)
     checkpointer = TrainerCheckpointer(root, config.ckpt, env.rank) if config.ckpt else None
+    prometheus = config.metrics.prometheus_port
     metrics = MetricsSink(
-        config.output_dir, "trainer", wandb=config.wandb, run_config=config.model_dump(mode="json"), enabled=main
+        config.output_dir, "trainer", wandb=config.wandb, run_config=config.model_dump(mode="json"), enabled=main,
+        prometheus=None if prometheus is None else (config.metrics.prometheus_host, prometheus),
     )
     publisher = None
     if main:

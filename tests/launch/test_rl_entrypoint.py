@@ -33,7 +33,7 @@ def test_stages_start_replicas_on_consecutive_ports_and_torchrun_for_several_ran
     names = [s.name for s in first]
     assert names == ["inference-0", "inference-1", "trainer"]
     assert first[1].argv[-2:] == ["--port", "9101"] and first[1].health_url == "http://127.0.0.1:9101/health"
-    assert "torch.distributed.run" in first[2].argv and "--nproc-per-node=2" in first[2].argv
+    assert "rlkube.entrypoints.torchrun" in first[2].argv and "--nproc-per-node=2" in first[2].argv
     assert [s.name for s in second] == ["orchestrator"]
     assert first[2].log_path == tmp_path / "logs" / "trainer.log"
 

@@ -168,3 +168,15 @@ def test_a_child_past_its_restart_limit_fails_the_run(tmp_path):
                                        exits(tmp_path, "env-worker-0", 3, after=0.1, max_restarts=1)]])
     assert code == 3
     assert (tmp_path / "logs" / "env-worker-0.log").read_text().split() == ["bye", "bye"], "ran twice, then failed"
+
+
+def test_a_child_exiting_2_is_never_restarted_and_its_error_stops_the_run(tmp_path, caplog):
+    """Exit code 2 (an invalid config, a missing model) fails the same way every time."""
+    script = "import sys; print(\"rlkube env-worker: error: env.0.id: environment 'nope' does not resolve\"); sys.exit(2)"
+    worker = ChildSpec("env-worker-0", [sys.executable, "-c", script], tmp_path / "logs" / "env-worker-0.log",
+                       max_restarts=3)
+    with caplog.at_level("ERROR", logger="rlkube.launch.supervisor"):
+        code = Supervisor(grace_s=1).run([[sleeper(tmp_path, "trainer", must_finish=True), worker]])
+    assert code == 2
+    assert len((tmp_path / "logs" / "env-worker-0.log").read_text().splitlines()) == 1, "ran once"
+    assert "env-worker-0 exited with code 2: rlkube env-worker: error: env.0.id: environment 'nope'" in caplog.text

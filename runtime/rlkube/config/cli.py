@@ -42,6 +42,10 @@ VERSION_SKEW = "the config was written by rlkube"
 the operator looks for it in termination messages."""
 TERMINATION_LOG = Path("/dev/termination-log")
 """Where Kubernetes reads a container's termination message (its `terminationMessagePath`)."""
+EXIT_INVALID = 2
+"""The exit code of a failure no restart fixes (an invalid config, a missing model): the
+operator fails the run at once (the trainer Job's `podFailurePolicy` included), `rlkube rl`
+stops. Any other exit is retriable."""
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
@@ -318,11 +322,11 @@ def parse_cli(model: type[Config], command: str, argv: list[str] | None = None) 
     except ConfigError as e:
         message = f"rlkube {command}: error: {e}"
         print(message, file=sys.stderr)
-        _write_termination_message(message)
-        sys.exit(2)
+        write_termination_message(message)
+        sys.exit(EXIT_INVALID)
 
 
-def _write_termination_message(message: str) -> None:
+def write_termination_message(message: str) -> None:
     """In a Kubernetes container (the file exists there), the error becomes the container's
     termination message: the operator reads it from the pod's status."""
     with contextlib.suppress(OSError):  # unwritable: the error is on stderr all the same

@@ -7,9 +7,12 @@ import sys
 
 from rlkube.config import TrainerConfig, parse_cli, to_toml
 
+CONFIG, COMMAND = TrainerConfig, "trainer"
+"""What `rlkube torchrun` checks before it starts the ranks."""
+
 
 def main(argv: list[str] | None = None) -> int:
-    config, dry_run = parse_cli(TrainerConfig, "trainer", argv)
+    config, dry_run = parse_cli(CONFIG, COMMAND, argv)
     if dry_run:
         print(to_toml(config))
         return 0

@@ -58,7 +58,7 @@ def trainer_argv(nproc: int, config_path: Path) -> tuple[list[str], dict[str, st
         env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
         return [*_module("trainer"), "@", str(config_path)], env
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    torchrun = [*_module("torchrun"), "--standalone", f"--nproc-per-node={nproc}"]  # keeps a rank's exit code 2
     return [*torchrun, "-m", "rlkube.entrypoints.trainer", "@", str(config_path)], {}
 
 

@@ -18,14 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlkube.config.cli import EXIT_INVALID
+
 logger = logging.getLogger(__name__)
 
 class ChildFailed(RuntimeError):
-    """A child exited when it should not have."""
+    """A child exited when it should not have; `detail`: the error it left in its log."""
 
-    def __init__(self, name: str, returncode: int):
+    def __init__(self, name: str, returncode: int, detail: str = ""):
         how = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
-        super().__init__(f"{name} {how}")
+        super().__init__(f"{name} {how}" + (f": {detail}" if detail else ""))
         self.name, self.returncode = name, returncode
 
 
@@ -121,6 +123,8 @@ class Supervisor:
         for i, child in enumerate(self.children):
             code = child.poll()
             if code is not None and (code != 0 or not child.spec.must_finish):
+                if code == EXIT_INVALID:  # an invalid config or a missing model: no restart fixes it
+                    raise ChildFailed(child.spec.name, code, _last_line(child.spec.log_path))
                 if child.restarts >= child.spec.max_restarts:
                     raise ChildFailed(child.spec.name, code)
                 self.children[i] = self._restart(child, code)
@@ -219,3 +223,14 @@ def install_sigterm_as_interrupt() -> Callable[[], None]:
 
     previous = signal.signal(signal.SIGTERM, handler)
     return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _last_line(path: Path, tail_bytes: int = 4096) -> str:
+    """The last non-blank line of a child's log (where its error is when it exits 2)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")

@@ -7,6 +7,7 @@ manifest carries the run's ownerReference, so deleting the run deletes its child
 import json
 
 from rlkube.config import InferenceServerConfig
+from rlkube.config.cli import EXIT_INVALID
 
 from rlkube_operator.names import COMPLETION_INDEX_LABEL, CONFIG_MOUNT, TORCHRUN_PORT, RunRef
 from rlkube_operator.pods import container, http_probes, pod_settings, pod_template
@@ -235,7 +236,10 @@ def build_trainer_master_service(run: RunRef, spec: RunSpecBase, status_port: in
 
 
 def trainer_command(run: RunRef, spec: RunSpecBase, module: str, config_file: str) -> list[str]:
+    """`rlkube torchrun`: torchrun that checks the config first and exits 2 when a rank does
+    (plain torchrun exits 1), which the Job's `podFailurePolicy` reads as no restart fixing it."""
     return [
+        "rlkube",
         "torchrun",
         f"--nnodes={spec.trainer.nodes}",
         f"--nproc-per-node={spec.trainer.nproc_per_node()}",
@@ -256,7 +260,8 @@ def build_trainer_job(
     """A PyTorchJob-style indexed Job: pod i is torchrun node i, pod 0 is the master.
     The Job carries its attempt and the restart count so far: the reconciler reads them back.
     `backoffLimit: 0`: one failed pod fails the Job, and the operator restarts the whole gang
-    from the latest checkpoint (a lone replacement pod could not rejoin the rendezvous). A pod
+    from the latest checkpoint (a lone replacement pod could not rejoin the rendezvous), unless
+    it exited 2 (`EXIT_INVALID`: the Job fails by its `podFailurePolicy`, and so does the run). A pod
     failing by a disruption (`DisruptionTarget`: preemption, eviction, node drain) does not
     fail the Job (`podFailurePolicy`); the operator restarts the gang without counting it.
     `active_deadline_seconds`: what is left of the run's deadline, so that Kubernetes stops the
@@ -290,7 +295,10 @@ def build_trainer_job(
         "completions": nodes,
         "parallelism": nodes,
         "backoffLimit": 0,
-        "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+        "podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [EXIT_INVALID]}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+        ]},
         "suspend": suspend,
         "template": template,
     }

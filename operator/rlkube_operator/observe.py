@@ -6,7 +6,7 @@ image or crash-loops surfaces here with Kubernetes' own reason and the pod's mes
 
 from dataclasses import dataclass
 
-from rlkube.config.cli import VERSION_SKEW
+from rlkube.config.cli import EXIT_INVALID, VERSION_SKEW
 
 from rlkube_operator.builders import ATTEMPT_ANNOTATION
 
@@ -27,6 +27,8 @@ PENDING_REASONS = {"Unschedulable", "ImagePullBackOff", "ErrImagePull", "Invalid
 # The run's image is older than the operator that wrote its config, and someone set a field the
 # image does not know: no restart fixes that (the runtime's termination message says which).
 CONFIG_INCOMPATIBLE = "ConfigIncompatible"
+# A container exited 2 (`EXIT_INVALID`): an invalid config, a missing model. The run fails at once.
+INVALID_CONFIG = "InvalidConfig"
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,29 @@ def _terminations(pod: dict) -> list[dict]:
     return [t for t in states if t]
 
 
+def _one_line(message: str) -> str:
+    return "; ".join(line.strip() for line in message.strip().splitlines() if line.strip())
+
+
 def config_incompatibility(pod: dict) -> str | None:
     """The runtime's error, on one line, when the pod's config has a field its image does not
     know (`rlkube.config.cli` writes it to the termination message)."""
     for term in _terminations(pod):
         if VERSION_SKEW in (message := term.get("message") or ""):
-            return "; ".join(line.strip() for line in message.strip().splitlines())
+            return _one_line(message)
+    return None
+
+
+def invalid_exit(pods: list[dict]) -> tuple[str, str] | None:
+    """(reason, message) when a container of one of `pods` exited 2 (`EXIT_INVALID`): a failure
+    no restart fixes. The message is the container's termination message on one line (the
+    runtime's error naming the field, or the log's tail: `FallbackToLogsOnError`)."""
+    for pod in pods:
+        for term in _terminations(pod):
+            if term.get("exitCode") == EXIT_INVALID:
+                message = _one_line(term.get("message") or "") or "no termination message"
+                reason = CONFIG_INCOMPATIBLE if VERSION_SKEW in message else INVALID_CONFIG
+                return reason, f"pod {pod['metadata']['name']} exited with code {EXIT_INVALID}: {message}"
     return None
 
 
@@ -163,8 +182,9 @@ def disruption(pod: dict) -> dict | None:
 
 
 def trainer_outcome(job: dict | None, pods: list[dict]) -> tuple[str, str]:
-    """(`none`|`suspended`|`running`|`succeeded`|`failed`|`disrupted`|`deadline`, message) for
-    the current attempt. One failed pod fails the gang even before the Job controller says so; but pods of a
+    """(`none`|`suspended`|`running`|`succeeded`|`failed`|`disrupted`|`deadline`|`invalid`,
+    message) for the current attempt; `invalid`: the Job failed by its `podFailurePolicy` (a pod
+    exited 2, see `invalid_exit`). One failed pod fails the gang even before the Job controller says so; but pods of a
     suspended Job are killed by the suspension, not failed. A gang with a disrupted pod is
     `disrupted`, whichever pod failed first: a peer of a preempted pod fails too, losing it."""
     if job is None:
@@ -177,6 +197,8 @@ def trainer_outcome(job: dict | None, pods: list[dict]) -> tuple[str, str]:
     for type_ in ("FailureTarget", "Failed"):
         if ((cond := _job_condition(job, type_)) or {}).get("reason") == "DeadlineExceeded":
             return "deadline", f"trainer Job {cond.get('message') or 'passed its activeDeadlineSeconds'}"
+    if ((cond := _job_condition(job, "Failed")) or {}).get("reason") == "PodFailurePolicy":
+        return "invalid", f"trainer Job failed: {cond.get('message') or 'a pod exited with code 2'}"
     failed = [p for p in pods if p.get("status", {}).get("phase") == "Failed"]
     if failed:
         for pod in pods:

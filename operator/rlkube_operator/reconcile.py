@@ -301,6 +301,10 @@ class Reconciler:
             terminal, why = status["phase"], status.get("message", "")
         elif outcome == "succeeded":
             terminal = "Succeeded"
+        elif (invalid := observe.invalid_exit(trainer_pods + [p for p in pods if _component(p) != "trainer"])) \
+                or outcome == "invalid":
+            # Exit code 2 (an invalid config, a missing model) in any component: no restart fixes it.
+            terminal, why = "Failed", ": ".join(invalid or (observe.INVALID_CONFIG, why))
         elif (outcome == "deadline" or (left is not None and left <= 0)) and not lifetime.finished_before_deadline(
                 spec, status):
             terminal, why = "Failed", f"DeadlineExceeded: {lifetime.deadline_message(spec, status)}"
@@ -318,6 +322,8 @@ class Reconciler:
             older.append(job)
 
         status.update(restarts=restarts, attempt=attempt)
+        if terminal == "Succeeded" and status.get("phase") != "Succeeded" and "orchestrator" in workload.components:
+            self._read_progress(run, workload, spec, None, status, conditions)  # the last step, before teardown
         if terminal:
             self.teardown(run, workload, spec)
             if queued is not None:
@@ -339,8 +345,6 @@ class Reconciler:
         phase, message, degraded = self._phase(spec, health, terminal, why, was_running, hold)
         if terminal:
             status["completionTime"] = status.get("completionTime") or now
-            if terminal == "Succeeded":
-                status["step"] = spec.config.max_steps
         else:
             status["completionTime"] = None  # null deletes it in the merge patch
         if degraded is None:
@@ -420,7 +424,7 @@ class Reconciler:
 
     def _read_progress(
         self, run: RunRef, workload: Workload, spec: RLRunSpec | SFTRunSpec,
-        health: dict[str, observe.Health], status: dict, conditions: Conditions,
+        health: dict[str, observe.Health] | None, status: dict, conditions: Conditions,
     ) -> None:
         """Step, reward and checkpoint from the orchestrator (RLRun) or trainer pod 0 (SFTRun);
         `ProgressReadable` says whether the last read worked, and if not from where and why."""
@@ -429,7 +433,7 @@ class Reconciler:
         else:
             source, service = "trainer", run.trainer_master_service
         port = _status_port(workload, spec)
-        if not health[source].ready:  # every component of the workload has a health
+        if health is not None and not health[source].ready:  # None: the final read of a finished run
             return
         url = progress.status_url(self.settings.status_url_template, service=service,
                                   namespace=run.namespace, port=port)
@@ -458,6 +462,11 @@ class Reconciler:
         reconciling = phase in ("Pending", "Initializing") or (phase == "Running" and worst is not None)
         conditions.set("Reconciling", reconciling, reason if reconciling else phase, message if reconciling else "")
         conditions.set("Stalled", stalled, "Failed" if stalled else phase, message if stalled else "")
+        if phase == "Failed":  # why, with the reason the message starts with (`InvalidConfig: …`)
+            prefix = message.partition(":")[0]
+            conditions.set("Failed", True, prefix if prefix.isidentifier() and prefix[0].isupper() else "Failed", message)
+        else:
+            conditions.drop("Failed")
         if phase != status.get("phase"):
             events.append(("Warning" if phase == "Failed" else "Normal", phase, message))
         status.update(phase=phase, message=message, conditions=conditions.items,

@@ -162,12 +162,15 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
     assert not [e for e in cluster.events() if "succeeded" in e["message"]], "kopf log lines spam events"
 
     # The trainer Job completes: Succeeded, inference and orchestrator torn down, storage kept.
+    # Step and reward stay what the run last reported (the trainer stopped before max_steps).
+    orchestrator_status.body |= {"phase": "finished", "step": 9, "reward": 0.5}
     await cluster.patch("Job", "rt-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
     status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Succeeded"
                                  and cluster.status("RLRun", "rt"))
     await cluster.until(lambda: not cluster.names("StatefulSet") and not cluster.names("Deployment"),
                         what="teardown")
-    assert status["step"] == RL_MAX_STEPS and status["completionTime"]
+    assert (status["step"], status["reward"]) == (9, 0.5) and status["completionTime"] and RL_MAX_STEPS > 9
+    assert printer_row(cluster.get("RLRun", "rt"))["Reward"] == 0.5
     assert cluster.names("ConfigMap") == {"rt-config"}
     assert condition(status, "Ready")["status"] == "True"
 
@@ -296,14 +299,74 @@ async def test_backoff_limit_exhausted_fails_the_run_with_the_reason(cluster):
     assert status["restarts"] == 2 and "completionTime" not in status
 
 
+MISSING_MODEL = ("rlkube trainer: error: invalid config:\n  model.name: '/data/nope' does not exist (a local model "
+                 "directory; write one with `rlkube model init --out DIR`, or name a Hugging Face hub id)")
+
+
+def pod_exited_2(message: str = MISSING_MODEL) -> dict:
+    """Failed with exit code 2 (`rlkube.config.cli.EXIT_INVALID`), its error as termination message."""
+    status = pod_failed(exit_code=2)
+    status["containerStatuses"][0]["state"]["terminated"]["message"] = message
+    return status
+
+
+async def test_a_trainer_exiting_2_fails_the_run_at_once_with_its_message(cluster):
+    """Exit code 2 (a missing model) is no crash to retry: Failed at once, restarts unspent,
+    the runtime's error in the `Failed` condition and the Warning event."""
+    await cluster.create(rlrun(restartPolicy={"backoffLimit": 3}))
+    await start_everything(cluster)
+    rules = cluster.get("Job", "rt-trainer-0")["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "FailJob",
+                        "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2]}}
+    assert cluster.get("Job", "rt-trainer-0")["spec"]["template"]["spec"]["containers"][0][
+        "terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+    await cluster.patch("Pod", "rt-trainer-0-0", {"status": pod_exited_2()})
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Failed"
+                                 and cluster.status("RLRun", "rt"), what="Failed")
+    failed = condition(status, "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "InvalidConfig")
+    assert "pod rt-trainer-0-0 exited with code 2" in failed["message"]
+    assert "model.name: '/data/nope' does not exist" in failed["message"]
+    assert status["restarts"] == 0 and status["attempt"] == 0 and status["completionTime"]
+    event = await cluster.until(lambda: next((e for e in cluster.events() if e["reason"] == "Failed"), None))
+    assert event["type"] == "Warning" and "model.name: '/data/nope' does not exist" in event["message"]
+    await asyncio.sleep(1)  # several reconciles: still no second attempt
+    assert cluster.get("Job", "rt-trainer-1") is None and cluster.status("RLRun", "rt")["phase"] == "Failed"
+    assert not [e for e in cluster.events() if e["reason"] == "TrainerRestarted"]
+
+
+async def test_an_orchestrator_exiting_2_fails_the_run_while_a_killed_one_does_not(cluster):
+    """A Deployment restarts its pod whatever it exited with; the operator reads the exit code."""
+    await cluster.create(rlrun())
+    await start_everything(cluster)
+    killed = pod_waiting("CrashLoopBackOff", "back-off 10s restarting failed container", restarts=1)
+    killed["containerStatuses"][0]["lastState"] = pod_failed(exit_code=137)["containerStatuses"][0]["state"]
+    await cluster.patch("Pod", "rt-orchestrator-0", {"status": killed})
+    await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), "OrchestratorReady")["reason"]
+                        == "CrashLoopBackOff", what="crash loop seen")
+    assert cluster.status("RLRun", "rt")["phase"] == "Running"
+
+    invalid = pod_waiting("CrashLoopBackOff", "back-off 20s restarting failed container", restarts=2)
+    invalid["containerStatuses"][0]["lastState"] = pod_exited_2(
+        "rlkube orchestrator: error: invalid config:\n  env.0.id: environment 'nope' does not resolve"
+    )["containerStatuses"][0]["state"]
+    await cluster.patch("Pod", "rt-orchestrator-0", {"status": invalid})
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Failed"
+                                 and cluster.status("RLRun", "rt"), what="Failed")
+    assert status["message"] == ("InvalidConfig: pod rt-orchestrator-0 exited with code 2: rlkube orchestrator: "
+                                 "error: invalid config:; env.0.id: environment 'nope' does not resolve")
+    assert status["restarts"] == 0
+
+
 async def test_a_disrupted_trainer_restarts_without_spending_the_backoff_limit(cluster):
     """With backoffLimit 0, a preempted trainer pod still restarts the gang (not counted), and
     the ordinary failure after it fails the run."""
     await cluster.create(rlrun(restartPolicy={"backoffLimit": 0}))
     await start_everything(cluster)
     job = cluster.get("Job", "rt-trainer-0")
-    assert job["spec"]["podFailurePolicy"] == {
-        "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+    assert job["spec"]["podFailurePolicy"]["rules"][1] == {
+        "action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
 
     await cluster.patch("Pod", "rt-trainer-0-0", {"status": pod_disrupted()})
     job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="restart after the preemption")
@@ -521,7 +584,7 @@ async def test_sftrun_runs_the_trainer_alone_and_succeeds(cluster, orchestrator_
     await cluster.patch("Job", "sft-sft-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
     status = await cluster.until(lambda: cluster.status("SFTRun", "sft")["phase"] == "Succeeded"
                                  and cluster.status("SFTRun", "sft"))
-    assert status["step"] == max_steps
+    assert status["step"] == 12 and max_steps != 12  # the last step it reported, not max_steps restated
 
 
 async def test_liveness_endpoint_and_operator_metrics(cluster):

@@ -278,14 +278,14 @@ async def test_a_default_the_operator_changes_is_no_change_to_a_started_run(clus
     assert "clean_output_dir" not in cluster.get("ConfigMap", "rt-config")["data"]["trainer.toml"]
 
 
-async def test_a_config_the_image_cannot_read_is_a_condition_on_the_run(cluster, tmp_path, monkeypatch):
+async def test_a_config_the_image_cannot_read_fails_the_run_saying_so(cluster, tmp_path, monkeypatch):
+    """Its exit code 2 fails the run at once (no restart fixes it), as `ConfigIncompatible`."""
     await cluster.create(rlrun())
     await start_everything(cluster)
     message = _termination_message(tmp_path, monkeypatch, "# written by rlkube 9.9.0\nnew_knob = 1\n")
     await cluster.patch("Pod", "rt-inference-0", {"status": _crash_looping(message)})
-    status = await cluster.until(
-        lambda: condition(cluster.status("RLRun", "rt"), "InferenceReady")["reason"] == "ConfigIncompatible"
-        and cluster.status("RLRun", "rt"), what="ConfigIncompatible")
-    ready = condition(status, "InferenceReady")["message"]
-    assert "new_knob: unknown field: the config was written by rlkube 9.9.0" in ready
-    assert condition(status, "Degraded")["reason"] == "ConfigIncompatible"
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Failed"
+                                 and cluster.status("RLRun", "rt"), what="Failed")
+    failed = condition(status, "Failed")
+    assert failed["reason"] == "ConfigIncompatible"
+    assert "new_knob: unknown field: the config was written by rlkube 9.9.0" in failed["message"]

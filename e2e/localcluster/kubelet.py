@@ -179,8 +179,10 @@ class Kubelet:
             log.error("pod %s/%s: kubelet error %r", runner.ns, runner.name, runner.task.exception())
 
     def update_dns(self) -> None:
-        """Rewrite every running pod's hosts file from the current pods and Services."""
-        runners = [r for r in self.pods.values() if r.net and not r.finished and not r.stopping]
+        """Rewrite every running pod's hosts file from the current pods and Services. A pod in
+        its grace period still counts (not ready: only `publishNotReadyAddresses` Services keep
+        it, as EndpointSlices do) until its processes are gone."""
+        runners = [r for r in self.pods.values() if r.net and not r.finished]
         endpoints = [Endpoint(r.pod, r.net.ip, r.ready) for r in runners]
         for r, own in zip(runners, endpoints):
             hosts = hosts_file(own, endpoints, self.services)

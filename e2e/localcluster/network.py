@@ -10,7 +10,8 @@ pod. Names resolve through `/etc/netns/<netns>/hosts`, which `ip netns exec` bin
   `<svc>.<ns>.svc`, `<svc>.<ns>.svc.cluster.local`. Headless Services (clusterIP None) map to
   every backing pod's IP (one line each, ordered by pod name; glibc's hosts lookup returns the
   first), ClusterIP Services to ONE ready backing pod (the oldest). `publishNotReadyAddresses`
-  includes pods that are not ready;
+  includes pods that are not ready, terminating pods too until their processes have exited (as
+  the EndpointSlice controller keeps them for such Services during their grace period);
 - a pod with `hostname` + `subdomain`, when a headless Service named like the subdomain selects
   it (as CoreDNS requires): `<hostname>.<subdomain>[.<ns>[.svc[.cluster.local]]]`;
 - the pod's own hostname, and `localhost`.

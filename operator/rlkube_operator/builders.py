@@ -9,7 +9,13 @@ import json
 from rlkube.config import InferenceServerConfig
 from rlkube.config.cli import EXIT_INVALID
 
-from rlkube_operator.names import COMPLETION_INDEX_LABEL, CONFIG_MOUNT, TORCHRUN_PORT, RunRef
+from rlkube_operator.names import (
+    COMPLETION_INDEX_LABEL,
+    CONFIG_MOUNT,
+    JOB_NAME_LABEL,
+    TORCHRUN_PORT,
+    RunRef,
+)
 from rlkube_operator.pods import container, http_probes, pod_settings, pod_template
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, ServersSpec
 
@@ -218,10 +224,13 @@ def build_env_worker_deployment(run: RunRef, spec: RLRunSpec, replicas: int) -> 
     }
 
 
-def build_trainer_master_service(run: RunRef, spec: RunSpecBase, status_port: int | None = None) -> dict:
-    """`<run>-trainer-master`: pod 0 of the current trainer Job, whatever the attempt. Headless
-    and publishing pods before they are ready: torchrun's rendezvous, the gRPC weight server and
-    the NCCL rendezvous all need rank 0 while every pod is still starting."""
+def build_trainer_master_service(run: RunRef, spec: RunSpecBase, status_port: int | None = None, *,
+                                 attempt: int) -> dict:
+    """`<run>-trainer-master`: pod 0 of the current trainer Job (`attempt`'s). Headless and
+    publishing pods before they are ready: torchrun's rendezvous, the gRPC weight server and the
+    NCCL rendezvous all need rank 0 while every pod is still starting. Such a Service publishes
+    terminating pods too, so it selects the current Job's pods only: a new gang never dials an
+    old master still in its grace period."""
     ports = [_tcp("torchrun", TORCHRUN_PORT)]
     weights = getattr(spec.config, "weights", None)
     if weights is not None and weights.type == "grpc":
@@ -230,7 +239,7 @@ def build_trainer_master_service(run: RunRef, spec: RunSpecBase, status_port: in
         ports.append(_tcp("nccl", weights.nccl_port))
     if status_port:
         ports.append(_tcp("http", status_port))
-    selector = run.service_selector("trainer") | {COMPLETION_INDEX_LABEL: "0"}
+    selector = run.service_selector("trainer") | {COMPLETION_INDEX_LABEL: "0", JOB_NAME_LABEL: run.trainer_job(attempt)}
     return _service(run, "trainer", ports, headless=True, not_ready=True,
                     name=run.trainer_master_service, selector=selector)
 

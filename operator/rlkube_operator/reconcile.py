@@ -213,7 +213,7 @@ class Reconciler:
             k.ensure(builders.build_orchestrator_deployment(run, spec, replicas, attempt))
             if spec.env_workers.replicas:
                 k.ensure(builders.build_env_worker_deployment(run, spec, replicas * spec.env_workers.replicas))
-        k.ensure(builders.build_trainer_master_service(run, spec, workload.trainer_status_port))
+        k.ensure(builders.build_trainer_master_service(run, spec, workload.trainer_status_port, attempt=attempt))
         if self.settings.network_policy_peer is not None:
             k.ensure(builders.build_network_policy(run, self.settings.network_policy_peer,
                                                    _status_port(workload, spec)))

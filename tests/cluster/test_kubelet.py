@@ -341,6 +341,39 @@ async def test_a_process_ignoring_sigterm_is_killed_after_the_grace_period(clust
     assert not Path(f"/proc/{pid}").exists()
 
 
+async def test_a_terminating_pod_resolves_until_it_is_gone_only_where_not_ready_pods_are_published(cluster, kmock):
+    """As an EndpointSlice keeps a terminating pod for a Service with `publishNotReadyAddresses`
+    (and only there) during its grace period: a new pod may still reach the old one by name."""
+    labels = {"role": "master"}
+    await cluster.create(service("master", labels, headless=True, publishNotReadyAddresses=True))
+    await cluster.create(service("ready-only", labels, headless=True))
+    old = pod("old", ["sh", "-c", "trap '' TERM; echo up; sleep 300"], labels, terminationGracePeriodSeconds=4)
+    old["metadata"]["finalizers"] = ["rlkube.dev/test-hold"]  # see the graceful-delete test
+    await cluster.create(old)
+    watch = (
+        "import socket, time\n"
+        "while True:\n"
+        "    for name in ('master', 'ready-only'):\n"
+        "        try: print(name, socket.gethostbyname(name), flush=True)\n"
+        "        except OSError: print(name, 'unresolved', flush=True)\n"
+        "    time.sleep(0.2)\n"
+    )
+    await cluster.create(pod("watcher", ["python", "-c", watch]))
+    await cluster.until(lambda: "up" in cluster.logs("old"), 30, "old pod up")
+    ip_old = cluster.status("Pod", "old")["podIP"]
+    await cluster.until(lambda: f"master {ip_old}" in cluster.logs("watcher"), 30, "the watcher resolving the old pod")
+
+    await cluster.delete("Pod", "old")
+    await cluster.until(lambda: "ready-only unresolved" in cluster.logs("watcher"), 10,
+                        "the terminating pod gone from the Service that publishes ready pods only")
+    await asyncio.sleep(1)  # the grace period (4 s) is not over: its process still runs
+    assert cluster.logs("watcher").splitlines()[-2:] in (
+        [f"master {ip_old}", "ready-only unresolved"], ["ready-only unresolved", f"master {ip_old}"])
+    await cluster.until(lambda: any(r.params.get("gracePeriodSeconds") == "0" for r in kmock
+                                    if r.method == kmock.method.DELETE), 30, "the kubelet's final DELETE")
+    await cluster.until(lambda: "master unresolved" in cluster.logs("watcher"), 10, "the old pod gone from DNS")
+
+
 def test_a_volume_over_the_images_directory_does_not_hide_the_image(tmp_path):
     """The checkout and its venv stand in for the image; an emptyDir mounted on a directory
     holding them (`/tmp` of a checkout under `/tmp`) must not hide the container's program."""

@@ -167,7 +167,8 @@ class Cluster:
         for i in range(count):
             name = f"{owner['metadata']['name']}-{i}{suffix}"
             labels = dict(template["metadata"]["labels"])
-            if owner["kind"] == "Job":  # the Job controller labels each pod with its index
+            if owner["kind"] == "Job":  # the Job controller labels each pod with its Job and index
+                labels["batch.kubernetes.io/job-name"] = owner["metadata"]["name"]
                 labels["batch.kubernetes.io/job-completion-index"] = str(i)
             pod = {
                 "apiVersion": "v1",

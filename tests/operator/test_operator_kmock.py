@@ -647,7 +647,7 @@ async def test_storage_scheduling_and_rendezvous_reach_the_running_children(clus
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"] == {
         "rlkube.dev/run": "big", "app.kubernetes.io/component": "trainer", "rlkube.dev/run-uid": uid,
-        "batch.kubernetes.io/job-completion-index": "0"}
+        "batch.kubernetes.io/job-completion-index": "0", "batch.kubernetes.io/job-name": "big-trainer-0"}
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"torchrun": 29500, "weights": 50052}
     assert "nodeSelector" not in orchestrator["spec"]["template"]["spec"]
 

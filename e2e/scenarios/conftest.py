@@ -3,7 +3,8 @@
 - `RLKUBE_E2E_KUBECONFIG=<path>`: a real cluster (kind: e2e/run.sh) with the operator installed
   and the runtime image loaded; scenarios run in `$RLKUBE_E2E_NAMESPACE` (default rlkube-e2e).
 - otherwise the local cluster (e2e/localcluster), where the operator runs as a pod too. It needs
-  root with network namespaces and kubectl; without them every scenario skips with the reason.
+  root with network namespaces and kubectl; without them every scenario skips with the reason
+  (fails under `CI=true`: `harness.require`).
 """
 
 import os
@@ -11,18 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from e2e.scenarios.harness import KubeCluster, LocalCluster, have_kubectl
+from e2e.scenarios.harness import KubeCluster, LocalCluster, kubectl_missing, require
 from e2e.scenarios.manifests import operator_manifests
 
 NAMESPACE = os.environ.get("RLKUBE_E2E_NAMESPACE", "rlkube-e2e")
 
 
 def _local_unavailable() -> str | None:
-    if not have_kubectl():
-        return "kubectl is not installed"
     from e2e.localcluster.network import unavailable_reason
 
-    return unavailable_reason()
+    return kubectl_missing() or unavailable_reason()
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +30,7 @@ def cluster(tmp_path_factory):
         yield KubeCluster(Path(kubeconfig), NAMESPACE)
         return
     if reason := _local_unavailable():
-        pytest.skip(f"the local cluster cannot run here: {reason}")
+        require(f"the local cluster cannot run here: {reason}")
     local = LocalCluster(tmp_path_factory.mktemp("localcluster"), NAMESPACE).start()
     try:
         local.apply(*operator_manifests(local))

@@ -4,9 +4,13 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from rlkube_operator.kube import KINDS
+
 from e2e.scenarios.harness import Cluster
 
 COMPONENTS = ("inference", "orchestrator", "trainer")
+CHILD_KINDS = tuple(kind for kind in KINDS if kind != "Event")
+"""Every kind the operator writes (its own list of the kinds it touches), pods included."""
 
 
 @dataclass
@@ -44,10 +48,16 @@ class Run:
             120, f"a {component} pod of {self.name}")
         return pod["metadata"]["name"]
 
+    def checkpoints(self, interval: int) -> list[int]:
+        """The steps whose trainer checkpoint is complete on the claim (every `interval` steps)."""
+        last = max(self.trainer_steps(), default=0)
+        return [s for s in range(interval, last + interval + 1, interval)
+                if self.cluster.read_file(self.claim, f"{self.name}/checkpoints/step_{s}/trainer/COMPLETE") is not None]
+
     def children(self) -> dict[str, list[str]]:
+        """The run's objects of every kind the operator makes, by the run's label."""
         selector = f"rlkube.dev/run={self.name}"
-        kinds = ("configmaps", "services", "statefulsets", "deployments", "jobs", "pods")
-        return {kind: self.cluster.names(kind, selector) for kind in kinds}
+        return {kind: self.cluster.names(kind.lower(), selector) for kind in CHILD_KINDS}
 
     def recover(self, what: str, action, *, progress: int = 2, timeout: float = 600) -> int:
         """Do `action` at the current step, wait until the run has trained `progress` steps past

@@ -8,11 +8,15 @@ its claim) through every fault a cluster deals out, in turn, each followed by re
 3. an inference pod's processes are SIGKILLed → it comes back and is brought to the current
    policy before any of its rollouts are trained on (checked on vLLM's own weight-version tags);
    rollouts cut off by the kill run again; the trainer is not restarted;
-4. the orchestrator's processes are SIGKILLed → it resumes where it was, the trainer is not
-   left waiting;
-5. the operator pod is deleted → its replacement carries on: no duplicate children;
-6. suspend, then unsuspend → resumes from the checkpoint, never marked Failed;
-7. it reaches max_steps and Succeeded; deleting it removes every child.
+4. the orchestrator is killed → it is restarted (a new container or pod), the trainer follows
+   it back to its checkpoint: at most one checkpoint interval redone;
+5. the operator pod is deleted → its replacement carries on: the same trainer Job (uid) and
+   restart count, no duplicate children, and the run's progress written again once the old pod
+   is gone (so by the new operator);
+6. suspend, then unsuspend → no step trained while suspended; the trainer's first step after
+   the resume is the newest complete checkpoint's + 1, then every step to the end once;
+7. it reaches max_steps (by the trainer's own metrics) and Succeeded; deleting it removes every
+   object of every kind the operator makes.
 
 The wall time of each recovery and the steps redone are printed (pytest -s shows them).
 """
@@ -70,33 +74,65 @@ def test_a_run_heals_from_every_fault(cluster):
     assert run.status()["restarts"] == restarts, "an inference restart does not restart the trainer"
     _assert_every_sample_from_the_current_policy(run, after=killed_at)
 
-    # 4. The orchestrator.
-    run.recover("orchestrator killed", lambda: cluster.kill(run.pod("orchestrator")))
+    # 4. The orchestrator: restarted (a kill that did nothing fails here), little redone.
+    orchestrator = run.pod("orchestrator")
+    before_kill, before = cluster.incarnation(orchestrator), len(run.trainer_steps())
+    killed_at = run.recover("orchestrator killed", lambda: cluster.kill(orchestrator))
+    assert cluster.incarnation(run.pod("orchestrator")) != before_kill, "the orchestrator was not restarted"
+    redone = [s for s in run.trainer_steps()[before:] if s <= killed_at]
+    assert len(redone) <= INTERVAL, f"steps redone after the orchestrator's kill at {killed_at}: {redone}"
+    print(f"orchestrator killed at step {killed_at}: the trainer redid steps {redone}")
 
-    # 5. The operator.
-    operator = cluster.pod_of("app.kubernetes.io/name=rlkube-operator")["metadata"]["name"]
-    run.recover("operator pod deleted", lambda: cluster.delete("pod", operator, "--wait=false"))
+    # 5. The operator: its replacement adopts the run as it is, and writes its status.
+    job, restarts = _trainer_job(cluster), run.status()["restarts"]
+    operator = cluster.pod_of(OPERATOR)["metadata"]["name"]
+    run.recover("operator pod deleted", lambda: _replace_operator(cluster, run, operator))
+    assert _trainer_job(cluster) == job, "the operator's restart restarted the trainer's gang"
+    assert run.status()["restarts"] == restarts
     children = run.children()
-    assert len(children["statefulsets"]) == 1 and len(children["deployments"]) == 1, children
-    assert len(children["jobs"]) == 1, f"one trainer Job at a time: {children['jobs']}"
+    assert len(children["StatefulSet"]) == 1 and len(children["Deployment"]) == 1, children
+    assert len(children["Job"]) == 1, f"one trainer Job at a time: {children['Job']}"
 
-    # 6. Suspend and resume.
+    # 6. Suspend and resume: from the newest checkpoint, every step after it trained once.
     cluster.kubectl("patch", "rlrun", NAME, "--type=merge", "-p", '{"spec":{"suspend":true}}')
     cluster.wait(lambda: run.status().get("phase") == "Suspended"
                  and not cluster.names("pods", f"rlkube.dev/run={NAME}"), 300, "the suspended run's pods to go")
-    time.sleep(5)
+    trained = run.trainer_steps()
+    time.sleep(5)  # two of the operator's resyncs: still suspended, nothing trains
     assert run.status()["phase"] == "Suspended", run.status()
+    assert run.trainer_steps() == trained, "a suspended run trained"
+    checkpoint = max(run.checkpoints(INTERVAL))
     run.recover("suspended, then resumed",
                 lambda: cluster.kubectl("patch", "rlrun", NAME, "--type=merge", "-p", '{"spec":{"suspend":false}}'))
+    running = run.children()  # every kind a running run has, for the deletion below
 
     # 7. To the end.
-    status = cluster.wait_phase("rlrun", NAME, {"Succeeded"}, 1200)
-    assert status["step"] == MAX_STEPS
-    assert max(run.trainer_steps()) == MAX_STEPS
+    cluster.wait_phase("rlrun", NAME, {"Succeeded"}, 1200)
+    resumed = run.trainer_steps()[len(trained):]
+    assert resumed == list(range(checkpoint + 1, MAX_STEPS + 1)), \
+        f"after a resume from step {checkpoint}'s checkpoint the trainer trained steps {resumed}"
     print("recovery wall times (s):", {k: round(v, 1) for k, v in run.timings.items()})
 
+    assert running["PodDisruptionBudget"] and running["Job"], f"the running run's children: {running}"
     cluster.delete("rlrun", NAME)
     cluster.wait(lambda: not any(run.children().values()), 180, "every child of the deleted run to go")
+
+
+OPERATOR = "app.kubernetes.io/name=rlkube-operator"
+
+
+def _trainer_job(cluster) -> tuple[str, str]:
+    (job,) = cluster.names("jobs", f"rlkube.dev/run={NAME}")
+    return job, cluster.get("job", job)["metadata"]["uid"]
+
+
+def _replace_operator(cluster, run: Run, operator: str) -> None:
+    """Delete the operator's pod; once it is gone, the run's progress must move again: a status
+    write only its successor can have made."""
+    cluster.delete("pod", operator, "--wait=false")
+    cluster.wait(lambda: cluster.get("pod", operator) is None, 120, f"operator pod {operator} to go")
+    step = run.step()
+    cluster.wait(lambda: run.step() > step, 300, f"the new operator to write the run's progress past step {step}")
 
 
 def _restart_count(cluster, pod: str) -> int:

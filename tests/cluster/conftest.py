@@ -4,7 +4,6 @@ the kubelet themselves by writing pod status."""
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from e2e.scenarios.harness import kubectl_missing, require
 from tests.fixtures.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,8 +27,7 @@ class LocalApi:
         self.http = requests.Session()
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        if shutil.which("kubectl") is None:
-            pytest.skip("kubectl is not installed")
+        require(kubectl_missing())
         done = subprocess.run(["kubectl", *args], input=input, capture_output=True, text=True, timeout=60,
                               env=os.environ | {"KUBECONFIG": str(self.kubeconfig)}, check=False)
         if check and done.returncode != 0:

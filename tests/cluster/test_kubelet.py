@@ -16,6 +16,7 @@ import pytest
 
 from e2e.localcluster.kubelet import Kubelet, log_path
 from e2e.localcluster.network import NETNS_ETC, RECORDS, Network, unavailable_reason
+from e2e.scenarios.harness import require
 from tests.operator.cluster import NS, ApiServer, Cluster, declare_resources
 
 PY = sys.executable
@@ -29,9 +30,7 @@ def kmock_options():
 @pytest.fixture
 async def cluster(kmock, tmp_path):
     """A kmock API server with a running kubelet; `cluster.kubelet`, `cluster.logs(pod)`."""
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
+    require(unavailable_reason())
     declare_resources(kmock)
     kmock.resources["v1/secrets"] = kmock_resource("Secret")
     kubelet = Kubelet(str(kmock.url), tmp_path, Path(PY).parents[1], backoff_s=0.5, backoff_cap_s=1)
@@ -298,9 +297,7 @@ async def test_missing_config_map_holds_the_container_until_it_exists(cluster):
 
 
 def test_leftovers_of_a_dead_run_are_removed_and_nothing_else(tmp_path):
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
+    require(unavailable_reason())
     dead = subprocess.Popen(["true"])
     dead.wait()
     stale, foreign = "dead001", "alien01"
@@ -379,9 +376,7 @@ def test_a_volume_over_the_images_directory_does_not_hide_the_image(tmp_path):
     holding them (`/tmp` of a checkout under `/tmp`) must not hide the container's program."""
     from e2e.localcluster.kubelet import LAUNCH
 
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
+    require(unavailable_reason())
     image, empty = tmp_path / "checkout" / "bin", tmp_path.parent / f"{tmp_path.name}-empty"
     image.mkdir(parents=True)
     empty.mkdir()

@@ -3,17 +3,16 @@ with kubectl; pods reach the API server at the bridge address; SIGTERM leaves no
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 from e2e.localcluster.network import RECORDS, unavailable_reason
+from e2e.scenarios.harness import kubectl_missing, require
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,10 +25,7 @@ print("index", os.environ["JOB_COMPLETION_INDEX"], "host", os.uname().nodename, 
 
 
 def test_up_runs_pods_that_reach_the_api_and_stops_cleanly(tmp_path):
-    if reason := unavailable_reason():
-        pytest.skip(reason)
-    if shutil.which("kubectl") is None:
-        pytest.skip("kubectl is not installed")
+    require(unavailable_reason() or kubectl_missing())
     with open(tmp_path / "cluster.log", "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "e2e.localcluster", "up", "--state-dir", str(tmp_path),
                                     "--namespace", "demo"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)

@@ -105,22 +105,6 @@ def test_storage_publish_marks_complete_and_prunes(tmp_path, model_dir):
         assert path == locations[-1] and torch.equal(loaded["norm.weight"], state(3)["norm.weight"])
 
 
-@pytest.mark.parametrize("transport", ["storage", "grpc"])
-def test_weights_travel_in_the_configured_dtype(tmp_path, model_dir, transport):
-    config = WeightTransferConfig(type=transport, dtype="bfloat16", grpc_port=free_port())
-    publisher = make_publisher(config, tmp_path, str(model_dir))
-    try:
-        location = publisher.publish(state(1), 1)
-        if transport == "storage":
-            files = {"model.safetensors": (tmp_path / "weights" / "step_1" / "model.safetensors").read_bytes()}
-        else:
-            files = fetch_snapshot(location.removeprefix("grpc://"), 1, timeout=30)
-        loaded = dict(iter_safetensors(files))
-        assert all(t.dtype == torch.bfloat16 and torch.equal(t, state(1)[k].bfloat16()) for k, t in loaded.items())
-    finally:
-        publisher.close()
-
-
 def test_partial_snapshot_is_refused_and_cleaned_up(tmp_path, model_dir):
     root = str(tmp_path / "weights")
     write_snapshot(root, Snapshot(state(), 1, model_dir))

@@ -41,8 +41,16 @@ class WeightTransferConfig(Config):
     timeout_s: float = Field(default=600, gt=0)
     """How long a weight update may take before it is an error."""
 
-    dtype: Literal["float32", "bfloat16"] | None = None
-    """The dtype weights travel in; None: as the trainer holds them (float32 master weights).
-    `bfloat16` halves the bytes of every update: right when inference computes in bfloat16
-    anyway (vLLM on GPUs), while an engine computing in float32 then samples from rounded
-    weights the trainer does not have (the log-prob mismatch grows)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The dtype weights travel in. `auto`: bfloat16 when the trainer computes in bfloat16
+    (`model.dtype`; `auto` there is bfloat16 on GPUs), else float32, so an engine computing in
+    bfloat16 gets half the bytes and the weights it would round to anyway. `float32` sends the
+    trainer's float32 master weights (an engine computing in float32 then samples from exactly
+    the trainer's weights); `bfloat16` halves every update."""
+
+    overlap: bool = True
+    """Publish policy N in the background while step N+1 computes: after the optimizer step the
+    weights are copied into host buffers reused from step to step (pinned, on a side CUDA
+    stream, on GPUs), and a background thread writes or serves them and reports the policy to
+    the orchestrator; at most one publish is in flight. `false` publishes before the next step
+    starts (to compare, or to debug a transport)."""

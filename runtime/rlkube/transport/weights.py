@@ -1,8 +1,11 @@
 """Publishing new policy weights from the trainer to inference, selected by `weights.type`.
 
-The trainer gathers a full state dict (from FSDP) on every rank, calls `publish(state_dict,
-step)` on rank 0, and reports the returned location to the orchestrator, which tells each
-inference replica to load it (`rlkube.inference.client.update_weights`).
+The trainer snapshots the full weights (gathered from FSDP into reused host buffers, in the
+wire dtype: rlkube.trainer.publish), calls `publish(state_dict, step)` on rank 0 (in the
+background while the next step computes), and reports the returned location to the
+orchestrator, which tells each inference replica to load it
+(`rlkube.inference.client.update_weights`). A publisher must not hold on to the tensors it is
+given once `publish` returns: they are overwritten by the next snapshot.
 
 - `storage`: an HF snapshot under `<url or output_dir/weights>/step_N/` (any fsspec URL);
 - `grpc`: the snapshot is served from memory by rank 0's `Weights` gRPC server;
@@ -81,36 +84,16 @@ class GrpcPublisher(WeightPublisher):
         self.server.stop(grace=5).wait()
 
 
-class CastingPublisher(WeightPublisher):
-    """Another publisher, given the weights in `dtype` (`weights.dtype`)."""
-
-    def __init__(self, inner: WeightPublisher, dtype: torch.dtype):
-        self.inner, self.dtype = inner, dtype
-
-    def _cast(self, state_dict):
-        return {name: tensor.to(self.dtype) for name, tensor in state_dict.items()}
-
-    def publish(self, state_dict, step):
-        return self.inner.publish(self._cast(state_dict), step)
-
-    def republish(self, state_dict, step):
-        self.inner.republish(self._cast(state_dict), step)
-
-    def close(self):
-        self.inner.close()
-
-
 def make_publisher(
     config: WeightTransferConfig, output_dir: str | Path, model_dir: str, adapter_config: dict | None = None
 ) -> WeightPublisher:
-    """The publisher `config.type` selects, sending `config.dtype` when set. `model_dir`
-    supplies config.json and tokenizer; `adapter_config` (PEFT's, a LoRA run) makes every
-    snapshot an adapter directory."""
+    """The publisher `config.type` selects. `model_dir` supplies config.json and tokenizer;
+    `adapter_config` (PEFT's, a LoRA run) makes every snapshot an adapter directory. Tensors
+    are sent in the dtype they are given (the trainer's snapshot casts them to `config.dtype`)."""
     if adapter_config is not None and config.type == "nccl":
         raise ValueError("weights.type: 'nccl' broadcasts full weights; a LoRA run (trainer.lora) publishes "
                          "its adapters through 'storage' or 'grpc'")
-    publisher = _transport_publisher(config, output_dir, model_dir, adapter_config)
-    return CastingPublisher(publisher, getattr(torch, config.dtype)) if config.dtype else publisher
+    return _transport_publisher(config, output_dir, model_dir, adapter_config)
 
 
 def _transport_publisher(

@@ -5,11 +5,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from rlkube.config import TrainerConfig
 from rlkube.trainer import dist as rdist
 from rlkube.trainer.compile_cache import CompileCache
-from rlkube.trainer.lora import adapter_state_dict
+from rlkube.trainer.lora import PEFT_PREFIX, is_adapter_key
 from rlkube.trainer.model import build_model, resolve_dtype
 from rlkube.trainer.optim import build_optimizer, build_scheduler, clip_grad_norm
 from rlkube.trainer.weights import full_state_dict
@@ -35,10 +36,13 @@ class TrainingEnv:
         """Collective: the unsharded weights on CPU, on rank 0 (empty elsewhere)."""
         return full_state_dict(self.model)
 
-    def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """Collective: what a policy update carries, on rank 0: the adapters alone in a
-        LoRA run (`trainer.lora.serving`: served as an adapter or merged), else the full weights."""
-        return adapter_state_dict(self.model) if self.lora else self.full_state_dict()
+    def policy_tensors(self) -> dict[str, torch.Tensor]:
+        """What a policy update carries, as this rank holds it (sharded DTensors; the
+        publisher's snapshot gathers them): the adapters alone, under PEFT's names, in a LoRA
+        run (`trainer.lora.serving`: served as an adapter or merged), else every weight."""
+        if self.lora:
+            return {PEFT_PREFIX + name: p for name, p in self.model.named_parameters() if is_adapter_key(name)}
+        return get_model_state_dict(self.model)
 
     def barrier(self) -> None:
         if self.world_size > 1:

@@ -3,7 +3,8 @@
 One RL step (`n = 1 .. max_steps`) is: fetch batch `n` over gRPC (this rank's share), forward
 and backward every micro-batch (gradients accumulate; the loss is already normalized by the
 step's global loss-token count), ONE optimizer step, publish policy `n` (rank 0 writes it, the
-orchestrator is told where), a checkpoint every `ckpt.interval` steps, metrics.
+orchestrator is told where; in the background while step `n+1` computes, `weights.overlap`),
+a checkpoint every `ckpt.interval` steps, metrics.
 
     torchrun --nproc-per-node 2 -m rlkube.entrypoints.trainer @ outputs/run/configs/trainer.toml
 
@@ -21,7 +22,9 @@ import torch.distributed as dist
 
 from rlkube.config import TrainerConfig
 from rlkube.trainer.compile_cache import compiled_graphs
+from rlkube.trainer.model import resolve_dtype
 from rlkube.trainer.perf import Throughput, peak_flops
+from rlkube.trainer.publish import PolicyPublishing, wire_dtype
 from rlkube.trainer.rl.loss import LossInputs, compute_loss, resolve_loss_fn
 from rlkube.trainer.rl.packed import policy_logprobs
 
@@ -44,6 +47,10 @@ class RLTrainer:
         self.checkpointer = checkpointer
         self.metrics = metrics
         self.loss_fn = resolve_loss_fn(config.loss)
+        self.publishing = PolicyPublishing(
+            publisher, client, wire_dtype(config.weights.dtype, resolve_dtype(config.model.dtype, env.device)),
+            is_main=env.rank == 0, overlap=config.weights.overlap, barrier=env.barrier,
+        )
         self.throughput = Throughput(self.model, env.world_size, peak_flops(env.device, config.metrics.peak_flops))
         self.step = 0
         self.timings: dict[str, float] = {}
@@ -61,7 +68,12 @@ class RLTrainer:
         self.resume()
         while self.step < self.config.max_steps:
             self.train_step(self.step + 1)
+        self.publishing.wait()  # the final policy is published and reported
         logger.info("finished at step %d", self.step)
+
+    def close(self) -> None:
+        """Finish the publish in flight (raising its error)."""
+        self.publishing.close()
 
     def resume(self) -> None:
         """Restore step `resume_step` and republish its weights (not reported: the
@@ -150,15 +162,14 @@ class RLTrainer:
         return float(grad_norm)
 
     def publish_policy(self, step: int, resumed: bool = False) -> None:
-        """Every rank helps gather the weights (a LoRA run's adapters only); rank 0 publishes
-        them and tells the orchestrator where they are (a resumed step is only republished)."""
-        state_dict = self.env.policy_state_dict()
-        if self.env.rank == 0:
-            if resumed:
-                self.publisher.republish(state_dict, step)
-            else:
-                self.client.report_policy(step, self.publisher.publish(state_dict, step))
-        self.env.barrier()
+        """Every rank helps snapshot the weights (a LoRA run's adapters only); rank 0 publishes
+        them and tells the orchestrator where they are, in the background while the next step
+        computes (`weights.overlap`; rlkube.trainer.publish). A resumed step is only
+        republished, before training goes on."""
+        if resumed:
+            self.publishing.republish(step, self.env.policy_tensors())
+        else:
+            self.publishing.publish(step, self.env.policy_tensors())
 
     def maybe_save_checkpoint(self, step: int) -> None:
         ckpt = self.config.ckpt
@@ -199,16 +210,22 @@ def run(config: TrainerConfig) -> None:
         adapter = adapter_config(config.lora, config.model.name) if config.lora else None
         publisher = make_publisher(config.weights, config.output_dir, config.model.name, adapter_config=adapter)
     client = RolloutClient(f"{config.rollouts.host}:{config.rollouts.port}", timeout_s=config.rollouts.timeout_s)
+    trainer = None
     try:
-        RLTrainer(config, env, client, publisher, checkpointer, metrics).train()
+        trainer = RLTrainer(config, env, client, publisher, checkpointer, metrics)
+        trainer.train()
         if main:
             wait_until_loaded(client, config.max_steps, config.weights.timeout_s)
     finally:
-        client.close()
-        metrics.close()
-        if publisher is not None:
-            publisher.close()
-        env.close()
+        try:
+            if trainer is not None:
+                trainer.close()  # the background publish uses the client and the publisher
+        finally:
+            client.close()
+            metrics.close()
+            if publisher is not None:
+                publisher.close()
+            env.close()
 
 
 def wait_until_loaded(client, step: int, timeout_s: float) -> None:

@@ -86,7 +86,7 @@ async def test_rlrun_creates_every_child_with_the_right_spec(cluster):
     pod = job["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
     command = pod["containers"][0]["command"]
-    assert command[:2] == ["torchrun", "--nnodes=1"]
+    assert command[:3] == ["rlkube", "torchrun", "--nnodes=1"]
     assert "--master-addr=rt-trainer-master.team-a.svc" in command
     assert command[-3:] == ["rlkube.entrypoints.trainer", "@", "/etc/rlkube/trainer.toml"]
     volumes = {v["name"]: v for v in pod["volumes"]}

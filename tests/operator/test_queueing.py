@@ -99,7 +99,7 @@ async def test_a_queued_run_is_one_kueue_workload_and_starts_only_when_admitted(
     counts = {s["name"]: s["count"] for s in wl["spec"]["podSets"]}
     assert counts == {"inference": 2, "orchestrator": 1, "env-worker": 3, "trainer": 1}
     trainer_set = next(s for s in wl["spec"]["podSets"] if s["name"] == "trainer")
-    assert trainer_set["template"]["spec"]["containers"][0]["command"][0] == "torchrun"
+    assert trainer_set["template"]["spec"]["containers"][0]["command"][:2] == ["rlkube", "torchrun"]
 
     # Kueue has not admitted it: nothing runs, the deadline clock has not started.
     await cluster.patch("Workload", "rt-workload", {"status": {"conditions": [

@@ -90,6 +90,8 @@ def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
     weights, transfer = _section(data, "weights"), spec.config.weights.type
     if transfer == "storage" and weights.get("url") is None:
         weights["url"] = _object_store_url(run, spec, "weights")
+    if spec.storage.pvc is None and (url := _object_store_url(run, spec, "compile_cache")):
+        _section(data, "trainer").setdefault("compile_cache_url", url)  # else the PVC keeps it
     if transfer in ("grpc", "nccl"):
         # Inference dials (gRPC) or rendezvous at (NCCL) the trainer's rank 0 by its stable
         # Service; the weight server binds every interface of its pod.

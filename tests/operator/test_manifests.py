@@ -636,3 +636,17 @@ def test_example_runs_carry_the_same_config_as_the_local_examples(manifest, toml
     on_cluster = spec_model.model_validate(example(manifest)["spec"]).config.model_dump(exclude=machine)
     local = load_config(model, [arg for toml in tomls for arg in ("@", str(EXAMPLES / toml))])
     assert on_cluster == local.model_dump(exclude=machine)
+
+
+@pytest.mark.parametrize("storage, cache_url", [
+    ({"objectStore": STORE}, "s3://bucket/rl/ml/big/compile_cache"),  # emptyDir output: the store keeps it
+    ({"pvc": {"claimName": "c"}, "objectStore": STORE}, None),  # <output_dir>/compile_cache on the PVC
+])
+def test_compiled_kernels_outlive_the_trainer_pod(storage, cache_url, tmp_path):
+    from rlkube.config import TrainerConfig
+
+    spec = RLRunSpec.model_validate(GPU_RLRUN | {"storage": storage})
+    (cm,) = [o for o in manifests("RLRun", spec) if o["kind"] == "ConfigMap" and "trainer.toml" in o["data"]]
+    (tmp_path / "trainer.toml").write_text(cm["data"]["trainer.toml"])
+    trainer = load_config(TrainerConfig, ["@", str(tmp_path / "trainer.toml")])
+    assert trainer.compile_cache_url == cache_url

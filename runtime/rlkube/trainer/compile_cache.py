@@ -14,8 +14,8 @@ step. Both keep on-disk caches, by default under `/tmp`, which a new pod does no
   results in one blob) are loaded from `<url>/<key>.bin` at start, and written back by rank 0
   after a step that compiled something.
 
-`activate()` must run before anything compiles. A `TORCHINDUCTOR_CACHE_DIR` set by the user is
-kept (their choice of place wins); the store still applies.
+`activate()` must run before anything compiles. A `TORCHINDUCTOR_CACHE_DIR` set by the user
+(to anything but torch's default) is kept: their choice of place wins; the store still applies.
 """
 
 import logging
@@ -60,8 +60,12 @@ class CompileCache:
 
     def activate(self) -> None:
         """Point Inductor and Triton at the run's cache and load the store's artifacts."""
-        if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
-            logger.info("compile cache: TORCHINDUCTOR_CACHE_DIR=%s (set outside rlkube)", os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        # importing torch._dynamo writes torch's default into the environment: only another value is the user's
+        chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        if chosen is not None and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+            logger.info("compile cache: TORCHINDUCTOR_CACHE_DIR=%s (set outside rlkube)", chosen)
         else:
             self.local.mkdir(parents=True, exist_ok=True)
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.local)

@@ -75,8 +75,9 @@ def test_bad_values_are_refused_naming_the_field(values, field):
 
 
 def for_runs(obj: dict) -> bool:
-    """RBAC of the runs' namespaces, not the Lease's (leader-election.yaml, test_leader.py)."""
-    return "Role" in obj["kind"] and not obj["metadata"]["name"].endswith("-leader-election")
+    """The operator's RBAC in the runs' namespaces, not the Lease's (leader-election.yaml,
+    test_leader.py) nor the users' (user-roles.yaml, test_guardrails.py)."""
+    return "Role" in obj["kind"] and not obj["metadata"]["name"].endswith(("-leader-election", "-edit", "-view"))
 
 
 def test_rbac_scope_follows_the_watch_mode():

@@ -1,0 +1,208 @@
+"""The chart's guardrails: its ValidatingAdmissionPolicy, rendered by the real Helm engine,
+validated against the official schemas, and its CEL evaluated with cel-python as the API server
+would (variables first, then each validation; the object with the CRD's defaults applied) against
+hostile runs and benign ones."""
+
+import copy
+
+import celpy
+import kubernetes_validate
+import pytest
+from pydantic import ValidationError
+from rlkube_operator import crd
+from rlkube_operator.spec import RLRunSpec
+
+from e2e.localcluster.admission import with_defaults
+from tests.operator.test_helm import render
+from tests.operator.test_operator_kmock import example
+
+SCHEMAS = {kind: crd.build_crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"] for kind in crd.KINDS}
+
+
+def _program(env: celpy.Environment, expression: str):
+    return env.program(env.compile(expression))
+
+
+class Policy:
+    """One rendered ValidatingAdmissionPolicy, evaluated like kube-apiserver's admission does."""
+
+    def __init__(self, values: dict | None = None):
+        objects = render(values or {})
+        (self.policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+        (self.binding,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+        self.env = celpy.Environment()
+        spec = self.policy["spec"]
+        self.conditions = [_program(self.env, c["expression"]) for c in spec.get("matchConditions", [])]
+        self.variables = [(v["name"], _program(self.env, v["expression"])) for v in spec["variables"]]
+        self.validations = [(_program(self.env, v["expression"]), v) for v in spec["validations"]]
+
+    def refusals(self, run: dict, old: dict | None = None) -> list[str]:
+        """The messages of the validations `run` fails (`old`: an UPDATE from it)."""
+        kind = run["kind"]
+        activation = {
+            "object": celpy.json_to_cel(with_defaults(SCHEMAS[kind], run)),
+            "oldObject": celpy.json_to_cel(with_defaults(SCHEMAS[kind], old) if old else None),
+            "request": celpy.json_to_cel({"operation": "UPDATE" if old else "CREATE"}),
+        }
+        if not all(self._value(c, activation) for c in self.conditions):
+            return []
+        variables = {}
+        for name, program in self.variables:
+            variables[name] = self._value(program, activation | {"variables": celpy.celtypes.MapType(variables)})
+        activation["variables"] = celpy.celtypes.MapType(variables)
+        out = []
+        for program, validation in self.validations:
+            if not self._value(program, activation):
+                message = validation.get("message", "")
+                if "messageExpression" in validation:
+                    message = self._value(_program(self.env, validation["messageExpression"]), activation)
+                out.append(str(message))
+        return out
+
+    @staticmethod
+    def _value(program, activation):
+        result = program.evaluate(activation)
+        assert not isinstance(result, celpy.CELEvalError), f"CEL error: {result}"
+        return result
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return Policy()
+
+
+def run(kind: str = "RLRun", **spec) -> dict:
+    name = "rlrun.yaml" if kind == "RLRun" else "sftrun.yaml"
+    return {"apiVersion": "rlkube.dev/v1alpha1", "kind": kind, "metadata": {"name": "r", "namespace": "team-a"},
+            "spec": copy.deepcopy(example(name)["spec"]) | spec}
+
+
+def with_pod(component: str, **pod) -> dict:
+    obj = run()
+    obj["spec"].setdefault(component, {})["pod"] = pod
+    return obj
+
+
+HOST_PATH = {"name": "host", "hostPath": {"path": "/"}}
+NFS = {"name": "share", "nfs": {"server": "10.0.0.1", "path": "/"}}
+HOSTILE = {
+    "hostPath": (with_pod("trainer", volumes=[{"name": "scratch", "emptyDir": {}}, HOST_PATH]),
+                 "spec.trainer.pod.volumes: volume host is a hostPath volume"),
+    "nfs on env workers": (with_pod("envWorkers", volumes=[NFS]), "spec.envWorkers.pod.volumes: volume share is a nfs"),
+    "hostPath in an SFTRun": (run("SFTRun", trainer={"pod": {"volumes": [HOST_PATH]}}),
+                              "spec.trainer.pod.volumes: volume host is a hostPath volume"),
+    "runAsUser 0": (run(securityContext={"runAsUser": 0}), "spec.securityContext.runAsUser: 0 is root"),
+    "runAsGroup 0": (run(securityContext={"runAsGroup": 0}), "spec.securityContext.runAsGroup: 0 is root"),
+    "runAsNonRoot false": (run(securityContext={"runAsNonRoot": False}), "spec.securityContext.runAsNonRoot: false"),
+    "unconfined": (run(securityContext={"seccompProfile": {"type": "Unconfined"}}),
+                   "spec.securityContext.seccompProfile.type: Unconfined"),
+    "tolerate every taint": (run(scheduling={"tolerations": [{"operator": "Exists"}]}), "spec.scheduling.tolerations:"),
+    "tolerate every taint, teacher": (with_pod("teacher", tolerations=[{"key": "", "operator": "Exists"}]),
+                                      "spec.teacher.pod.tolerations:"),
+    "run-level service account": (run(serviceAccountName="ci-deployer"),
+                                  "spec.serviceAccountName ci-deployer is not allowed"),
+    "component service account": (with_pod("inference", serviceAccountName="ci-deployer"),
+                                  "spec.inference.pod.serviceAccountName ci-deployer is not allowed"),
+    "priority class": (with_pod("orchestrator", priorityClassName="system-cluster-critical"),
+                       "spec.orchestrator.pod.priorityClassName system-cluster-critical is not allowed"),
+    "run-level priority class": (run(scheduling={"priorityClassName": "system-node-critical"}),
+                                 "spec.scheduling.priorityClassName system-node-critical is not allowed"),
+    "runtime class": (with_pod("trainer", runtimeClassName="unsandboxed"),
+                      "spec.trainer.pod.runtimeClassName unsandboxed is not allowed"),
+    "unlisted registry": (run(image="docker.io/someone/rlkube:latest"),
+                          "spec.image docker.io/someone/rlkube:latest is not from a registry"),
+}
+
+
+def test_the_guardrails_are_valid_kubernetes_objects(policy):
+    for obj in (policy.policy, policy.binding):
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+    assert policy.binding["spec"]["policyName"] == policy.policy["metadata"]["name"]
+    assert policy.binding["spec"]["validationActions"] == ["Deny"]
+    assert policy.binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == [
+        "rlkube-system"]  # the watched namespaces only
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_run_is_refused_naming_the_field(policy, case):
+    obj, message = HOSTILE[case]
+    refusals = policy.refusals(obj)
+    assert len(refusals) == 1 and message in refusals[0], refusals
+
+
+@pytest.mark.parametrize("kind", ["RLRun", "SFTRun"])
+def test_benign_runs_pass(policy, kind):
+    assert policy.refusals(run(kind)) == []
+    keyed = {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+    volumes = [{"name": "cache", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "nccl"}},
+               {"name": "ckpt", "persistentVolumeClaim": {"claimName": "shared"}}]
+    assert policy.refusals(run(kind, scheduling=keyed, trainer={"pod": {"volumes": volumes} | keyed})) == []
+    # The defaults the CRD gives a run without a securityContext pass: they are the restricted ones.
+    bare = run(kind)
+    del bare["spec"]["securityContext"]
+    assert policy.refusals(bare) == []
+
+
+def test_what_the_admin_allows_passes_and_nothing_more():
+    allowing = Policy({"guardrails": {
+        "allowedServiceAccounts": ["ci-deployer"], "allowedPriorityClasses": ["*"],
+        "allowedRuntimeClasses": ["unsandboxed"], "allowRoot": True, "allowTolerateAll": True,
+        "allowedVolumeTypes": ["emptyDir", "hostPath"], "allowedImageRegistries": ["docker.io/someone/", "ghcr.io/"],
+        "validationActions": ["Warn", "Audit"],
+    }})
+    for case in ("hostPath", "runAsUser 0", "runAsNonRoot false", "component service account", "priority class",
+                 "runtime class", "unlisted registry", "tolerate every taint"):
+        assert allowing.refusals(HOSTILE[case][0]) == [], case
+    assert "volume share is a nfs" in allowing.refusals(HOSTILE["nfs on env workers"][0])[0]
+    assert "Unconfined" in allowing.refusals(HOSTILE["unconfined"][0])[0]
+    other = with_pod("trainer", serviceAccountName="cluster-admin")
+    assert "serviceAccountName cluster-admin" in allowing.refusals(other)[0]
+    assert allowing.binding["spec"]["validationActions"] == ["Warn", "Audit"]
+
+
+def test_an_update_that_leaves_the_spec_alone_is_not_checked(policy):
+    """A run from before the guardrails can still get its finalizer removed and be deleted."""
+    old, _ = HOSTILE["hostPath"]
+    finalized = copy.deepcopy(old)
+    finalized["metadata"]["finalizers"] = []
+    assert policy.refusals(finalized, old=old) == []
+    resized = copy.deepcopy(old)
+    resized["spec"]["inference"] = {"replicas": 2}
+    assert policy.refusals(resized, old=old)
+
+
+def test_the_guardrails_can_be_turned_off():
+    kinds = {o["kind"] for o in render({"guardrails": {"enabled": False}})}
+    assert not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
+@pytest.mark.parametrize("field", [{"privileged": True}, {"capabilities": {"add": ["SYS_ADMIN"]}},
+                                   {"allowPrivilegeEscalation": True}])
+def test_privileges_a_spec_cannot_even_ask_for(field):
+    """Containers always drop every capability, never escalate and are never privileged: the
+    spec has no field to ask otherwise, and an unknown one is refused, not ignored."""
+    spec = run()["spec"] | {"securityContext": field}
+    with pytest.raises(ValidationError, match="securityContext"):
+        RLRunSpec.model_validate(spec)
+
+
+def allows(role: dict, verb: str, resource: str) -> bool:
+    return any("rlkube.dev" in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+               for r in role["rules"])
+
+
+def test_namespace_users_get_runs_through_the_aggregated_roles():
+    roles = {o["metadata"]["name"].rsplit("-", 1)[1]: o for o in render({}) if o["kind"] == "ClusterRole"
+             and any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in o["metadata"]["labels"])}
+    for role in roles.values():
+        kubernetes_validate.validate(role, "1.37.0", strict=True)
+    edit, view = roles["edit"], roles["view"]
+    assert {"rbac.authorization.k8s.io/aggregate-to-edit", "rbac.authorization.k8s.io/aggregate-to-admin"} <= set(
+        edit["metadata"]["labels"])
+    assert "rbac.authorization.k8s.io/aggregate-to-view" in view["metadata"]["labels"]
+    for resource in ("rlruns", "sftruns"):
+        assert all(allows(edit, verb, resource) for verb in ("create", "patch", "delete", "list", "watch"))
+        assert all(allows(view, verb, resource) for verb in ("get", "list", "watch"))
+        assert not any(allows(view, verb, resource) for verb in ("create", "update", "patch", "delete"))
+        assert not allows(edit, "patch", f"{resource}/status")  # status is the operator's
+    assert not [o for o in render({"aggregateRoles": False}) if o["metadata"]["name"].endswith(("-edit", "-view"))]

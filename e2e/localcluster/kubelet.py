@@ -5,12 +5,18 @@ gives it a network namespace and an IP (network.py), makes its volumes (volumes.
 each container's `command` + `args` (podenv.py) through launch.py, inside the pod's network
 namespace and a private mount namespace where the volumes sit at their mountPath. The "image" is
 the project's virtualenv: `<venv>/bin` leads PATH (`<repo>/.venv`, or `$RLKUBE_LOCALCLUSTER_VENV`);
-the default working directory is a per-pod scratch directory.
+the default working directory is a per-pod scratch directory. Processes run as the securityContext
+says (podenv.identity): `runAsUser`/`runAsGroup`, `fsGroup` owning the volumes (volumes.py), a
+read-only root filesystem, no capabilities, no privilege escalation. The checkout, the venv and
+the Python it was made from must be readable by that user; a directory above them it may not
+enter (root's 0700 home) is covered in the pod by a tmpfs holding only them (launch.py).
 
 Reported in `status`: phase (Pending, Running, Succeeded, Failed), hostIP, podIP(s), startTime,
 conditions PodScheduled/Initialized/ContainersReady/Ready, containerStatuses (state
 waiting/running/terminated with reason ContainerCreating, CreateContainerConfigError,
-CrashLoopBackOff, Completed, Error; lastState, restartCount, ready, started). Restarts follow
+CrashLoopBackOff, Completed, Error; lastState, restartCount, ready, started). A terminated state
+carries the termination message: what the container wrote to its `terminationMessagePath` (a
+file of its own bound there), or its log's tail under `FallbackToLogsOnError`. Restarts follow
 `restartPolicy` with exponential back-off (`backoff_s` doubling up to `backoff_cap_s`, reset
 after a container ran ten minutes). Probes: probes.py.
 
@@ -25,7 +31,7 @@ Logs: `<state_dir>/logs/<namespace>_<pod>_<container>.log` (see `log_path`), std
 together, restarts appended, a new pod of the same name starting afresh.
 
 Not emulated: init and ephemeral containers, lifecycle hooks, resource limits (no OOMKilled),
-images (every container runs from the venv), securityContext, the Binding API.
+images (every container runs from the venv), seccomp and added capabilities, the Binding API.
 """
 
 import asyncio
@@ -41,7 +47,7 @@ import aiohttp
 
 from e2e.localcluster import probes, volumes
 from e2e.localcluster.network import Endpoint, Network, PodNet, hosts_file, write_in_place
-from e2e.localcluster.podenv import ConfigError, command_line, container_env
+from e2e.localcluster.podenv import ConfigError, command_line, container_env, identity
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +57,8 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # What an image would bake in: the kubelet's own caches and offline switches pass through.
 PASSED_ENV_PREFIXES = ("LANG", "LC_", "TZ", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "VLLM_", "TORCH")
 BACKOFF_RESET_S = 600
+TERMINATION_LOG = "/dev/termination-log"
+"""A container's default `terminationMessagePath`: a file of its own, bound there."""
 
 
 def log_path(state_dir: Path, namespace: str, pod: str, container: str) -> Path:
@@ -190,13 +198,24 @@ class Kubelet:
                 r.hosts = hosts
                 write_in_place(r.net.hosts_file, hosts)
 
-    def env_for(self, hostname: str) -> dict[str, str]:
-        """The image's environment, before the container's own."""
+    def env_for(self, hostname: str, uid: int) -> dict[str, str]:
+        """The image's environment, before the container's own; HOME as a runtime sets it for a
+        user the image does not know."""
         env = {k: v for k, v in os.environ.items() if k.startswith(PASSED_ENV_PREFIXES)}
         return env | {
             "PATH": f"{self.venv}/bin:{SYSTEM_PATH}", "VIRTUAL_ENV": str(self.venv),
-            "HOME": "/root", "HOSTNAME": hostname, **self.image_env,
+            "HOME": "/root" if uid == 0 else "/", "HOSTNAME": hostname, **self.image_env,
         }
+
+    def image_paths(self) -> list[str]:
+        """What stands in for the image: the checkout, the venv and the Python it was made from."""
+        paths = [REPO, self.venv]
+        cfg = self.venv / "pyvenv.cfg"
+        for line in cfg.read_text().splitlines() if cfg.exists() else []:
+            key, _, value = line.partition("=")
+            if key.strip() == "home":
+                paths.append(Path(value.strip()).parent)
+        return list(dict.fromkeys(str(p) for p in paths))
 
     async def shutdown(self, grace_s: float = 2.0) -> None:
         """Stop syncing, stop every pod (SIGTERM, `grace_s`, SIGKILL) and remove the network;
@@ -387,6 +406,7 @@ class ContainerRunner:
         self.name = spec["name"]
         self.launch_spec: Path | None = None
         self.env: dict[str, str] = {}
+        self.identity: dict = {}
         self.proc: asyncio.subprocess.Process | None = None
         self.state: dict = {"waiting": {"reason": "ContainerCreating"}}
         self.last_state: dict = {}
@@ -402,7 +422,14 @@ class ContainerRunner:
         pod["spec"] = pod["spec"] | {"nodeName": self.pod.kubelet.node_name}
         env = await container_env(pod, self.spec, self.pod._get)
         argv = command_line(self.spec, env)
+        self.identity = identity(pod, self.spec)
         mounts = volumes.mounts(self.spec, vols)
+        self.termination_log = self.pod.dir / f"{self.name}.termination-log"
+        self.pod.dir.mkdir(parents=True, exist_ok=True)
+        self.termination_log.touch()
+        self.termination_log.chmod(0o666)  # whatever user the container runs as
+        mounts.append({"source": str(self.termination_log), "read_only": False,
+                       "target": self.spec.get("terminationMessagePath", TERMINATION_LOG)})
         hostname = pod["spec"].get("hostname") or pod["metadata"]["name"]
         cwd = self.spec.get("workingDir")
         if not cwd:
@@ -412,11 +439,11 @@ class ContainerRunner:
         for target, is_dir in [(m["target"], Path(m["source"]).is_dir()) for m in mounts] + [(cwd, True)]:
             if not volumes.under_another(target, mounts) and not os.path.lexists(target):
                 footprint.create_path(Path(target), is_dir)
-        self.env = self.pod.kubelet.env_for(hostname) | env
+        self.env = self.pod.kubelet.env_for(hostname, self.identity["uid"]) | env
         self.launch_spec = self.pod.dir / f"{self.name}.json"
         self.launch_spec.write_text(json.dumps(
             {"argv": argv, "env": self.env, "cwd": cwd, "hostname": hostname, "mounts": mounts,
-             "image": [str(REPO), str(self.pod.kubelet.venv)]}, indent=1
+             "image": self.pod.kubelet.image_paths(), "identity": self.identity}, indent=1
         ))
 
     async def run(self) -> None:
@@ -435,7 +462,7 @@ class ContainerRunner:
             self.state = {"terminated": {
                 "exitCode": self.exit_code, "reason": "Completed" if self.exit_code == 0 else "Error",
                 "startedAt": self.state.get("running", {}).get("startedAt"), "finishedAt": _now(),
-                "containerID": self._container_id(),
+                "containerID": self._container_id(), **self._termination_message(),
             }}
             if self.pod.stopping or policy == "Never" or (policy == "OnFailure" and self.exit_code == 0):
                 await self.pod.report()
@@ -453,10 +480,22 @@ class ContainerRunner:
             await asyncio.sleep(delay)
             self.restart_count += 1
 
+    def _termination_message(self) -> dict:
+        """What the container left at its terminationMessagePath (4096 bytes at most); after a
+        failure with `FallbackToLogsOnError`, if it left nothing, its log's tail (the last 80
+        lines, 2048 bytes at most), as the kubelet does."""
+        message = self.termination_log.read_bytes()[:4096]
+        if not message.strip() and self.exit_code and self.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            meta = self.pod.pod["metadata"]
+            tail = log_path(self.pod.kubelet.state_dir, meta["namespace"], meta["name"], self.name).read_bytes()[-2048:]
+            message = b"\n".join(tail.splitlines()[-80:])
+        return {"message": message.decode(errors="replace")} if message.strip() else {}
+
     async def _start(self) -> None:
         meta = self.pod.pod["metadata"]
         logs = log_path(self.pod.kubelet.state_dir, meta["namespace"], meta["name"], self.name)
         logs.parent.mkdir(parents=True, exist_ok=True)
+        self.termination_log.write_bytes(b"")  # each run of the container leaves its own message
         with open(logs, "ab" if self.started_once else "wb") as out:  # noqa: ASYNC230 (a local file)
             self.proc = await asyncio.create_subprocess_exec(
                 "ip", "netns", "exec", self.pod.net.netns, sys.executable, str(LAUNCH), str(self.launch_spec),
@@ -520,7 +559,8 @@ class ContainerRunner:
 
     async def _exec_in(self, argv: list[str], timeout: float) -> int:
         proc = await asyncio.create_subprocess_exec(
-            "nsenter", "-t", str(self.proc.pid), "-m", "-n", "-u", "--", *argv, env=self.env,
+            "nsenter", "-t", str(self.proc.pid), "-m", "-n", "-u",
+            f"--setuid={self.identity['uid']}", f"--setgid={self.identity['gid']}", "--", *argv, env=self.env,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
         )

@@ -13,7 +13,14 @@ by the kubelet; targets inside another volume are created here, inside that volu
 
 The repository and its virtualenv stand in for the image (`spec["image"]`). A volume mounted
 over a directory that holds them (an emptyDir on `/tmp` of a checkout under `/tmp`) would hide
-the image, so each is bound back at its own path inside that volume.
+the image, so each is bound back at its own path inside that volume. A directory above them that
+the container's user may not enter (a checkout or a Python under root's 0700 home, as a CI
+machine has them) is covered with an empty tmpfs that it may enter, holding only the image's
+paths bound back: the pod sees them, not the rest of that directory.
+
+Then, from `spec["identity"]` (podenv.identity): the root filesystem remounted read-only
+(`readOnlyRootFilesystem`; the volumes stay as mounted), the capability bounding set emptied
+(`drop: [ALL]`), the supplementary groups, group and user set, and `no_new_privs`.
 """
 
 import ctypes
@@ -24,7 +31,10 @@ import sys
 
 CLONE_NEWNS, CLONE_NEWUTS = 0x00020000, 0x04000000
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 
+ROOT = {"uid": 0, "gid": 0, "groups": [0], "no_new_privs": False, "drop_all_capabilities": False,
+        "read_only_root": False}
 libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -34,9 +44,59 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def mount(source: str | None, target: str, flags: int) -> None:
-    src = source.encode() if source else None
-    _check(libc.mount(src, target.encode(), None, flags, None), f"mount {source} on {target}")
+def mount(source: str | None, target: str, flags: int, fstype: str | None = None, data: str | None = None) -> None:
+    args = [x.encode() if x else None for x in (source, target, fstype)]
+    _check(libc.mount(*args, flags, data.encode() if data else None), f"mount {source} on {target}")
+
+
+def may_enter(path: str, ident: dict) -> bool:
+    """Whether the container's user may search directory `path` (its x permission bits)."""
+    st = os.stat(path)
+    if ident["uid"] == 0 or st.st_mode & 0o001:
+        return True
+    return bool(st.st_mode & 0o100 if st.st_uid == ident["uid"] else
+                st.st_mode & 0o010 and st.st_gid in ident["groups"])
+
+
+def closed_ancestor(path: str, ident: dict) -> str | None:
+    """The highest directory above `path` the container's user may not enter, if any."""
+    parts = path.rstrip("/").split("/")
+    for i in range(2, len(parts)):
+        if not may_enter("/".join(parts[:i]), ident):
+            return "/".join(parts[:i])
+    return None
+
+
+def bind_image(image: list[tuple[str, int]], mounts: list[dict], ident: dict) -> None:
+    """Bind each image path back where a volume hid it, or under a tmpfs over a directory the
+    user may not enter (see the module docstring)."""
+    covered = set()
+    for path, _ in image:
+        if (closed := closed_ancestor(path, ident)) and closed not in covered:
+            mount("tmpfs", closed, 0, "tmpfs", "mode=0755")
+            covered.add(closed)
+    for path, fd in image:
+        hidden = any(path.startswith(m["target"].rstrip("/") + "/") for m in mounts)
+        if hidden or any(path.startswith(c + "/") for c in covered):
+            os.makedirs(path, exist_ok=True)
+            mount(f"/proc/self/fd/{fd}", path, MS_BIND | MS_REC)
+            if ident["read_only_root"]:
+                mount(None, path, MS_BIND | MS_REMOUNT | MS_RDONLY)
+        os.close(fd)
+
+
+def become(ident: dict) -> None:
+    """Drop to the container's identity (after every mount: that needs root)."""
+    if ident["drop_all_capabilities"]:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+        for cap in range(last + 1):
+            _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap}")
+    os.setgroups(ident["groups"])
+    os.setgid(ident["gid"])
+    os.setuid(ident["uid"])
+    if ident["no_new_privs"]:
+        _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
 def main(spec_path: str) -> None:
@@ -58,14 +118,14 @@ def main(spec_path: str) -> None:
         if m["read_only"]:
             mount(None, m["target"], MS_BIND | MS_REMOUNT | MS_RDONLY)
         os.close(fd)
-    for path, fd in image:
-        if any(path.startswith(m["target"].rstrip("/") + "/") for m in mounts):
-            os.makedirs(path, exist_ok=True)
-            mount(f"/proc/self/fd/{fd}", path, MS_BIND | MS_REC)
-        os.close(fd)
+    ident = spec.get("identity") or ROOT
+    bind_image(image, mounts, ident)
     socket.sethostname(spec["hostname"])
     os.makedirs(spec["cwd"], exist_ok=True)  # exists unless it lies inside a volume
     os.chdir(spec["cwd"])
+    if ident["read_only_root"]:
+        mount(None, "/", MS_BIND | MS_REMOUNT | MS_RDONLY)
+    become(ident)
     try:
         os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
     except OSError as e:  # what a runtime reports as StartError; 127 like a shell

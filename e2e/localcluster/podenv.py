@@ -5,6 +5,14 @@ Emulated: `envFrom` (configMapRef/secretRef, with `prefix`), then `env` in order
 fields below, `configMapKeyRef`/`secretKeyRef` with `optional`), then `$(VAR)` expansion of
 `command` and `args` from the whole environment (`$$` escapes, unknown names stay as written).
 Not emulated: `resourceFieldRef`, and the variables of `enableServiceLinks`.
+
+The process's identity (`identity`): `runAsUser`/`runAsGroup` (the container's over the pod's;
+root where unset, as the venv "image" has no USER; group root without `runAsGroup`, as on a
+cluster), `fsGroup` and `supplementalGroups` as
+supplementary groups, `runAsNonRoot` refused for root as the kubelet does, and from the
+container's securityContext `allowPrivilegeEscalation: false` (no_new_privs), `capabilities.drop:
+[ALL]` (an empty bounding set) and `readOnlyRootFilesystem`. Not emulated: seccomp profiles,
+`capabilities.add`, `privileged`, SELinux and AppArmor options.
 """
 
 import base64
@@ -102,3 +110,22 @@ def command_line(container: dict, env: dict[str, str]) -> list[str]:
     if not argv:
         raise ConfigError(f"container {container['name']}: no command (images have no entrypoint here)")
     return argv
+
+
+def identity(pod: dict, container: dict) -> dict:
+    """Who the container's process is and what it may do, for launch.py (see the docstring)."""
+    pod_ctx = pod.get("spec", {}).get("securityContext") or {}
+    ctx = container.get("securityContext") or {}
+    merged = pod_ctx | {k: v for k, v in ctx.items() if v is not None}
+    uid = merged.get("runAsUser") or 0
+    if merged.get("runAsNonRoot") and uid == 0:
+        raise ConfigError("container has runAsNonRoot and image will run as root "
+                          f"(pod: {pod['metadata']['name']!r}, container: {container['name']})")
+    gid = merged.get("runAsGroup") or 0  # a cluster's default too: group root
+    groups = [g for g in [pod_ctx.get("fsGroup"), *(pod_ctx.get("supplementalGroups") or [])] if g is not None]
+    return {
+        "uid": uid, "gid": gid, "groups": sorted({gid, *groups}),
+        "no_new_privs": ctx.get("allowPrivilegeEscalation") is False,
+        "drop_all_capabilities": "ALL" in ((ctx.get("capabilities") or {}).get("drop") or []),
+        "read_only_root": bool(ctx.get("readOnlyRootFilesystem")),
+    }

@@ -6,9 +6,15 @@ starts, not refreshed), `emptyDir` (a per-pod directory, also for `medium: Memor
 ReadWriteMany for every access mode; the claim object must exist), `hostPath`. A mount's
 `subPath` and `readOnly` are honoured. Not emulated: projected, downwardAPI, CSI and ephemeral
 volumes, `defaultMode`, size limits.
+
+Ownership as a kubelet sets it: an emptyDir is world-writable (0777); with the pod's `fsGroup`,
+every volume but a hostPath belongs to that group, group-writable, its directories setgid (so new
+files stay in the group), a claim's existing files included (`fsGroupChangePolicy: Always`).
+Without `fsGroup` a claim stays as its provisioner made it: root's, writable by root only.
 """
 
 import base64
+import os
 from pathlib import Path
 
 from e2e.localcluster.podenv import ConfigError, Getter
@@ -24,9 +30,20 @@ def _write_keys(target: Path, data: dict[str, bytes], items: list[dict] | None, 
         path.write_bytes(data[item["key"]])
 
 
+def give_group(root: Path, gid: int) -> None:
+    """`root` and everything in it: group `gid`, group-writable, directories setgid."""
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        os.chown(path, -1, gid)
+        mode = path.stat().st_mode
+        path.chmod(mode | 0o2070 if path.is_dir() else mode | 0o060 | (0o010 if mode & 0o100 else 0))
+
+
 async def prepare(pod: dict, pod_dir: Path, pvc_root: Path, get: Getter) -> dict[str, Path]:
     """Make every volume of the pod; returns volume name -> host path."""
     ns = pod["metadata"]["namespace"]
+    fs_group = (pod.get("spec", {}).get("securityContext") or {}).get("fsGroup")
     paths: dict[str, Path] = {}
     for vol in pod.get("spec", {}).get("volumes") or []:
         name, target = vol["name"], pod_dir / "volumes" / vol["name"]
@@ -48,6 +65,7 @@ async def prepare(pod: dict, pod_dir: Path, pvc_root: Path, get: Getter) -> dict
             _write_keys(target, data, ref.get("items"), what)
         elif "emptyDir" in vol:
             target.mkdir(parents=True, exist_ok=True)
+            target.chmod(0o777)
         elif "persistentVolumeClaim" in vol:
             claim = vol["persistentVolumeClaim"]["claimName"]
             if await get("persistentvolumeclaims", ns, claim) is None:
@@ -63,6 +81,8 @@ async def prepare(pod: dict, pod_dir: Path, pvc_root: Path, get: Getter) -> dict
         else:
             kinds = sorted(set(vol) - {"name"})
             raise ConfigError(f"volume {name}: {kinds} volumes are not supported by the local kubelet")
+        if fs_group is not None and "hostPath" not in vol:
+            give_group(target, fs_group)
         paths[name] = target
     return paths
 

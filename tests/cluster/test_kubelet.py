@@ -390,3 +390,71 @@ def test_a_volume_over_the_images_directory_does_not_hide_the_image(tmp_path):
     }))
     run = subprocess.run([PY, str(LAUNCH), str(spec)], check=False, capture_output=True, text=True, timeout=30)
     assert (run.returncode, run.stdout) == (0, "from the image\n"), run.stderr
+
+
+RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                  "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                        "readOnlyRootFilesystem": True}
+
+
+async def test_a_pod_runs_as_its_security_context_on_a_read_only_root(cluster, tmp_path):
+    """uid/gid 1000 with fsGroup as a supplementary group, no capabilities, no_new_privs; the
+    root filesystem read-only, the emptyDir and the claim (root's files, before fsGroup) writable."""
+    await cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "claim"},
+                          "spec": {"accessModes": ["ReadWriteOnce"]}})
+    seeded = tmp_path / "pvcs" / NS / "claim" / "models"
+    seeded.mkdir(parents=True)
+    (seeded / "config.json").write_text("{}")  # what root put there, 0644 in a 0755 directory
+    probe = (
+        "import os, subprocess\n"
+        "print('id', subprocess.run(['id', '-u'], capture_output=True, text=True).stdout.strip(),"
+        " os.getgid(), sorted(os.getgroups()), flush=True)\n"
+        "status = dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
+        "print('caps', status['CapEff'].strip(), status['CapBnd'].strip(), 'nnp', status['NoNewPrivs'].strip())\n"
+        "print('root read-only', bool(os.statvfs('/').f_flag & os.ST_RDONLY), flush=True)\n"
+        "for path in ('/tmp/x', '/data/models/out', '/data/models/config.json', '/var/x'):\n"
+        "    try:\n"
+        "        open(path, 'a').close(); print('wrote', path)\n"
+        "    except OSError as e: print('refused', path, e.strerror)\n"
+    )
+    volumes = [{"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}, {"name": "tmp", "emptyDir": {}}]
+    mounts = [{"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"}]
+    await cluster.create(pod("restricted", ["python", "-c", probe], volumes=volumes, securityContext=RESTRICTED_POD,
+                             container={"volumeMounts": mounts, "securityContext": RESTRICTED_CONTAINER}))
+    await cluster.until(lambda: phase(cluster, "restricted") in ("Succeeded", "Failed"), 30, "the pod to end")
+    out = cluster.logs("restricted").splitlines()
+    assert phase(cluster, "restricted") == "Succeeded", out
+    assert out == [
+        "id 1000 1000 [1000]",
+        "caps 0000000000000000 0000000000000000 nnp 1",
+        "root read-only True",
+        "wrote /tmp/x", "wrote /data/models/out", "wrote /data/models/config.json",
+        "refused /var/x Read-only file system",
+    ]
+    assert (seeded / "out").stat().st_gid == 1000  # new files stay in the fsGroup
+    assert not Path("/var/x").exists()
+
+
+async def test_run_as_non_root_without_a_user_is_refused_like_a_kubelet_does(cluster):
+    await cluster.create(pod("rootful", ["true"], securityContext={"runAsNonRoot": True}))
+    await cluster.until(lambda: main_status(cluster, "rootful")["state"].get("waiting", {}).get("reason")
+                        == "CreateContainerConfigError", 30, "the container refused")
+    assert "runAsNonRoot" in main_status(cluster, "rootful")["state"]["waiting"]["message"]
+
+
+async def test_the_termination_message_is_the_runtimes_error_or_the_logs_tail(cluster):
+    """The runtime's own error reaches the pod's status through /dev/termination-log (the real
+    `rlkube` entrypoint, exit code 2); a crash that wrote none leaves its log's tail only under
+    `FallbackToLogsOnError`, as the kubelet does."""
+    fallback = {"terminationMessagePolicy": "FallbackToLogsOnError"}
+    await cluster.create(pod("invalid", ["rlkube", "trainer", "--model.name", "/nowhere/model"], container=fallback))
+    await cluster.create(pod("crash", ["sh", "-c", "echo loading; echo 'boom: no GPU' >&2; exit 3"], container=fallback))
+    await cluster.create(pod("quiet", ["sh", "-c", "echo loading; exit 3"]))
+    for name in ("invalid", "crash", "quiet"):
+        await cluster.until(lambda name=name: phase(cluster, name) == "Failed", 30, f"pod {name} Failed")
+    invalid = main_status(cluster, "invalid")["state"]["terminated"]
+    assert invalid["exitCode"] == 2
+    assert invalid["message"].startswith("rlkube trainer: error: invalid config:\n  model.name: '/nowhere/model'")
+    assert main_status(cluster, "crash")["state"]["terminated"]["message"] == "loading\nboom: no GPU"
+    assert "message" not in main_status(cluster, "quiet")["state"]["terminated"]

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
+from rlkube import auth
 from rlkube.orchestrator.types import Rollout
 from rlkube.orchestrator.workers import WorkerHub
 from rlkube.transport import keepalive
@@ -66,19 +67,22 @@ class EnvWorkersService(pb_grpc.EnvWorkersServicer):
 
 
 async def work(address: str, hello: pb.WorkerHello, run_group: RunGroup) -> None:
-    """Run the groups the orchestrator at `address` sends, session after session, until cancelled."""
+    """Run the groups the orchestrator at `address` sends, session after session, until cancelled
+    (or refused for a wrong token: `grpc.aio.AioRpcError` UNAUTHENTICATED)."""
     while True:
         try:
             await _session(address, hello, run_group)
             logger.info("orchestrator at %s ended the session; redialling", address)
         except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:  # a wrong token stays wrong: redialling cannot help
+                raise
             logger.info("orchestrator at %s: %s: %s; redialling in %gs", address, e.code().name, e.details(), REDIAL_S)
         await asyncio.sleep(REDIAL_S)
 
 
 async def _session(address: str, hello: pb.WorkerHello, run_group: RunGroup) -> None:
     async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS + keepalive.CLIENT) as channel:
-        call = pb_grpc.EnvWorkersStub(channel).Work()
+        call = pb_grpc.EnvWorkersStub(channel).Work(metadata=auth.grpc_metadata())
         writing = asyncio.Lock()  # one message at a time on the stream
         running: set[asyncio.Task] = set()
 

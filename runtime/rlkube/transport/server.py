@@ -10,6 +10,8 @@ that reaches an orchestrator other than the one it started with learns it at onc
 (`rlkube.transport.client.OrchestratorRestarted`). A request that names the instance it
 expects (same key) and reaches another is refused (FAILED_PRECONDITION) before it acts: a
 restarted orchestrator never takes a policy report meant for its predecessor.
+
+Every call needs the run's token (`rlkube.auth`): anything else is answered UNAUTHENTICATED.
 """
 
 import logging
@@ -17,6 +19,7 @@ from typing import Protocol
 
 import grpc
 
+from rlkube import auth
 from rlkube.transport import keepalive
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
@@ -103,7 +106,8 @@ class RolloutsService(pb_grpc.RolloutsServicer):
 async def start_server(source: BatchSource | None, host: str, port: int, workers=None) -> grpc.aio.Server:
     """Serve `source` on host:port (port 0 picks a free one: read it from `server.port`), and
     the EnvWorkers service over `workers` (a `WorkerHub`) when given."""
-    server = grpc.aio.server(options=CHANNEL_OPTIONS + keepalive.SERVER)
+    interceptors = auth.server_interceptors("the orchestrator's gRPC (rollouts, env workers)", aio=True)
+    server = grpc.aio.server(options=CHANNEL_OPTIONS + keepalive.SERVER, interceptors=interceptors)
     if source is not None:
         pb_grpc.add_RolloutsServicer_to_server(RolloutsService(source), server)
     if workers is not None:

@@ -2,7 +2,8 @@
 
 The trainer's rank 0 keeps the newest snapshots in memory and streams them file by file in
 chunks; each inference replica pulls the step it was told to load, waiting up to its deadline
-for a trainer that is still starting or has not published that step yet.
+for a trainer that is still starting or has not published that step yet. A Fetch needs the
+run's token (`rlkube.auth`): the snapshot is the model.
 """
 
 import logging
@@ -12,6 +13,7 @@ from concurrent import futures
 
 import grpc
 
+from rlkube import auth
 from rlkube.transport import keepalive, rlkube_pb2, rlkube_pb2_grpc
 from rlkube.transport.weights_snapshot import COMPLETE
 
@@ -86,7 +88,8 @@ class WeightsServicer:
 
 def serve_weights(servicer: WeightsServicer, bind: str) -> grpc.Server:
     """Start a gRPC server for `servicer` on `bind` ("host:port")."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=CHANNEL_OPTIONS + keepalive.SERVER)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=CHANNEL_OPTIONS + keepalive.SERVER,
+                         interceptors=auth.server_interceptors("the weight server (Weights.Fetch)", aio=False))
     fetch = grpc.unary_stream_rpc_method_handler(  # responses are sent as encoded
         servicer.Fetch, request_deserializer=rlkube_pb2.WeightsRequest.FromString, response_serializer=None
     )
@@ -113,7 +116,7 @@ def fetch_snapshot(address: str, step: int, timeout: float) -> dict[str, bytearr
         stub = rlkube_pb2_grpc.WeightsStub(channel)
         try:
             request = rlkube_pb2.WeightsRequest(step=step)
-            for chunk in stub.Fetch(request, timeout=timeout, wait_for_ready=True):
+            for chunk in stub.Fetch(request, timeout=timeout, wait_for_ready=True, metadata=auth.grpc_metadata()):
                 parts.setdefault(chunk.file, []).append(chunk.data)
         except grpc.RpcError as e:
             raise ConnectionError(

@@ -24,7 +24,9 @@ clients rely on:
 - admission (admission.py) on every write but to `/status`: the CRDs' CEL rules, transition
   rules (`oldSelf`) on updates, and the fields of built-in kinds that cannot change (a Job's
   template and selector, a StatefulSet's spec but replicas/template/..., a PVC's spec but its
-  requests, a Service's clusterIP, an immutable ConfigMap's data);
+  requests, a Service's clusterIP, an immutable ConfigMap's data); then the stored
+  ValidatingAdmissionPolicies through their bindings (policies.py), a denial answered 403 (or
+  the validation's reason) with kube-apiserver's message;
 - discovery, OpenAPI v3 and Table output (resources.py); `pods/<name>/log` from the kubelet's
   log files when `logs` is given;
 - reactions declared with kmock's DSL (`server["fetch v1/configmaps"] << 403`) answer first,
@@ -58,7 +60,7 @@ import jsonpatch
 import jsonpointer
 import kmock
 
-from e2e.localcluster import admission, resources
+from e2e.localcluster import admission, policies, resources
 from e2e.localcluster.resources import Kind
 
 HISTORY = 2000  # watch events kept for watches that resume from a resourceVersion
@@ -447,6 +449,7 @@ class ApiServer(kmock.KubernetesEmulator):
             if "status" in kind.subresources:
                 obj["status"] = {"phase": "Pending"} if kind.kind == "Pod" else {}
             _admit(kind, obj)
+            self._enforce_policies(kind, "CREATE", obj, None)
             return self._store(kind, _normalized(obj), "ADDED")
 
     async def update_object(self, kind: Kind, namespace: str | None, name: str, subresource: str | None,
@@ -480,12 +483,38 @@ class ApiServer(kmock.KubernetesEmulator):
                 return old
             if subresource != "status":
                 _admit(kind, new, old)
+                self._enforce_policies(kind, "UPDATE", new, old)
             if {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
                     {k: v for k, v in old.items() if k not in ("metadata", "status")}:
                 meta["generation"] = old["metadata"].get("generation", 1) + 1
             if meta.get("deletionTimestamp") and not meta.get("finalizers"):
                 return self._store(kind, new, "DELETED")
             return self._store(kind, new, "MODIFIED")
+
+    def _enforce_policies(self, kind: Kind, operation: str, obj: dict, old: dict | None) -> None:
+        """The bound ValidatingAdmissionPolicies; the object as defaulted by its schema."""
+        group = "admissionregistration.k8s.io"
+        bindings = self.read_all(self.kinds[group, "v1", "validatingadmissionpolicybindings"])
+        if not bindings:
+            return
+        namespace_labels = None
+        if kind.namespaced:
+            name = obj["metadata"]["namespace"]
+            namespace = self.read(self.kinds["", "v1", "namespaces"], None, name) or {}
+            namespace_labels = (namespace.get("metadata", {}).get("labels") or {}) | {policies.NAME_LABEL: name}
+        seen = [admission.with_defaults(kind.schema, o) if kind.schema and o else o for o in (obj, old)]
+        try:
+            denied = policies.denials(
+                self.read_all(self.kinds[group, "v1", "validatingadmissionpolicies"]), bindings, group=kind.group,
+                version=kind.version, plural=kind.plural, operation=operation, obj=seen[0], old=seen[1],
+                namespace_labels=namespace_labels)
+        except policies.PolicyError as e:
+            raise ApiError(500, "InternalError", f"admission policy evaluation failed: {e}") from e
+        if denied:
+            qualified = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
+            codes = {"Forbidden": 403, "Invalid": 422, "Unauthorized": 401, "RequestEntityTooLarge": 413}
+            raise ApiError(codes.get(denied[0].reason, 403), denied[0].reason,
+                           f'{qualified} "{obj["metadata"]["name"]}" is forbidden: ' + "; ".join(map(str, denied)))
 
     async def delete_object(self, kind: Kind, namespace: str | None, name: str, options: dict) -> dict:
         async with self._write:

@@ -69,6 +69,19 @@ BUILTIN = [
     Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", subresources=("status",),
          short_names=("pdb",)),
     Kind("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", short_names=("netpol",)),
+    # Enforced on writes (policies.py): the operator chart's guardrails.
+    Kind("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy",
+         namespaced=False),
+    Kind("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
+         "ValidatingAdmissionPolicyBinding", namespaced=False),
+    # Stored only (no authentication, so no RBAC): what the operator's Helm chart installs.
+    Kind("", "v1", "serviceaccounts", "ServiceAccount", short_names=("sa",)),
+    Kind("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    Kind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    Kind("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
+    Kind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
+    # The operator replicas' leader election.
+    Kind("coordination.k8s.io", "v1", "leases", "Lease"),
 ]
 
 

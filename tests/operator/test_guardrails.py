@@ -1,17 +1,17 @@
 """The chart's guardrails: its ValidatingAdmissionPolicy, rendered by the real Helm engine,
 validated against the official schemas, and its CEL evaluated with cel-python as the API server
 would (variables first, then each validation; the object with the CRD's defaults applied) against
-hostile runs and benign ones."""
+hostile runs and benign ones (the local API server enforces it too: tests/cluster)."""
 
 import copy
 
-import celpy
 import kubernetes_validate
 import pytest
 from pydantic import ValidationError
 from rlkube_operator import crd
 from rlkube_operator.spec import RLRunSpec
 
+from e2e.localcluster import policies
 from e2e.localcluster.admission import with_defaults
 from tests.operator.test_helm import render
 from tests.operator.test_operator_kmock import example
@@ -19,51 +19,20 @@ from tests.operator.test_operator_kmock import example
 SCHEMAS = {kind: crd.build_crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"] for kind in crd.KINDS}
 
 
-def _program(env: celpy.Environment, expression: str):
-    return env.program(env.compile(expression))
-
-
 class Policy:
-    """One rendered ValidatingAdmissionPolicy, evaluated like kube-apiserver's admission does."""
+    """The chart's ValidatingAdmissionPolicy and binding, evaluated as kube-apiserver's admission
+    does (e2e/localcluster/policies.py, which the local API server enforces too)."""
 
     def __init__(self, values: dict | None = None):
         objects = render(values or {})
         (self.policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
         (self.binding,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
-        self.env = celpy.Environment()
-        spec = self.policy["spec"]
-        self.conditions = [_program(self.env, c["expression"]) for c in spec.get("matchConditions", [])]
-        self.variables = [(v["name"], _program(self.env, v["expression"])) for v in spec["variables"]]
-        self.validations = [(_program(self.env, v["expression"]), v) for v in spec["validations"]]
 
     def refusals(self, run: dict, old: dict | None = None) -> list[str]:
         """The messages of the validations `run` fails (`old`: an UPDATE from it)."""
-        kind = run["kind"]
-        activation = {
-            "object": celpy.json_to_cel(with_defaults(SCHEMAS[kind], run)),
-            "oldObject": celpy.json_to_cel(with_defaults(SCHEMAS[kind], old) if old else None),
-            "request": celpy.json_to_cel({"operation": "UPDATE" if old else "CREATE"}),
-        }
-        if not all(self._value(c, activation) for c in self.conditions):
-            return []
-        variables = {}
-        for name, program in self.variables:
-            variables[name] = self._value(program, activation | {"variables": celpy.celtypes.MapType(variables)})
-        activation["variables"] = celpy.celtypes.MapType(variables)
-        out = []
-        for program, validation in self.validations:
-            if not self._value(program, activation):
-                message = validation.get("message", "")
-                if "messageExpression" in validation:
-                    message = self._value(_program(self.env, validation["messageExpression"]), activation)
-                out.append(str(message))
-        return out
-
-    @staticmethod
-    def _value(program, activation):
-        result = program.evaluate(activation)
-        assert not isinstance(result, celpy.CELEvalError), f"CEL error: {result}"
-        return result
+        seen = [with_defaults(SCHEMAS[run["kind"]], o) if o else None for o in (run, old)]
+        request = {"operation": "UPDATE" if old else "CREATE"}
+        return [message for message, _ in policies.evaluate(self.policy, request, *seen)]
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +175,4 @@ def test_namespace_users_get_runs_through_the_aggregated_roles():
         assert not any(allows(view, verb, resource) for verb in ("create", "update", "patch", "delete"))
         assert not allows(edit, "patch", f"{resource}/status")  # status is the operator's
     assert not [o for o in render({"aggregateRoles": False}) if o["metadata"]["name"].endswith(("-edit", "-view"))]
+

@@ -931,3 +931,20 @@ async def test_a_suspended_run_scales_its_teacher_to_zero_and_may_drop_it(cluste
     await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
     await cluster.until(lambda: cluster.get("StatefulSet", "rt-inference")["spec"]["replicas"] == 1, what="resumed")
     assert cluster.names("StatefulSet") == {"rt-inference"}
+
+
+async def test_progress_an_operator_outside_the_cluster_cannot_read_is_a_condition(kmock):
+    """The default URL (`<run>-orchestrator.<ns>.svc`) does not resolve outside a cluster: the
+    run says so, from where and why, instead of leaving STEP and REWARD empty in silence."""
+    from rlkube_operator.progress import DEFAULT_URL_TEMPLATE
+
+    async with running_operator(kmock, DEFAULT_URL_TEMPLATE, interval=0.3, progress_interval=0.0) as cluster:
+        await cluster.create(rlrun())
+        await start_everything(cluster)
+        url = f"http://rt-orchestrator.{NS}.svc:8080/status"
+        unreadable = await cluster.until(
+            lambda: next((c for c in cluster.status("RLRun", "rt")["conditions"] if c["type"] == "ProgressReadable"),
+                         None), what="ProgressReadable")
+        assert (unreadable["status"], unreadable["reason"]) == ("False", "Unreachable"), unreadable
+        assert unreadable["message"].startswith(f"status from {url}: "), unreadable
+        assert cluster.status("RLRun", "rt")["phase"] == "Running" and "step" not in cluster.status("RLRun", "rt")

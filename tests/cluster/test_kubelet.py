@@ -458,3 +458,30 @@ async def test_the_termination_message_is_the_runtimes_error_or_the_logs_tail(cl
     assert invalid["message"].startswith("rlkube trainer: error: invalid config:\n  model.name: '/nowhere/model'")
     assert main_status(cluster, "crash")["state"]["terminated"]["message"] == "loading\nboom: no GPU"
     assert "message" not in main_status(cluster, "quiet")["state"]["terminated"]
+
+
+def test_an_image_under_a_directory_the_user_may_not_enter_still_runs(tmp_path):
+    """A checkout or Python under root's 0700 home, as CI machines have them: the pod's user
+    gets the image's paths, and nothing else of that directory."""
+    from e2e.localcluster.kubelet import LAUNCH
+
+    require(unavailable_reason())
+    tmp_path.chmod(0o755)
+    closed = tmp_path / "home"
+    image = closed / "checkout" / "bin"
+    image.mkdir(parents=True)
+    closed.chmod(0o700)
+    (closed / "private").write_text("root's")
+    (image / "program").write_text("#!/bin/sh\nid -u; ls $(dirname $0)/../..; cat $(dirname $0)/../../private\n")
+    (image / "program").chmod(0o755)
+    spec = tmp_path / "spec.json"
+    identity = {"uid": 1000, "gid": 1000, "groups": [1000], "no_new_privs": True, "drop_all_capabilities": True,
+                "read_only_root": True}
+    spec.write_text(json.dumps({
+        "argv": [str(image / "program")], "env": {"PATH": "/usr/bin:/bin"}, "cwd": "/", "hostname": "pod",
+        "mounts": [], "image": [str(closed / "checkout")], "identity": identity,
+    }))
+    run = subprocess.run([PY, str(LAUNCH), str(spec)], check=False, capture_output=True, text=True, timeout=30)
+    assert run.stdout == "1000\ncheckout\n", run.stderr
+    assert "private: No such file" in run.stderr
+    assert (closed / "private").read_text() == "root's"  # covered in the pod only

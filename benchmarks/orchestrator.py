@@ -92,8 +92,8 @@ async def run_scheduler(runner, run_group, args, clock: PolicyClock | None = Non
 
 def in_process(pool, args):
     """The orchestrator's own `run_group` (no env workers)."""
-    async def run(runner, example_id, task):
-        return await run_group(runner, pool, example_id, task, args.group_size, 1.0, lambda: 0, 1.0)
+    async def run(runner, example_id, task, size):
+        return await run_group(runner, pool, example_id, task, size, 1.0, lambda: 0)
 
     return run
 

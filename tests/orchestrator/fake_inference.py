@@ -9,7 +9,9 @@ Like vLLM it keeps a pause state and a weight version (`/pause`, `/resume`, `/is
 `/update_weight_version`, `/weight_info`): a generate request waits while paused, and the
 version it ran under is recorded in `generated_versions`, the model it named in
 `requested_models`. `restart()` is what a restarted `rlkube inference` looks like: version
-"default", paused (`inference.start_paused`), no LoRA adapter.
+"default", paused (`inference.start_paused`), no LoRA adapter. `hang` makes generate requests
+wait for ever (an engine about to die), `unavailable` answers the next generate requests 503 (a
+server still starting behind its Service).
 
 Like `rlkube inference` with `max_lora_rank`, `/rlkube/load_lora_adapter` (query: location,
 step) loads the adapter `rlkube-policy`; a request naming it before that is answered 404.
@@ -40,6 +42,8 @@ class FakeInference:
         self.requested_models: list[str] = []
         self.adapter: str | None = None
         """The location of the loaded LoRA adapter."""
+        self.hang = False
+        self.unavailable = 0
 
     def restart(self, start_paused: bool = True) -> None:
         """Forget the weights' version and pause, as a freshly started server (call it on the
@@ -61,6 +65,11 @@ class FakeInference:
     async def generate(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.generate_requests += 1
+        if self.unavailable:
+            self.unavailable -= 1
+            return web.json_response({"error": "the server is starting"}, status=503)
+        if self.hang:
+            await asyncio.Event().wait()
         await self.resumed.wait()
         if body.get("model") == POLICY_ADAPTER and self.adapter is None:
             return web.json_response({"error": {"message": f"LoRA adapter {POLICY_ADAPTER} does not exist"}}, status=404)
@@ -112,8 +121,8 @@ class FakeInference:
 class FakeInferenceThread:
     """The fake on its own loop in a thread, at `self.url`, as a separate server process would be."""
 
-    def __init__(self, fake: FakeInference):
-        self.fake, self.port = fake, free_port()
+    def __init__(self, fake: FakeInference, port: int | None = None):
+        self.fake, self.port = fake, port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.loop = asyncio.new_event_loop()
         self.started = threading.Event()

@@ -82,7 +82,7 @@ async def run_loop(async_level: int, max_steps: int = 6, batch_size: int = 4, gr
     clock = PolicyClock(async_level)
     batches, events = {}, []
 
-    async def run_group(runner, example_id, task):
+    async def run_group(runner, example_id, task, size):
         events.append(("generate", clock.policy_step))
         await asyncio.sleep(0)
         return [make_rollout(float(i % 2), policy_min=clock.policy_step, example_id=example_id) for i in range(group_size)]
@@ -137,7 +137,7 @@ def test_envs_are_mixed_by_ratio():
     clock = PolicyClock(async_level=100)
     picked = []
 
-    async def run_group(runner, example_id, task):
+    async def run_group(runner, example_id, task, size):
         picked.append(runner.name)
         return [make_rollout(float(i % 2), env=runner.name) for i in range(2)]
 

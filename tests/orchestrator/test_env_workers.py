@@ -260,7 +260,8 @@ async def run_monitored(orchestrator, config, check) -> dict:
 
     watching = asyncio.ensure_future(monitor())
     try:
-        await eventually(lambda: len(orchestrator.workers.sessions) == config.env_workers, 300, "the workers to join")
+        await eventually(lambda: orchestrator.workers is None or len(orchestrator.workers.sessions) == config.env_workers,
+                         300, "the workers to join")
         trainer.start()
         await orchestrator.run()
     finally:
@@ -329,7 +330,7 @@ def test_workers_produce_the_in_process_rollouts(tiny_model, tmp_path):
                 # this test's event loop (tests/orchestrator/test_rollouts.py says why).
                 await runner.rollout(tasks[0][1], tasks[0][0], pool.context_for(runner.name, tasks[0][0]), 1.0, lambda: 0)
                 local = [await run_group(runner, pool, *t, config.group_size, config.sampling.temperature,
-                                         lambda: 0, 1.0) for t in tasks]
+                                         lambda: 0) for t in tasks]
             return remote, local
 
         with worker_processes(config, tmp_path):

@@ -1,7 +1,7 @@
 """Inference replicas that start paused or restart mid-run (fake engines over real HTTP, real
 verifiers rollouts): none generates before it serves the current policy, and a rollout that
-was in flight on a replica that died is an errored rollout that says so (the orchestrator runs
-it again), never trained."""
+was in flight on a replica that died comes back marked as lost with its replica (the
+orchestrator re-issues it, tests/orchestrator/test_lost_replicas.py), never trained."""
 
 import asyncio
 import contextlib
@@ -12,7 +12,7 @@ from rlkube.config.inference import POLICY_ADAPTER
 from rlkube.envs import load_env
 from rlkube.inference.client import InferenceError
 from rlkube.orchestrator.inference import InferencePool
-from rlkube.orchestrator.rollouts import EnvRunner, lost_its_engine
+from rlkube.orchestrator.rollouts import EnvRunner, lost_its_replica, replica_lost, run_group
 
 from tests.fixtures.inference import free_port
 from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
@@ -34,7 +34,7 @@ def replicas(tiny_model, n, start_paused=True):
 
 
 def make_pool(tiny_model, urls, **client):
-    config = ClientConfig(base_urls=urls, resync_interval_s=0.1, **client)
+    config = ClientConfig(**{"base_urls": urls, "resync_interval_s": 0.1} | client)
     return InferencePool(config, str(tiny_model), str(tiny_model), SAMPLING)
 
 
@@ -84,23 +84,39 @@ def test_a_restarted_replica_is_brought_to_the_policy_before_it_generates(tiny_m
         assert [r for r, _ in fakes[0].calls].count("pause") == 2, "the healthy replica was left alone"
 
 
-def test_a_rollout_in_flight_on_a_replica_that_dies_is_an_error(tiny_model):
-    env_config = EnvConfig(args={"num_examples": 20})
+@pytest.mark.parametrize("path", ["lean", "verifiers"])
+def test_a_rollout_in_flight_on_a_replica_that_dies_comes_back_lost_and_the_replica_down(tiny_model, path):
+    env_config = EnvConfig(args={"num_examples": 20}, rollout_path=path)
     runner = EnvRunner(env_config, load_env(env_config), seed=0)
-    with replicas(tiny_model, 1, start_paused=False) as (server,):
-        server.call(server.fake.resumed.clear)  # the request hangs in the engine
+    with replicas(tiny_model, 2, start_paused=False) as servers:
+        servers[1].fake.hang = True  # the request hangs in the engine
 
         async def go():
-            pool = make_pool(tiny_model, [server.url])
+            pool = make_pool(tiny_model, [s.url for s in servers], resync_interval_s=60)
             async with runner.serving():
-                rollout = asyncio.ensure_future(rollout_on(pool, runner, 0))
-                await until(lambda: server.fake.generate_requests or rollout.done())
-                await asyncio.to_thread(server.__exit__)  # the replica dies
-                return await rollout
+                await rollout_on(pool, runner, 0)  # renderers resolve the context length once
+                example_id, task = next((e, t) for e, t in (runner.next_task() for _ in range(20))
+                                        if pool.replica_for(runner.name, e) == 1)
+                group = asyncio.ensure_future(run_group(runner, pool, example_id, task, 2, 1.0, lambda: 1))
+                await until(lambda: servers[1].fake.generate_requests == 2 or group.done())
+                await asyncio.to_thread(servers[1].__exit__)  # the replica dies
+                return await group, pool.replica_for(runner.name, example_id)
 
-        rollout = asyncio.run(go())
-    assert rollout.error is not None and not rollout.trainable
-    assert lost_its_engine(rollout), f"the orchestrator runs it again: {rollout.error}"
+        group, rerouted = asyncio.run(go())
+    assert all(replica_lost(r) and not r.trainable for r in group), [r.error for r in group]
+    assert rerouted == 0, "the task's next rollouts go to the healthy replica"
+
+
+def test_only_a_replica_that_is_gone_or_restarting_loses_a_rollout():
+    for error in ("ProviderError: engine unreachable: Cannot connect to host x:8000 [Name or service not known]",
+                  "ProviderError: Connection error.", "ProviderError: HTTP 503: starting",
+                  "ProviderError: Error code: 502 - bad gateway", "ProviderError: ClientPayloadError: cut off"):
+        assert lost_its_replica(error, marked_down=False), error
+    for timeout in ("ProviderError: engine timed out: ", "ProviderError: Request timed out."):
+        assert lost_its_replica(timeout, marked_down=True) and not lost_its_replica(timeout, marked_down=False)
+    for error in (None, "ProviderError: HTTP 500: engine bug", "ProviderError: HTTP 400: prompt too long",
+                  "ValueError: engine unreachable", "ToolError: Connection error."):
+        assert not lost_its_replica(error, marked_down=True), error
 
 
 def test_replicas_of_an_earlier_run_unreachable_ones_and_nccl(tiny_model):

@@ -41,12 +41,22 @@ class FakeRunner:
 
 class FakePool:
     request_model = "model"
+    base_urls = ("http://fake",)
 
     def __init__(self):
         self.loads = []
 
-    def context_for(self, env, example_id, model=None):
+    def replica_for(self, env, example_id):
+        return 0
+
+    def context_at(self, replica, model=None):
         return None
+
+    def mark_down(self, replica):
+        pass
+
+    def down_since(self, replica, since):
+        return False
 
     def slot(self):
         return contextlib.nullcontext()

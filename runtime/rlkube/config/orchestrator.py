@@ -150,6 +150,13 @@ class OrchestratorSection(Config):
     group_size: int = Field(default=8, ge=1)
     """Rollouts per task; advantages are computed within each group."""
 
+    min_batch_samples: int = Field(default=1, ge=1)
+    """The fewest samples a step trains on: a batch whose rollouts leave fewer to train on
+    (errored, empty, or with `filter_zero_advantage` zero-advantage ones left out) takes more
+    finished groups, beyond `batch_size`, until it has them. At most `batch_size`; a step
+    never trains on zero samples. (Rollouts that lost their inference replica never count:
+    they are re-issued.)"""
+
     seq_len: int = Field(default=2048, ge=8)
     """Tokens per packed training row."""
 
@@ -217,6 +224,10 @@ class OrchestratorSection(Config):
         if self.batch_size % self.group_size:
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})"
+            )
+        if self.min_batch_samples > self.batch_size:
+            raise ValueError(
+                f"min_batch_samples ({self.min_batch_samples}) must be at most batch_size ({self.batch_size})"
             )
         if self.group_size == 1 and self.advantage.custom is None:
             raise ValueError(

@@ -1,8 +1,11 @@
 """Finished groups wait here until a batch takes them; stale rollouts are dropped on the way.
 
 Groups are kept whole and in completion order. `take_batch(n)` pops groups until it has
-`batch_size` rollouts that are fresh enough for step `n` (see clock.py); what it does not
-need stays for the next step, so no finished work is lost (and the buffer is checkpointed).
+`batch_size` rollouts that are fresh enough for step `n` (see clock.py) and at least
+`min_samples` samples to train on (`orchestrator.min_batch_samples`: a batch of errored, empty or
+zero-advantage rollouts waits for more groups instead of becoming a step on nothing); what it
+does not need stays for the next step, so no finished work is lost (and the buffer is
+checkpointed).
 A rollout's lag counts from the oldest policy that sampled it: the clock's, or the engine's own
 report where the rollout path sees it (`Rollout.oldest_policy`).
 """
@@ -14,9 +17,11 @@ from rlkube.orchestrator.types import Batch, Rollout
 
 
 class RolloutBuffer:
-    def __init__(self, batch_size: int, max_off_policy_steps: int):
+    def __init__(self, batch_size: int, max_off_policy_steps: int, min_samples: int = 1,
+                 drops_zero_advantage: bool = False):
         self.batch_size = batch_size
         self.max_off_policy_steps = max_off_policy_steps
+        self.min_samples, self.drops_zero_advantage = min_samples, drops_zero_advantage
         self.groups: deque[list[Rollout]] = deque()
         self.dropped_total = 0
 
@@ -32,15 +37,39 @@ class RolloutBuffer:
     def _is_fresh(self, rollout: Rollout, batch_step: int) -> bool:
         return off_policy_lag(batch_step, rollout.oldest_policy) <= self.max_off_policy_steps
 
+    def groups_for_batch(self, step: int) -> int | None:
+        """How many groups from the front make batch `step`: `batch_size` fresh rollouts with
+        at least `min_samples` samples to train on; None while the buffer holds too few.
+        RuntimeError when `batch_size` of them are all errored (inference down for good, or a
+        broken env): the run fails loudly instead of waiting for ever."""
+        rollouts = samples = 0
+        errors: list[str] = []
+        for taken, group in enumerate(self.groups, 1):
+            fresh = [r for r in group if self._is_fresh(r, step)]
+            rollouts += len(fresh)
+            samples += len(Batch(step, fresh).samples(self.drops_zero_advantage))
+            errors += [r.error for r in fresh if r.error is not None]
+            if rollouts >= self.batch_size and samples >= self.min_samples:
+                return taken
+            if rollouts >= self.batch_size and len(errors) == rollouts:
+                raise RuntimeError(f"all {rollouts} rollouts of batch {step} failed, e.g. {errors[0]}")
+        return None
+
+    def short_of_samples(self, step: int) -> bool:
+        """Whether `batch_size` fresh rollouts are buffered but too few samples to train on:
+        batch `step` needs more groups than the clock counts on."""
+        return self.fresh_rollouts(step) >= self.batch_size and self.groups_for_batch(step) is None
+
     def take_batch(self, step: int) -> Batch | None:
-        """Batch `step`, or None (taking nothing) while fewer than `batch_size` fresh
-        rollouts are buffered. A group is taken whole; the batch may overshoot
-        `batch_size` by less than a group when stale rollouts were dropped from it."""
-        if self.fresh_rollouts(step) < self.batch_size:
+        """Batch `step`, or None (taking nothing) while `groups_for_batch` finds too few. A
+        group is taken whole; the batch may overshoot `batch_size` by less than a group when
+        stale rollouts were dropped from it, and by more when it waited for samples."""
+        taken = self.groups_for_batch(step)
+        if taken is None:
             return None
         rollouts: list[Rollout] = []
         dropped = behind_clock = 0
-        while len(rollouts) < self.batch_size:
+        for _ in range(taken):
             group = self.groups.popleft()
             fresh = [r for r in group if self._is_fresh(r, step)]
             dropped += len(group) - len(fresh)

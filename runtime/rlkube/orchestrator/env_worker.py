@@ -54,7 +54,7 @@ class GroupRunner:
         return await run_group(
             runner, self.pool, group.example_id, task, group.group_size, self.config.sampling.temperature,
             lambda: 0,  # the orchestrator stamps the versions from its clock (rlkube.orchestrator.workers)
-            self.config.client.resync_interval_s, group.model or None,
+            group.model or None,
         )
 
 

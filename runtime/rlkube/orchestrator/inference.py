@@ -12,8 +12,14 @@ paused and weight version "default" (`inference.start_paused`), so requests sent
 policy unless it is the base model's 0, tag the version, resume); the orchestrator runs it
 before its first rollout and then every `client.resync_interval_s` (`watch`), so a replica that
 restarted mid-run serves the current policy before any of its rollouts count. A policy update
-passes a replica that does not answer (that `sync` is for). Rollouts that were in flight on it
-when it died failed with it; the orchestrator runs them again, and never trains them.
+passes a replica that does not answer (that `sync` is for).
+
+A replica that does not answer is marked down (`mark_down`: by a rollout that lost it, or by
+`sync`), and rollouts routed to it go to the healthy replicas instead until `sync` sees it back
+on the policy, or, where no `sync` runs (an env worker), until `client.resync_interval_s` has
+passed and the next rollout probes it. Rollouts that were in flight on it when it died failed
+with it; they come back marked as lost (`rlkube.orchestrator.rollouts`) and are re-issued,
+never trained.
 
 A LoRA run whose replicas serve the adapter with vLLM's LoRA support (`client.lora_adapter`)
 loads each policy as that adapter, and requests name it from the first policy update on
@@ -23,6 +29,7 @@ the base model's name just before that first update finishes on the base model.
 
 import asyncio
 import logging
+import time
 import zlib
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -51,6 +58,7 @@ def model_contexts(base_urls: list[str], model: str, renderer_model: str, sampli
     from verifiers.v1 import ModelContext, Sampling, TrainClientConfig
     from verifiers.v1.configs.client import ClientTimeoutConfig
 
+    from rlkube.auth import TOKEN_ENV
     from rlkube.models.renderer import renderer_config_for
 
     renderer = renderer_config_for(renderer_model)
@@ -60,7 +68,7 @@ def model_contexts(base_urls: list[str], model: str, renderer_model: str, sampli
             model=model,
             client=TrainClientConfig(
                 base_url=url.rstrip("/") + "/v1",
-                api_key_var="RLKUBE_INFERENCE_API_KEY",
+                api_key_var=TOKEN_ENV,  # the run's token, as verifiers' API key
                 renderer=renderer,
                 renderer_model_name=renderer_model,
                 timeout=ClientTimeoutConfig(read=timeout_s),
@@ -91,6 +99,8 @@ class InferencePool:
         """Held while replicas change weights: `load_policy` and `sync` never interleave."""
         self.loaded: Policy = (0, None)
         """The newest policy `load_policy` put on every replica."""
+        self.down: dict[int, float] = {}
+        """Replicas marked down (index -> monotonic time of the newest mark); `mark_up` clears."""
 
     @property
     def request_model(self) -> str:
@@ -99,7 +109,38 @@ class InferencePool:
 
     def context_for(self, env_name: str, example_id: str, model: str | None = None):
         """The replica context of a task, requesting `model` (`request_model` when None)."""
-        return self.contexts[model or self.request_model][pick_replica(env_name, example_id, len(self.base_urls))]
+        return self.context_at(self.replica_for(env_name, example_id), model)
+
+    def context_at(self, replica: int, model: str | None = None):
+        return self.contexts[model or self.request_model][replica]
+
+    def replica_for(self, env_name: str, example_id: str) -> int:
+        """The task's sticky replica, or while it is down, one of the healthy ones (the same
+        for every rollout of the task); the sticky one when all are down."""
+        sticky = pick_replica(env_name, example_id, len(self.base_urls))
+        healthy = [i for i in range(len(self.base_urls)) if not self.is_down(i)]
+        if sticky in healthy or not healthy:
+            return sticky
+        return healthy[pick_replica(env_name, example_id, len(healthy))]
+
+    # --- replicas that do not answer -------------------------------------------------------
+
+    def mark_down(self, replica: int) -> None:
+        if not self.is_down(replica):
+            logger.warning("inference replica %s is down: its rollouts go to the others", self.base_urls[replica])
+        self.down[replica] = time.monotonic()
+
+    def mark_up(self, replica: int) -> None:
+        if self.down.pop(replica, None) is not None:
+            logger.info("inference replica %s serves again", self.base_urls[replica])
+
+    def is_down(self, replica: int) -> bool:
+        marked = self.down.get(replica)
+        return marked is not None and time.monotonic() - marked < self.config.resync_interval_s
+
+    def down_since(self, replica: int, since: float) -> bool:
+        """Whether the replica was marked down at `since` (monotonic) or later."""
+        return self.down.get(replica, -1.0) >= since
 
     @asynccontextmanager
     async def slot(self):
@@ -157,8 +198,9 @@ class InferencePool:
             step, location = max(policy, self.loaded, key=lambda p: p[0])
             states = await asyncio.gather(*(self._state(url) for url in self.base_urls))
             stale = []
-            for url, state in zip(self.base_urls, states):
+            for replica, (url, state) in enumerate(zip(self.base_urls, states)):
                 if state is None:
+                    self.mark_down(replica)
                     continue
                 version, paused = state
                 if fresh and version not in ("default", "0"):
@@ -166,6 +208,8 @@ class InferencePool:
                     stale.append(url)
                 elif not serves_at_least(version, step) or (paused and not self.trainer_sends_weights):
                     stale.append(url)
+                else:
+                    self.mark_up(replica)
             results = await asyncio.gather(
                 *(self._sync_one(url, step, location, timeout_s) for url in stale), return_exceptions=True
             )
@@ -177,6 +221,7 @@ class InferencePool:
                 raise result
             else:
                 logger.info("replica %s brought to policy %d", url, step)
+                self.mark_up(self.base_urls.index(url))
                 synced.append(url)
         return synced
 

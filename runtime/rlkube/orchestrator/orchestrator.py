@@ -29,7 +29,7 @@ from rlkube.orchestrator.buffer import RolloutBuffer
 from rlkube.orchestrator.clock import PolicyClock
 from rlkube.orchestrator.metrics import batch_metrics
 from rlkube.orchestrator.packing import pack_batch
-from rlkube.orchestrator.rollouts import run_group
+from rlkube.orchestrator.rollouts import Reissuer, run_group
 from rlkube.orchestrator.scheduler import Scheduler
 from rlkube.orchestrator.teacher import Teacher, scored_by
 from rlkube.orchestrator.types import Batch, Rollout
@@ -53,7 +53,8 @@ class Orchestrator:
         self.log_metrics = log_metrics
         self.evaluate = evaluate
         self.clock = PolicyClock(config.async_level)
-        self.buffer = RolloutBuffer(config.batch_size, config.max_off_policy_steps)
+        self.buffer = RolloutBuffer(config.batch_size, config.max_off_policy_steps, config.min_batch_samples,
+                                    config.drops_zero_advantage)
         self.workers = (
             WorkerHub(self.clock, config.group_size, list(self.runners), config.env_worker_timeout_s,
                       lambda: self.pool.request_model)
@@ -62,7 +63,11 @@ class Orchestrator:
         """Groups go to env worker processes (served on the gRPC port) instead of running here."""
         self.teacher = Teacher(config.teacher) if config.teacher else None
         """On-policy distillation: scores each group's samples once they are final."""
-        run_group = self.workers.run_group if self.workers else self.run_group
+        self.reissuer = Reissuer(self.workers.run_group if self.workers else self.run_group,
+                                 config.client.resync_interval_s)
+        """Rollouts that lost their inference replica run again, here or in the workers."""
+        self.reissued_logged = 0
+        run_group = self.reissuer
         self.scheduler = Scheduler(
             runners=runners,
             ratios=[r.config.ratio for r in runners],
@@ -95,19 +100,16 @@ class Orchestrator:
 
     # --- rollouts -------------------------------------------------------------------
 
-    async def run_group(self, runner, example_id: str, task) -> list[Rollout]:
-        """A group in this process (no env workers)."""
+    async def run_group(self, runner, example_id: str, task, size: int) -> list[Rollout]:
+        """`size` rollouts of a task in this process (no env workers)."""
         return await run_group(
-            runner, self.pool, example_id, task, self.config.group_size, self.config.sampling.temperature,
-            lambda: self.clock.policy_step, self.config.client.resync_interval_s,
+            runner, self.pool, example_id, task, size, self.config.sampling.temperature, lambda: self.clock.policy_step,
         )
 
     def on_batch(self, batch: Batch) -> None:
-        errored = [r for r in batch.rollouts if r.error is not None]
-        if len(errored) == len(batch.rollouts):
-            # Inference is down or the env is broken: fail loudly instead of training on nothing.
-            raise RuntimeError(f"all {len(errored)} rollouts of batch {batch.step} failed, e.g. {errored[0].error}")
         metrics = self.store_batch(batch)
+        metrics["rollouts/reissued"] = float(self.reissuer.reissued - self.reissued_logged)
+        self.reissued_logged = self.reissuer.reissued
         if self.workers is not None:
             metrics |= self.workers.metrics()
         metrics["time/batch"] = time.perf_counter() - self.batch_started

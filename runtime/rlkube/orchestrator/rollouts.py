@@ -12,6 +12,7 @@ import asyncio
 import logging
 import random
 import statistics
+import time
 import zlib
 from typing import Any
 
@@ -88,13 +89,33 @@ def episode_to_rollout(episode: Any, env_name: str, example_id: str, temperature
     )
 
 
-def lost_its_engine(rollout: Rollout) -> bool:
-    """Whether the rollout failed only because its inference replica went away mid-call (on the
-    lean path; verifiers' full path words it through the OpenAI SDK: "Connection error.")."""
-    error = rollout.error or ""
-    return error.startswith("ProviderError: ") and any(
-        error.removeprefix("ProviderError: ").startswith(m) for m in (*ENGINE_LOST, "Connection error")
-    )
+REPLICA_LOST = "ReplicaLost"
+"""How a rollout that failed for want of its replica is marked (`Rollout.error` starts with it
+and ": "), in this process or an env worker's, so that the orchestrator re-issues it."""
+UNREACHABLE = (ENGINE_LOST[0], "ClientPayloadError", "HTTP 502", "HTTP 503", "HTTP 504",
+               "Connection error", "Error code: 502", "Error code: 503", "Error code: 504")
+"""Model-call errors that mean no replica answered: the lean path's `_EngineHTTP` wording
+(`rlkube.envs.in_process.ENGINE_LOST`, a response cut off, "HTTP <status>") and verifiers' full
+path's (through the OpenAI SDK: "Connection error.", "Error code: <status>"). Refused or reset
+connections, failed name resolution, and the 5xx a restarting server or its proxy answers with
+(a 500 is the engine failing the request: an error)."""
+TIMED_OUT = (ENGINE_LOST[1], "Request timed out")
+"""A timeout is the replica's fault only if it was marked down meanwhile; otherwise it is the
+rollout's (a generation longer than `client.timeout_s`) and stays an error."""
+
+
+def lost_its_replica(error: str | None, marked_down: bool) -> bool:
+    """Whether a rollout's error is its inference replica's (unreachable, restarting), not the
+    env's or the model's: such a rollout says nothing about the policy and is re-issued."""
+    if not (error or "").startswith("ProviderError: "):
+        return False
+    message = error.removeprefix("ProviderError: ")
+    return message.startswith(UNREACHABLE) or (marked_down and message.startswith(TIMED_OUT))
+
+
+def replica_lost(rollout: Rollout) -> bool:
+    """Whether the rollout was marked as lost with its replica (`REPLICA_LOST`)."""
+    return (rollout.error or "").startswith(f"{REPLICA_LOST}: ")
 
 
 class EnvRunner:
@@ -136,26 +157,51 @@ class EnvRunner:
         return rollout
 
 
-async def run_group(runner, pool, example_id: str, task: Any, group_size: int, temperature: float, policy_version,
-                    retry_after_s: float, model: str | None = None) -> list[Rollout]:
-    """`group_size` rollouts of one task on its sticky replica, each once the pool has a slot.
+async def run_group(runner, pool, example_id: str, task: Any, size: int, temperature: float, policy_version,
+                    model: str | None = None) -> list[Rollout]:
+    """`size` rollouts of one task, each on the task's replica once the pool has a slot
+    (`InferencePool.replica_for`: the sticky one, or a healthy one while it is down).
 
-    Rollouts whose replica died or restarted mid-call (`lost_its_engine`) say nothing about the
-    policy or the env: they run again after `retry_after_s`, once the orchestrator's watcher
-    has the replica back on the current policy. What the orchestrator runs in-process, and
-    what an env worker runs for it (`rlkube.orchestrator.env_worker`), requesting the `model`
-    the orchestrator names (`InferencePool.request_model` when None)."""
-    ctx = pool.context_for(runner.name, example_id, model)
+    A rollout whose replica went away or is restarting comes back marked `REPLICA_LOST` (and
+    the replica is marked down, so the next rollouts go elsewhere); the orchestrator re-issues
+    it (`Reissuer`). What the orchestrator runs in-process, and what an env worker runs for it
+    (`rlkube.orchestrator.env_worker`), requesting the `model` the orchestrator names
+    (`InferencePool.request_model` when None)."""
 
     async def one() -> Rollout:
         async with pool.slot():
-            return await runner.rollout(task, example_id, ctx, temperature, policy_version)
+            replica, started = pool.replica_for(runner.name, example_id), time.monotonic()
+            rollout = await runner.rollout(task, example_id, pool.context_at(replica, model), temperature, policy_version)
+        if lost_its_replica(rollout.error, pool.down_since(replica, started)):
+            pool.mark_down(replica)
+            rollout.error = f"{REPLICA_LOST}: {pool.base_urls[replica]}: {rollout.error}"
+        return rollout
 
-    group = list(await asyncio.gather(*(one() for _ in range(group_size))))
-    while lost := [i for i, rollout in enumerate(group) if lost_its_engine(rollout)]:
-        logger.warning("%d rollout(s) of %s/%s lost their inference replica: re-running them",
-                       len(lost), runner.name, example_id)
-        await asyncio.sleep(retry_after_s)
-        for i, rollout in zip(lost, await asyncio.gather(*(one() for _ in lost))):
-            group[i] = rollout
-    return group
+    return list(await asyncio.gather(*(one() for _ in range(size))))
+
+
+class Reissuer:
+    """The scheduler's `run_group` around the orchestrator's or the env workers' own: the
+    rollouts of a group that lost their replica are run again (as a smaller group of the same
+    task) until none is lost, so a group always comes back whole and scored on its merits.
+    The first re-issue goes at once (a healthy replica takes it); later ones wait
+    `retry_after_s` each (every replica is down: the watcher brings them back)."""
+
+    def __init__(self, run_group, retry_after_s: float):
+        self.run_group, self.retry_after_s = run_group, retry_after_s
+        self.reissued = 0
+        """Rollouts re-issued since the start."""
+
+    async def __call__(self, runner, example_id: str, task: Any, size: int) -> list[Rollout]:
+        group = await self.run_group(runner, example_id, task, size)
+        rounds = 0
+        while lost := [i for i, rollout in enumerate(group) if replica_lost(rollout)]:
+            logger.warning("%d rollout(s) of %s/%s lost their inference replica (%s): re-issued",
+                           len(lost), runner.name, example_id, group[lost[0]].error)
+            if rounds:
+                await asyncio.sleep(self.retry_after_s)
+            rounds += 1
+            self.reissued += len(lost)
+            for i, rollout in zip(lost, await self.run_group(runner, example_id, task, len(lost))):
+                group[i] = rollout
+        return group

@@ -20,7 +20,8 @@ from rlkube.orchestrator.types import Batch, Rollout
 
 logger = logging.getLogger(__name__)
 
-RunGroup = Callable[[object, str, object], Awaitable[list[Rollout]]]
+RunGroup = Callable[[object, str, object, int], Awaitable[list[Rollout]]]
+"""(env runner, example id, task, rollouts) -> that many scored rollouts of the task."""
 
 
 def score_group(group: list[Rollout], advantage_fn: AdvantageFn) -> list[Rollout]:
@@ -73,13 +74,14 @@ class Scheduler:
         return len(self.in_flight) * self.group_size + self.buffer.fresh_rollouts(self.next_step)
 
     def _launch(self) -> None:
-        while (
-            len(self.in_flight) < self.max_groups_in_flight
-            and self.outstanding_rollouts() < self.allowed_rollouts()
+        while len(self.in_flight) < self.max_groups_in_flight and (
+            self.outstanding_rollouts() < self.allowed_rollouts()
+            # the next batch has its rollouts but too few samples: one more group at a time
+            or (not self.in_flight and self.buffer.short_of_samples(self.next_step))
         ):
             runner = self.rng.choices(self.runners, weights=self.ratios)[0]
             example_id, task = runner.next_task()
-            self.in_flight.add(asyncio.ensure_future(self.run_group(runner, example_id, task)))
+            self.in_flight.add(asyncio.ensure_future(self.run_group(runner, example_id, task, self.group_size)))
 
     def _cut_batches(self) -> None:
         while self.next_step <= self.max_steps and (batch := self.buffer.take_batch(self.next_step)):

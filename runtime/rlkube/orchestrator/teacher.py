@@ -68,7 +68,7 @@ class Teacher:
 def scored_by(teacher: Teacher, run_group: RunGroup) -> RunGroup:
     """`run_group`, whose rollouts the teacher scores once they are final."""
 
-    async def run_and_score(runner, example_id: str, task) -> list[Rollout]:
-        return await teacher.score_group(await run_group(runner, example_id, task))
+    async def run_and_score(runner, example_id: str, task, size: int) -> list[Rollout]:
+        return await teacher.score_group(await run_group(runner, example_id, task, size))
 
     return run_and_score

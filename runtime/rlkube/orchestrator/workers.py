@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 class Group:
     env: str
     example_id: str
+    size: int
     future: asyncio.Future
     out: int = 0
     """Dispatches of it that workers hold (two once a timeout re-issued it)."""
@@ -95,9 +96,10 @@ class WorkerHub:
             "env_workers/discarded_answers": float(self.discarded),
         }
 
-    async def run_group(self, runner, example_id: str, task) -> list[Rollout]:
-        """The scheduler's `run_group`: `task` itself stays here, the worker finds it by id."""
-        group = Group(runner.name, example_id, asyncio.get_running_loop().create_future())
+    async def run_group(self, runner, example_id: str, task, size: int | None = None) -> list[Rollout]:
+        """The scheduler's `run_group` (`size` rollouts, `group_size` when None): `task` itself
+        stays here, the worker finds it by id."""
+        group = Group(runner.name, example_id, size or self.group_size, asyncio.get_running_loop().create_future())
         if not self.sessions and not self.waiting:
             logger.warning("no env worker is connected: groups wait for one to dial in")
         self.waiting.append(group)
@@ -176,5 +178,5 @@ class WorkerHub:
             group.out += 1
             session.outbox.put_nowait(
                 pb.GroupTask(dispatch_id=dispatch_id, env=group.env, example_id=group.example_id,
-                             group_size=self.group_size, model=self.request_model())
+                             group_size=group.size, model=self.request_model())
             )

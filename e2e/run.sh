@@ -7,18 +7,22 @@
 #   e2e/run.sh -k reverse_text       # extra arguments go to pytest
 #   KEEP_CLUSTER=1 e2e/run.sh        # leave the cluster up afterwards
 #
-# Exit status 0 means every scenario passed. The object-store scenario needs a bucket the
-# cluster reaches and skips on kind.
+# Exit status 0 means every scenario passed; the last line is pytest's summary. The operator is
+# installed by the Helm chart with e2e/operator-values.yaml (2 replicas electing a leader), as the
+# local scenarios install it. The object-store scenario needs a bucket the cluster reaches and
+# skips on kind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CLUSTER=${CLUSTER:-rlkube-e2e}
 NS=${NS:-rlkube-e2e}
+PY=${PY:-.venv/bin/python}  # the project's venv (make install): pytest, helm-python-sdk
 TAG=0.1.0
 OPERATOR_IMAGE=ghcr.io/rlkube/rlkube-operator:$TAG
 RUNTIME_IMAGE=ghcr.io/rlkube/rlkube-runtime-cpu:$TAG
+VALUES=e2e/operator-values.yaml
 
-for tool in docker kind kubectl; do
+for tool in docker kind kubectl "$PY"; do
   command -v "$tool" >/dev/null || { echo "e2e: $tool not found" >&2; exit 2; }
 done
 docker info >/dev/null 2>&1 || { echo "e2e: the Docker daemon is not reachable" >&2; exit 2; }
@@ -27,24 +31,24 @@ cleanup() { [[ -n "${KEEP_CLUSTER:-}" ]] || kind delete cluster --name "$CLUSTER
 trap cleanup EXIT
 
 kind get clusters | grep -qx "$CLUSTER" || kind create cluster --name "$CLUSTER" --config e2e/kind-config.yaml --wait 120s
+# Everything below talks to this cluster, whatever the current context was.
+kubectl config use-context "kind-$CLUSTER"
 docker build -f images/operator.Dockerfile -t "$OPERATOR_IMAGE" .
 docker build -f images/runtime-cpu.Dockerfile -t "$RUNTIME_IMAGE" .
 kind load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE" "$RUNTIME_IMAGE"
 
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f -
 if command -v helm >/dev/null; then
-  # The scenarios watch progress: read and written every 2 s here (the chart's default is 60 s).
-  helm upgrade --install rlkube helm/rlkube -n "$NS" --set image.pullPolicy=Never \
-    --set reconcileInterval=2 --set progressInterval=2 --wait
-else  # the same chart, rendered by Helm's Go SDK (helm-python-sdk)
-  python -c "
-import helm_python as helm, sys
-out = helm.Chart.load('helm/rlkube').render({'image': {'pullPolicy': 'Never'}, 'reconcileInterval': 2, 'progressInterval': 2}, name='rlkube', namespace='$NS', is_install=True)
+  helm upgrade --install rlkube helm/rlkube -n "$NS" -f "$VALUES" --kube-context "kind-$CLUSTER" --wait
+else  # the same chart and values, rendered by Helm's Go SDK (helm-python-sdk)
+  "$PY" -c "
+import sys, yaml, helm_python as helm
+values = yaml.safe_load(open('$VALUES'))
+out = helm.Chart.load('helm/rlkube').render(values, name='rlkube', namespace='$NS', is_install=True)
 sys.stdout.write('\n---\n'.join(t for p, t in sorted(out.items()) if p.endswith('.yaml')))
 " | kubectl apply -n "$NS" -f -
   kubectl -n "$NS" rollout status deploy/rlkube-rlkube-operator --timeout=180s
 fi
 
 export RLKUBE_E2E_KUBECONFIG=${KUBECONFIG:-$HOME/.kube/config} RLKUBE_E2E_NAMESPACE=$NS
-kubectl config use-context "kind-$CLUSTER"
-python -m pytest -ra -s -p no:cacheprovider e2e/scenarios "$@"
+"$PY" -m pytest -ra -s -p no:cacheprovider e2e/scenarios "$@"

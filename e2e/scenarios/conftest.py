@@ -2,7 +2,8 @@
 
 - `RLKUBE_E2E_KUBECONFIG=<path>`: a real cluster (kind: e2e/run.sh) with the operator installed
   and the runtime image loaded; scenarios run in `$RLKUBE_E2E_NAMESPACE` (default rlkube-e2e).
-- otherwise the local cluster (e2e/localcluster), where the operator runs as a pod too. It needs
+- otherwise the local cluster (e2e/localcluster), where the operator runs as pods too, from the
+  same Helm chart with the same values (`e2e/operator-values.yaml`). It needs
   root with network namespaces and kubectl; without them every scenario skips with the reason
   (fails under `CI=true`: `harness.require`).
 """
@@ -34,7 +35,7 @@ def cluster(tmp_path_factory):
     local = LocalCluster(tmp_path_factory.mktemp("localcluster"), NAMESPACE).start()
     try:
         local.apply(*operator_manifests(local))
-        local.wait(lambda: local.pod_of("app.kubernetes.io/name=rlkube-operator"), 60, "the operator pod")
+        local.operator_leader()
         yield local
     finally:
         local.stop()

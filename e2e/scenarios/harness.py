@@ -108,6 +108,16 @@ class Cluster:
         statuses = (obj.get("status") or {}).get("containerStatuses") or []
         return obj.get("metadata", {}).get("uid", ""), sum(int(s.get("restartCount", 0)) for s in statuses)
 
+    def operator_leader(self) -> str:
+        """The operator pod that reconciles: the holder of the Lease its replicas elect it by."""
+        def holder():
+            leases = json.loads(self.kubectl("get", "leases", "-o", "json"))["items"]
+            names = [lease["spec"].get("holderIdentity") for lease in leases
+                     if lease["metadata"]["name"].endswith("rlkube-operator")]
+            return names[0] if names and names[0] and self.get("pod", names[0]) else None
+
+        return self.wait(holder, 120, "an operator replica to hold the leader Lease")
+
     def pod_of(self, selector: str) -> dict | None:
         """The newest live pod matching a label selector."""
         pods = json.loads(self.kubectl("get", "pods", "-l", selector, "-o", "json"))["items"]

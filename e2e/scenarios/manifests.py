@@ -1,13 +1,17 @@
-"""Manifests the scenarios apply: the operator (local cluster only; on a real cluster the Helm
-chart installs it) and the reverse-text example runs, shortened for CPU-minutes."""
+"""Manifests the scenarios apply: the operator (local cluster only, rendered from the Helm chart;
+on a real cluster `helm install` installs the same chart) and the reverse-text example runs,
+shortened for CPU-minutes."""
 
 import copy
+import json
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import yaml
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
+OPERATOR_VALUES = Path(__file__).resolve().parents[1] / "operator-values.yaml"
+OPERATOR_DOCKERFILE = Path(__file__).resolve().parents[2] / "images" / "operator.Dockerfile"
 OPERATOR = "rlkube-operator"
 
 
@@ -16,39 +20,38 @@ def example(name: str) -> list[dict]:
 
 
 def operator_manifests(cluster) -> list[dict]:
-    """The operator as a Deployment of one pod, talking to the API server through a kubeconfig
-    (the local API server has no service-account tokens). It resyncs runs and writes their
-    progress every 2 s, as the scenarios expect (events of the children wake it sooner)."""
+    """The operator as the Helm chart installs it (rendered by the real Helm engine), with
+    `e2e/operator-values.yaml` as on kind: 2 replicas electing a leader, the guardrails (a
+    ValidatingAdmissionPolicy the local API server enforces). What differs for the local cluster:
+    the CRDs are served from `crds/` (it serves no CustomResourceDefinition kind), the pods reach
+    the API through a kubeconfig in a ConfigMap (it has no service-account tokens), and the
+    container's command is the image's ENTRYPOINT (it has no images)."""
+    from tests.operator.test_helm import render
+
+    values = yaml.safe_load(OPERATOR_VALUES.read_text()) | {"crds": {"install": False}}
+    objects = render(values, name="rlkube", namespace=cluster.namespace)
     kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
     for entry in kubeconfig["clusters"]:
         server = urlsplit(entry["cluster"]["server"])
         entry["cluster"]["server"] = f"{server.scheme}://{cluster.host_address}:{server.port}"
-    labels = {"app.kubernetes.io/name": OPERATOR}
     config_map = {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{OPERATOR}-kubeconfig"},
         "data": {"config": yaml.safe_dump(kubeconfig)},
     }
-    container = {
-        "name": "operator",
-        "image": "ghcr.io/rlkube/rlkube-operator:0.1.0",
-        "command": ["rlkube-operator", "--namespace", cluster.namespace, "--interval", "2",
-                    "--progress-interval", "2", "--metrics-port", "0", "--liveness", "http://0.0.0.0:8081/healthz"],
-        "env": [{"name": "KUBECONFIG", "value": "/etc/kube/config"}],
-        "volumeMounts": [{"name": "kubeconfig", "mountPath": "/etc/kube", "readOnly": True}],
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8081}, "periodSeconds": 10,
-                          "failureThreshold": 6, "initialDelaySeconds": 30},
-    }
-    deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": OPERATOR, "labels": labels},
-        "spec": {
-            "replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {
-                "containers": [container],
-                "volumes": [{"name": "kubeconfig", "configMap": {"name": f"{OPERATOR}-kubeconfig"}}],
-            }},
-        },
-    }
-    return [config_map, deployment]
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    pod["volumes"].append({"name": "kubeconfig", "configMap": {"name": config_map["metadata"]["name"]}})
+    (container,) = pod["containers"]
+    container["command"] = image_entrypoint(OPERATOR_DOCKERFILE)  # no images here: the venv stands in
+    container["env"].append({"name": "KUBECONFIG", "value": "/etc/kube/config"})
+    container["volumeMounts"].append({"name": "kubeconfig", "mountPath": "/etc/kube", "readOnly": True})
+    return [config_map, *objects]
+
+
+def image_entrypoint(dockerfile: Path) -> list[str]:
+    """The image's `ENTRYPOINT` (exec form), what a container without `command` runs."""
+    (line,) = [line for line in dockerfile.read_text().splitlines() if line.startswith("ENTRYPOINT ")]
+    return json.loads(line.removeprefix("ENTRYPOINT "))
 
 
 def short_sft(model: str, claim: str, max_steps: int) -> tuple[dict, dict]:

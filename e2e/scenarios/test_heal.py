@@ -10,9 +10,9 @@ its claim) through every fault a cluster deals out, in turn, each followed by re
    rollouts cut off by the kill run again; the trainer is not restarted;
 4. the orchestrator is killed → it is restarted (a new container or pod), the trainer follows
    it back to its checkpoint: at most one checkpoint interval redone;
-5. the operator pod is deleted → its replacement carries on: the same trainer Job (uid) and
-   restart count, no duplicate children, and the run's progress written again once the old pod
-   is gone (so by the new operator);
+5. the leading operator pod is deleted → the other replica (the chart runs two, electing a
+   leader) carries on: the same trainer Job (uid) and restart count, no duplicate children, and
+   the run's progress written again once the old pod is gone (so by the new leader);
 6. suspend, then unsuspend → no step trained while suspended; the trainer's first step after
    the resume is the newest complete checkpoint's + 1, then every step to the end once;
 7. it reaches max_steps (by the trainer's own metrics) and Succeeded; deleting it removes every
@@ -85,7 +85,7 @@ def test_a_run_heals_from_every_fault(cluster):
 
     # 5. The operator: its replacement adopts the run as it is, and writes its status.
     job, restarts = _trainer_job(cluster), run.status()["restarts"]
-    operator = cluster.pod_of(OPERATOR)["metadata"]["name"]
+    operator = cluster.operator_leader()
     run.recover("operator pod deleted", lambda: _replace_operator(cluster, run, operator))
     assert _trainer_job(cluster) == job, "the operator's restart restarted the trainer's gang"
     assert run.status()["restarts"] == restarts
@@ -118,17 +118,14 @@ def test_a_run_heals_from_every_fault(cluster):
     cluster.wait(lambda: not any(run.children().values()), 180, "every child of the deleted run to go")
 
 
-OPERATOR = "app.kubernetes.io/name=rlkube-operator"
-
-
 def _trainer_job(cluster) -> tuple[str, str]:
     (job,) = cluster.names("jobs", f"rlkube.dev/run={NAME}")
     return job, cluster.get("job", job)["metadata"]["uid"]
 
 
 def _replace_operator(cluster, run: Run, operator: str) -> None:
-    """Delete the operator's pod; once it is gone, the run's progress must move again: a status
-    write only its successor can have made."""
+    """Delete the leading operator's pod; once it is gone, the run's progress must move again: a
+    status write only the new leader can have made."""
     cluster.delete("pod", operator, "--wait=false")
     cluster.wait(lambda: cluster.get("pod", operator) is None, 120, f"operator pod {operator} to go")
     step = run.step()

@@ -4,6 +4,7 @@ import socket
 import tomllib
 from pathlib import Path
 
+import pytest
 from rlkube.config import InferenceConfig, OrchestratorConfig, RLConfig, TrainerConfig
 from rlkube.entrypoints.rl import main
 from rlkube.launch.checkpoints import MARKER, checkpoint_root, part_dir, resolve_resume_step
@@ -63,6 +64,40 @@ def test_a_taken_teacher_port_is_refused_before_anything_starts(tmp_path, capsys
         assert main(argv) == 2
     assert f"teacher.port: 127.0.0.1:{port} is in use" in capsys.readouterr().err
     assert not (tmp_path / "logs").exists(), "no child was started"
+
+
+FREE_PORT_FLAGS = ("--inference.port", "--rollouts.port", "--orchestrator.http-port", "--weights.grpc-port",
+                   "--weights.nccl-port")
+
+
+@pytest.mark.parametrize(("field", "weights"), [
+    ("inference.port", "storage"), ("rollouts.port", "storage"), ("orchestrator.http_port", "storage"),
+    ("weights.grpc_port", "grpc"), ("weights.nccl_port", "nccl"),
+])
+def test_every_port_the_run_binds_is_checked_before_anything_starts(tmp_path, capsys, field, weights):
+    """A real listening socket on one port of the run, every other port free: `rlkube rl` exits
+    2 at once, naming the field and the flag that changes it, and starts nothing."""
+    flag = "--" + field.replace("_", "-")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["--output-dir", str(tmp_path), "--weights.type", weights]
+        for other in FREE_PORT_FLAGS:
+            argv += [other, str(port if other == flag else free_port())]
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{field}: 127.0.0.1:{port} is in use" in err and f"set {flag} to a free port" in err, err
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "configs").exists(), "nothing was started"
+
+
+def test_two_servers_of_the_run_on_one_port_are_refused(tmp_path, capsys):
+    port = free_port()
+    argv = ["--output-dir", str(tmp_path), "--inference.port", str(free_port()), "--rollouts.port", str(port),
+            "--orchestrator.http-port", str(port)]
+    assert main(argv) == 2
+    assert f"orchestrator.http_port: port {port} is also rollouts.port's" in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists()
 
 
 def complete(root, step, process):

@@ -16,7 +16,7 @@ from rlkube.config import RLConfig, parse_cli
 def main(argv: list[str] | None = None) -> int:
     config, dry_run = parse_cli(RLConfig, "rl", argv)
     from rlkube.launch.gpus import place_gpus, visible_gpus
-    from rlkube.launch.local import check_inference_ports, child_stages, write_process_configs
+    from rlkube.launch.local import check_ports, child_stages, write_process_configs
     from rlkube.launch.progress import RunProgress
     from rlkube.launch.supervisor import Supervisor, install_sigterm_as_interrupt
     from rlkube.logs import setup_logging
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         gpus = place_gpus(config, visible_gpus())
         if not dry_run:
-            check_inference_ports(config)  # before anything is deleted or started
+            check_ports(config)  # before anything is deleted or started
             if config.clean_output_dir:
                 if resuming:
                     raise ValueError("clean_output_dir: refused when resuming (ckpt.resume_step is set)")

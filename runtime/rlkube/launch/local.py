@@ -21,15 +21,45 @@ ENV_WORKER_RESTARTS = 5
 many times per worker before the run fails: a crash-looping worker is a bug to see, not hide."""
 
 
-def check_inference_ports(config: RLConfig) -> None:
-    """The local replicas' ports must be free (RuntimeError naming `inference.port` or
-    `teacher.port` if not)."""
+def bound_ports(config: RLConfig) -> list[tuple[str, str, int]]:
+    """(config field, host, port) of every port the run's children bind: the inference and
+    teacher replicas, the orchestrator's gRPC (`rollouts.port`) and `/status` + `/metrics`
+    (`orchestrator.http_port`), and the trainer's weight server or NCCL rendezvous. Env workers
+    bind nothing (they dial the orchestrator); torchrun (`--standalone`) and a single trainer
+    rank rendezvous on ports picked free at start."""
+    servers = [] if config.uses_external_inference else [("inference", config.inference)]
+    ports = [
+        (f"{name}.port", section.host, port)
+        for name, section in [*servers, *([("teacher", config.teacher)] if config.teacher else [])]
+        for port in range(section.port, section.port + section.replicas)
+    ]
+    ports += [("rollouts.port", config.rollouts.host, config.rollouts.port),
+              ("orchestrator.http_port", config.rollouts.host, config.orchestrator.http_port)]
+    weights = config.weights
+    if weights.type == "grpc":
+        ports.append(("weights.grpc_port", weights.grpc_bind_host or weights.grpc_host, weights.grpc_port))
+    elif weights.type == "nccl":
+        ports.append(("weights.nccl_port", weights.grpc_host, weights.nccl_port))
+    return ports
+
+
+def check_ports(config: RLConfig) -> None:
+    """Every port the run will bind must be free, and no two the same, before anything starts
+    (RuntimeError naming the field to change): a child that finds its port taken minutes into a
+    run (after SFT, after vLLM's start) would only fail then, and a server of another program on
+    an inference port would look like ours coming up."""
     from rlkube.inference.process import ensure_port_free
 
-    servers = [] if config.uses_external_inference else [("inference", config.inference)]
-    for name, section in [*servers, *([("teacher", config.teacher)] if config.teacher else [])]:
-        for i in range(section.replicas):
-            ensure_port_free(section.host, section.port + i, f"{name}.port")
+    seen: dict[int, str] = {}
+    for field, host, port in bound_ports(config):
+        flag = "--" + field.replace("_", "-")
+        if port in seen:
+            raise RuntimeError(f"{field}: port {port} is also {seen[port]}'s; set {flag} to another port")
+        seen[port] = field
+        try:
+            ensure_port_free(host, port, field)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}; set {flag} to a free port") from None
 
 
 def write_process_configs(config: RLConfig) -> dict[str, Path]:

@@ -315,6 +315,21 @@ def url_credentials(url: str) -> str | None:
     return None
 
 
+def _urls(node, path: str):
+    """(path, value) of every string under a key that names a URL (`url`, `*_url`, `*_urls`)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key.endswith(("url", "urls")) and isinstance(value, str):
+                yield f"{path}.{key}", value
+            elif key.endswith("urls") and isinstance(value, list):
+                yield from ((f"{path}.{key}[{i}]", v) for i, v in enumerate(value) if isinstance(v, str))
+            else:
+                yield from _urls(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _urls(value, f"{path}[{i}]")
+
+
 class ObjectStoreStorage(K8sModel):
     """An object store (an fsspec URL such as `s3://bucket/prefix`) for weight snapshots and
     checkpoints."""
@@ -510,6 +525,16 @@ class RunSpecBase(K8sModel):
     def _restricted_when_null(cls, value):
         """A spec stored before the restricted defaults (`securityContext: null`) gets them."""
         return PodSecurityContext() if value is None else value
+
+    @model_validator(mode="after")
+    def _no_credentials_in_config_urls(self):
+        """The config becomes the run's ConfigMap: a URL in it (`ckpt.url`, `weights.url`, …)
+        must not carry credentials either (the error does not echo them)."""
+        for path, url in _urls(self.config.model_dump(exclude_unset=True), "config"):
+            if found := url_credentials(url):
+                raise ValueError(f"{path} holds a credential ({found}); put credentials in the Secret named "
+                                 "by storage.objectStore.secretName, never in a URL")
+        return self
 
     @model_validator(mode="after")
     def _storage_reaches_every_pod(self):

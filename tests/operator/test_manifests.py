@@ -594,6 +594,20 @@ def test_rank_0_is_reached_through_the_stable_master_service(transfer, tmp_path)
     assert not master["spec"]["selector"].items() <= (pod0_labels | {"batch.kubernetes.io/job-name": "big-trainer-1"}).items()
 
 
+@pytest.mark.parametrize("config, field", [
+    ({"ckpt": {"url": "s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/ckpt"}}, "config.ckpt.url"),
+    ({"weights": {"type": "storage", "url": "gs://bucket/w?access_token=ya29.secret"}}, "config.weights.url"),
+])
+def test_credentials_in_the_configs_urls_are_refused_naming_the_field(config, field):
+    """The config becomes the run's ConfigMap: no credentials in its URLs either."""
+    spec = example("rlrun.yaml")["spec"]
+    with pytest.raises(ValidationError) as error:
+        RLRunSpec.model_validate(spec | {"config": spec["config"] | config})
+    message = format_validation_error(error.value)
+    assert f"{field} holds a credential" in message
+    assert not any(part in message for part in ("wJalrXUtnFEMI", "AKIAEXAMPLE", "ya29"))
+
+
 def test_no_manifest_carries_a_secret_value():
     """Credentials are referenced (envFrom a Secret), never copied; no Secret is produced."""
     for name, (kind, spec) in SPECS.items():

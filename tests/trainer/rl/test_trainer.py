@@ -158,6 +158,23 @@ def test_rl_steps_move_logprobs_with_the_advantage_and_publish_each_policy(train
         assert torch.equal(tensor, trainer.publisher.published[2][name]), name
 
 
+def test_a_batch_with_nothing_to_train_on_is_never_a_step(trainer_config):
+    """Behind the orchestrator's floor (`orchestrator.min_batch_samples`): a batch without a loss
+    token stops the trainer before its optimizer step, publish and checkpoint."""
+    batch = synthetic_batch(torch.Generator().manual_seed(0))
+    batch["loss_mask"][:] = False
+    batch["advantages"][:] = 0.0
+    batch["global_loss_tokens"] = 0
+    batch["inference_logprobs"] = torch.zeros(1, SEQ_LEN)
+    trainer = make_trainer(trainer_config, batch)
+    weights = {k: v.clone() for k, v in trainer.env.full_state_dict().items()}
+    source = SyntheticSource(batch)
+    with Server(source, trainer_config.rollouts.port), pytest.raises(RuntimeError, match="batch 1 has no tokens"):
+        trainer.train()
+    assert source.reports == [] and trainer.publisher.published == {} and trainer.step == 0
+    assert all(torch.equal(v, weights[k]) for k, v in trainer.env.full_state_dict().items())
+
+
 def two_rank_batches() -> list[dict]:
     """Two ranks' shares of one step with unequal loss-token counts (12 and 4)."""
     a = synthetic_batch(torch.Generator().manual_seed(1))

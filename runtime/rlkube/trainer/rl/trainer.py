@@ -95,6 +95,8 @@ class RLTrainer:
         start, compiled = time.perf_counter(), compiled_graphs()
         with self.timed("wait_for_batch"):
             micro_batches = self.client.get_batch(step, self.env.rank, self.env.world_size, self.config.micro_batch_size)
+        if not micro_batches[0]["global_loss_tokens"]:  # the same on every rank: all stop together
+            raise RuntimeError(f"batch {step} has no tokens to train on: the orchestrator must not serve it")
         with self.timed("forward_backward"):
             stats, tokens = self.forward_backward(micro_batches)
         lr = self.scheduler.get_last_lr()[0]

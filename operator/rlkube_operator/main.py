@@ -168,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         namespaces=args.namespace,
         standalone=True,
         liveness_endpoint=args.liveness,
+        # kopf's default (`user@host`) asks the password database, which has no entry for the
+        # chart's uid 65532: the pod's name instead.
+        identity=leader.own_identity(),
     )
     if args.election:
         # Its own client: a renewal never waits for a connection behind reconcile passes.

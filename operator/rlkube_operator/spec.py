@@ -414,6 +414,11 @@ class PodSecurityContext(K8sModel):
     guardrails refuse root (`runAsUser: 0`, `runAsNonRoot: false`) and `Unconfined` unless the
     cluster admin allows them."""
 
+    model_config = ConfigDict(json_schema_extra=_cel((
+        "!has(self.runAsNonRoot) || !self.runAsNonRoot || !has(self.runAsUser) || self.runAsUser != 0",
+        "securityContext.runAsUser 0 is root, and runAsNonRoot is true: no container could start",
+    )))
+
     run_as_non_root: bool = True
     """Refuse to start a container whose user is root."""
 
@@ -429,6 +434,14 @@ class PodSecurityContext(K8sModel):
 
     seccomp_profile: SeccompProfile = SeccompProfile()
     """Seccomp profile of every container."""
+
+    @model_validator(mode="after")
+    def _startable(self):
+        """The kubelet refuses to start such a container (CreateContainerConfigError): say so now."""
+        if self.run_as_non_root and self.run_as_user == 0:
+            raise ValueError("runAsUser 0 is root, and runAsNonRoot is true: no container could start; "
+                             "set runAsNonRoot to false (if the cluster admin allows root) or a non-zero runAsUser")
+        return self
 
 
 PVC_NODES_RULE = (

@@ -296,6 +296,17 @@ def test_a_spec_stored_without_a_security_context_gets_the_restricted_one():
     assert RLRunSpec.model_validate(spec).security_context == PodSecurityContext()
 
 
+def test_a_security_context_no_container_could_start_with_is_refused():
+    """By the operator, and at admission by the CRD's rule (runAsNonRoot defaults to true)."""
+    spec = example("rlrun.yaml")["spec"] | {"securityContext": {"runAsUser": 0}}
+    with pytest.raises(ValidationError) as error:
+        RLRunSpec.model_validate(spec)
+    assert "securityContext: runAsUser 0 is root, and runAsNonRoot is true" in format_validation_error(error.value)
+    schema = crd.build_crd("RLRun")["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    run = {"apiVersion": "rlkube.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "r"}, "spec": spec}
+    assert [v for v in admission.check(schema, run) if "runAsUser 0 is root" in v]
+
+
 STORE = {"url": "s3://bucket/rl", "secretName": "s3-rw", "endpointUrl": "http://minio:9000"}
 
 

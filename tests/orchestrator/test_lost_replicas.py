@@ -14,6 +14,8 @@ from rlkube.orchestrator.orchestrator import Orchestrator
 from rlkube.transport.client import RolloutClient
 from rlkube.transport.server import start_server, stop_server
 
+from tests.fixtures.inference import free_port
+from tests.fixtures.network import VanishingPeerProxy
 from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
 from tests.orchestrator.test_env_workers import (
     eventually,
@@ -34,15 +36,22 @@ def full_batches(logged: list[tuple[int, dict]], batch_size: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("env_workers", [0, 1], ids=["in-process", "env-worker"])
-def test_rollouts_of_a_replica_that_dies_are_reissued_to_the_other(tiny_model, tmp_path, env_workers):
-    """One group at a time (`max_concurrent` = `group_size`), so a group stuck on the dead
-    replica would stall the run."""
+@pytest.mark.parametrize("death", ["killed", "vanished"])
+def test_rollouts_of_a_replica_that_dies_are_reissued_to_the_other(tiny_model, tmp_path, env_workers, death):
+    """Replica 1 dies with requests in flight: killed (its connections reset), or vanished (a
+    pod or node gone with its network: its connections go silent, nothing resets them, and
+    only the pool's watch notices, long before `client.timeout_s`). One group at a time
+    (`max_concurrent` = `group_size`), so a group stuck on the dead replica would stall the
+    run."""
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(FakeInferenceThread(FakeInference(str(tiny_model), 3))) for _ in range(2)]
         servers[1].fake.hang = True  # its requests hang until it dies
+        proxy = VanishingPeerProxy(servers[1].port)
+        stack.callback(proxy.close)
+        urls = [servers[0].url, f"http://127.0.0.1:{proxy.port}" if death == "vanished" else servers[1].url]
         config = reverse_text_config(
-            tmp_path, tiny_model, servers[0].url, env_workers=env_workers,
-            client={"base_urls": [s.url for s in servers], "max_concurrent": 4, "resync_interval_s": 30},
+            tmp_path, tiny_model, urls[0], env_workers=env_workers,
+            client={"base_urls": urls, "max_concurrent": 4, "resync_interval_s": 0.2},
         )
         logged: list[tuple[int, dict]] = []
         orchestrator = Orchestrator(config, build_runners(config), pool_for(config), lambda m, s: logged.append((s, m)))
@@ -51,7 +60,10 @@ def test_rollouts_of_a_replica_that_dies_are_reissued_to_the_other(tiny_model, t
         async def kill_replica_1_mid_request():
             if not killed and servers[1].fake.generate_requests:
                 killed.append(servers[1].fake.generate_requests)
-                await asyncio.to_thread(servers[1].__exit__)
+                if death == "vanished":
+                    proxy.vanish_and_point_to(free_port())
+                else:
+                    await asyncio.to_thread(servers[1].__exit__)
 
         with worker_processes(config, tmp_path) if env_workers else contextlib.nullcontext():
             results = asyncio.run(asyncio.wait_for(run_monitored(orchestrator, config, kill_replica_1_mid_request), 300))

@@ -58,6 +58,9 @@ class FakePool:
     def down_since(self, replica, since):
         return False
 
+    async def call_on(self, replica, call):
+        return await call
+
     def slot(self):
         return contextlib.nullcontext()
 

@@ -10,6 +10,7 @@ orchestrator drives the replicas and stamps each rollout's policy versions. It d
 `rollouts.host:rollouts.port` (on Kubernetes, the orchestrator's Service) and redials forever.
 """
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -73,4 +74,8 @@ async def serve(config: OrchestratorConfig) -> None:
     async with contextlib.AsyncExitStack() as stack:
         for runner in runners:
             await stack.enter_async_context(runner.serving())
-        await work(address, hello(config, runners), GroupRunner(config, runners, pool))
+        watcher = asyncio.ensure_future(pool.watch_reachable())  # replicas that go silent
+        try:
+            await work(address, hello(config, runners), GroupRunner(config, runners, pool))
+        finally:
+            watcher.cancel()

@@ -16,10 +16,12 @@ passes a replica that does not answer (that `sync` is for).
 
 A replica that does not answer is marked down (`mark_down`: by a rollout that lost it, or by
 `sync`), and rollouts routed to it go to the healthy replicas instead until `sync` sees it back
-on the policy, or, where no `sync` runs (an env worker), until `client.resync_interval_s` has
-passed and the next rollout probes it. Rollouts that were in flight on it when it died failed
-with it; they come back marked as lost (`rlkube.orchestrator.rollouts`) and are re-issued,
-never trained.
+on the policy, or, where no `sync` runs (an env worker: `watch_reachable`), until
+`client.resync_interval_s` has passed and the next rollout probes it. Rollouts that were in
+flight on it when it died failed with it, or, when `sync`/`watch_reachable` finds it silent (a
+vanished pod or node sends no reset), are abandoned (`call_on`) instead of waiting out
+`client.timeout_s`; either way they come back marked as lost (`rlkube.orchestrator.rollouts`)
+and are re-issued, never trained.
 
 A LoRA run whose replicas serve the adapter with vLLM's LoRA support (`client.lora_adapter`)
 loads each policy as that adapter, and requests name it from the first policy update on
@@ -31,7 +33,8 @@ import asyncio
 import logging
 import time
 import zlib
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from rlkube.config import ClientConfig, SamplingConfig
@@ -101,6 +104,9 @@ class InferencePool:
         """The newest policy `load_policy` put on every replica."""
         self.down: dict[int, float] = {}
         """Replicas marked down (index -> monotonic time of the newest mark); `mark_up` clears."""
+        self.calls: dict[int, set[asyncio.Task]] = defaultdict(set)
+        """Rollouts in flight per replica (`call_on`)."""
+        self.abandoned: set[asyncio.Task] = set()
 
     @property
     def request_model(self) -> str:
@@ -141,6 +147,44 @@ class InferencePool:
     def down_since(self, replica: int, since: float) -> bool:
         """Whether the replica was marked down at `since` (monotonic) or later."""
         return self.down.get(replica, -1.0) >= since
+
+    async def call_on(self, replica: int, call: Awaitable):
+        """`await call` (a rollout on `replica`), or None if it was abandoned because the replica
+        stopped answering (`_lost`). Cancelling the caller cancels the call as usual."""
+        task = asyncio.ensure_future(call)
+        self.calls[replica].add(task)
+        try:
+            result = await task
+            return None if task in self.abandoned else result
+        except asyncio.CancelledError:
+            if task not in self.abandoned or asyncio.current_task().cancelling():
+                raise
+            return None
+        finally:
+            self.calls[replica].discard(task)
+            self.abandoned.discard(task)
+
+    def _lost(self, replica: int) -> None:
+        """The replica does not answer: mark it down and abandon the rollouts in flight on it
+        (a silent peer would hold them for `client.timeout_s`)."""
+        self.mark_down(replica)
+        if calls := self.calls.pop(replica, set()):
+            logger.warning("abandoning %d rollout(s) in flight on %s", len(calls), self.base_urls[replica])
+        for task in calls:
+            self.abandoned.add(task)
+            task.cancel()
+
+    async def watch_reachable(self) -> None:
+        """Where no `sync` runs (an env worker; the orchestrator drives the weights): every
+        `client.resync_interval_s`, a replica that does not answer is lost (`_lost`), one that
+        answers is up again (a restarted one holds the requests it gets while paused, until the
+        orchestrator brings it to the policy)."""
+        while True:
+            await asyncio.sleep(self.config.resync_interval_s)
+            states = await asyncio.gather(*(self._state(replica) for replica in range(len(self.base_urls))))
+            for replica, state in enumerate(states):
+                if state is not None:
+                    self.mark_up(replica)
 
     @asynccontextmanager
     async def slot(self):
@@ -196,11 +240,10 @@ class InferencePool:
         weights."""
         async with self.updating:
             step, location = max(policy, self.loaded, key=lambda p: p[0])
-            states = await asyncio.gather(*(self._state(url) for url in self.base_urls))
+            states = await asyncio.gather(*(self._state(replica) for replica in range(len(self.base_urls))))
             stale = []
             for replica, (url, state) in enumerate(zip(self.base_urls, states)):
                 if state is None:
-                    self.mark_down(replica)
                     continue
                 version, paused = state
                 if fresh and version not in ("default", "0"):
@@ -231,15 +274,16 @@ class InferencePool:
             await asyncio.sleep(self.config.resync_interval_s)
             await self.sync(policy(), timeout_s)
 
-    async def _state(self, url: str) -> tuple[str | None, bool] | None:
-        """(weight version, paused) of a replica; None if it does not answer (it is down: the
-        rollouts in flight on it fail by themselves)."""
+    async def _state(self, replica: int) -> tuple[str | None, bool] | None:
+        """(weight version, paused) of a replica; None if it does not answer (it is lost)."""
         from rlkube.inference.client import is_paused, weight_version
 
+        url = self.base_urls[replica]
         try:
             return await weight_version(url), await is_paused(url)
         except InferenceError as e:
             logger.warning("inference replica %s does not answer: %s", url, e)
+            self._lost(replica)
             return None
 
     async def _sync_one(self, url: str, step: int, location: str | None, timeout_s: float) -> None:

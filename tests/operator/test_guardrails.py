@@ -176,3 +176,16 @@ def test_namespace_users_get_runs_through_the_aggregated_roles():
         assert not allows(edit, "patch", f"{resource}/status")  # status is the operator's
     assert not [o for o in render({"aggregateRoles": False}) if o["metadata"]["name"].endswith(("-edit", "-view"))]
 
+
+
+@pytest.mark.parametrize(("values", "field"), [
+    ({"guardrails": {"allowedImageRegistries": ["ghcr.io/x' || true || '"]}}, "/guardrails/allowedImageRegistries/0"),
+    ({"guardrails": {"validationActions": ["Block"]}}, "/guardrails/validationActions/0"),
+    ({"guardrails": {"allowRoot": "yes"}}, "/guardrails/allowRoot"),
+    ({"guardrails": {"allowedServiceAccounts": ["Not_A_Name"]}}, "/guardrails/allowedServiceAccounts/0"),
+])
+def test_guardrail_values_that_would_break_the_policy_are_refused_naming_them(values, field):
+    """A registry is put inside a CEL string of the messages: a quote is refused, not injected."""
+    with pytest.raises(Exception, match="schema") as error:
+        render(values)
+    assert field in str(error.value)

@@ -195,18 +195,19 @@ class Reissuer:
     def __init__(self, run_group, retry_after_s: float):
         self.run_group, self.retry_after_s = run_group, retry_after_s
         self.reissued = 0
-        """Rollouts re-issued since the start."""
+        """Rollouts re-issued since the start (each once, however many times it ran again)."""
 
     async def __call__(self, runner, example_id: str, task: Any, size: int) -> list[Rollout]:
         group = await self.run_group(runner, example_id, task, size)
-        rounds = 0
+        reissued: set[int] = set()
         while lost := [i for i, rollout in enumerate(group) if replica_lost(rollout)]:
-            logger.warning("%d rollout(s) of %s/%s lost their inference replica (%s): re-issued",
-                           len(lost), runner.name, example_id, group[lost[0]].error)
-            if rounds:
+            if reissued:
                 await asyncio.sleep(self.retry_after_s)
-            rounds += 1
-            self.reissued += len(lost)
+            else:
+                logger.warning("%d rollout(s) of %s/%s lost their inference replica (%s): re-issued",
+                               len(lost), runner.name, example_id, group[lost[0]].error)
+            reissued.update(lost)
             for i, rollout in zip(lost, await self.run_group(runner, example_id, task, len(lost))):
                 group[i] = rollout
+        self.reissued += len(reissued)
         return group

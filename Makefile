@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 RLKUBE := $(VENV)/bin/rlkube
 PYTEST_ARGS ?=
 
-.PHONY: install reverse-text test test-fast e2e-local proto crds lint clean
+.PHONY: install reverse-text test test-fast e2e-local proto crds lint clean gpu-wheels gpu-check
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,21 @@ proto: install
 
 crds: install
 	$(PY) -m rlkube_operator.crd
+
+# An offline GPU machine with torch and transformers (Python 3.12): `make gpu-wheels` here fetches
+# the few wheels it lacks into .whl/ (git-ignored, ~25 MiB); `make gpu-check` there installs them
+# into a private folder, runs the gpu-marked tests and benchmarks/trainer_throughput.py.
+GPU_WHEELS := transformers==5.19.0 pydantic==2.14.3 pydantic_core==2.50.4 annotated-types typing-inspection \
+	typing_extensions tomli_w grpcio==1.85.1 protobuf==7.36.2 rich markdown-it-py mdurl pygments \
+	prometheus_client pytest pluggy iniconfig pytest-asyncio pytest-timeout
+
+gpu-wheels:
+	python3 -m pip download --quiet --no-deps --only-binary :all: --python-version 3.12 \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl $(GPU_WHEELS)
+
+gpu-check:
+	bash scripts/gpu_check.sh
 
 lint: install
 	$(VENV)/bin/ruff check runtime operator tests benchmarks e2e

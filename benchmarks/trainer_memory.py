@@ -3,6 +3,7 @@ attention over segments and chunked log-probs ("new") against the dense `seq_len
 mask and full-vocabulary logits rlkube used before ("old", copied below as the baseline).
 
     python benchmarks/trainer_memory.py [--seq-lens 2048 8192 32768] [--threads 2] [--device cuda]
+    python benchmarks/trainer_memory.py --tiny      # a 2-layer model at 256 and 512 tokens: what CI runs
 
 One step is the forward and backward of the default RL loss on one packed row of `seq_len`
 tokens (GRPO-shaped groups of 8 samples sharing their prompt) for a randomly initialised
@@ -32,6 +33,8 @@ MODEL = {
     "vocab_size": 32768, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 12,
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64, "tie_word_embeddings": True,
 }
+TINY_MODEL = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 32}
 OLD_PATH_LIMIT_GB = 16.0
 
 
@@ -170,8 +173,13 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--old-limit-gb", type=float, default=OLD_PATH_LIMIT_GB,
                         help="skip the old path where its estimated largest tensors exceed this")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer model at 256 and 512 tokens, in seconds")
     parser.add_argument("--child", nargs=2, metavar=("PATH", "SEQ_LEN"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.tiny:
+        MODEL.update(TINY_MODEL)
+        if "--seq-lens" not in sys.argv:
+            args.seq_lens = [256, 512]
     if args.child:
         print(json.dumps(run_one(args.child[0], int(args.child[1]), args.threads, args.device)))
         return
@@ -188,7 +196,7 @@ def main() -> None:
                 continue
             child = subprocess.run(
                 [sys.executable, __file__, "--threads", str(args.threads), "--device", args.device,
-                 "--child", path, str(seq_len)],
+                 "--child", path, str(seq_len)] + (["--tiny"] if args.tiny else []),
                 check=False, capture_output=True, text=True, env=os.environ | {"TRANSFORMERS_VERBOSITY": "error"},
             )
             if child.returncode:

@@ -67,11 +67,13 @@ def main() -> None:
     from rich.table import Table
     from rlkube.models.tiny import init_tiny_model
     from rlkube.orchestrator.packing import pack_batch
+    from rlkube.trainer.rl.attention import register
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="rlkube-bench-packing-") as tmp:
-        model = AutoModelForCausalLM.from_pretrained(init_tiny_model(tmp), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(init_tiny_model(tmp), dtype=torch.float32,
+                                                     attn_implementation=register())  # the trainer's attention
     model.train()
     samples = make_samples(args.groups, args.group_size)
     settings = [(seq_len, share) for seq_len in args.seq_lens for share in (False, True)]

@@ -1,7 +1,9 @@
 """Publishing off the critical path: the real RL trainer on the tiny model, fed over real gRPC,
 publishing through the real storage and gRPC publishers in the background."""
 
+import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,13 @@ from rlkube.transport.weights_grpc import fetch_snapshot
 from rlkube.transport.weights_snapshot import iter_safetensors
 
 from tests.fixtures.inference import free_port
-from tests.trainer.rl.test_trainer import RecordingMetrics, Server, SyntheticSource, synthetic_batch
+from tests.trainer.rl.test_trainer import (
+    SEQ_LEN,
+    RecordingMetrics,
+    Server,
+    SyntheticSource,
+    synthetic_batch,
+)
 
 
 class NoOrchestrator:
@@ -194,3 +202,68 @@ def test_weights_reach_the_files_in_the_wire_dtype(tiny_model, tmp_path, world_o
     for name, tensor in iter_safetensors(files):
         assert tensor.dtype == expected and torch.equal(tensor, weights[name].to(expected)), name
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (pinned buffers, side-stream copies)")
+def test_cuda_snapshots_are_pinned_and_exact_though_the_weights_change_at_once():
+    """The device-to-host copies run on a side stream, several buckets deep; the weights are
+    changed on the default stream right after `capture` returns: the buffers hold the weights
+    as they were, in the wire dtype."""
+    from rlkube.trainer.publish import HostSnapshot
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    weights = {f"w{i}": torch.randn(1024, 1024, device="cuda", generator=g) for i in range(12)}
+    snapshot = HostSnapshot(torch.bfloat16, is_main=True, bucket_bytes=3 * 1024**2)
+    for step in range(3):  # the buffers are reused
+        expected = {name: w.to(torch.bfloat16).cpu() for name, w in weights.items()}
+        snapshot.capture(weights)
+        for w in weights.values():
+            w.mul_(-2).add_(1)  # the next optimizer step, queued behind the copies' sources
+        snapshot.wait_copied()
+        for name, buffer in snapshot.buffers.items():
+            assert buffer.is_pinned() and buffer.dtype == torch.bfloat16, name
+            assert torch.equal(buffer, expected[name]), (step, name)
+
+
+class SlowPublisher(CountingPublisher):
+    """Takes long enough that the trainer asks for the next batch before the policy is reported."""
+
+    def publish(self, state_dict, step):
+        time.sleep(0.5)
+        return super().publish(state_dict, step)
+
+
+def test_a_synchronous_orchestrator_gets_each_policy_while_the_trainer_waits_for_the_next_batch(
+    tiny_model, tmp_path, world_of_one
+):
+    """The real orchestrator with `async_level = 0` makes batch N+1 only from policy N, which
+    the trainer reports in the background while it already waits for that batch: no deadlock,
+    and every policy reaches inference in order."""
+    from rlkube.orchestrator.orchestrator import Orchestrator
+    from rlkube.transport.server import start_server, stop_server
+
+    from tests.orchestrator.test_orchestrator import FakePool, FakeRunner, make_config
+
+    config = trainer_config(tiny_model, tmp_path / "trainer")
+    orchestrator_config = make_config(tmp_path / "orchestrator", max_steps=3, async_level=0, seq_len=SEQ_LEN)
+    pool = FakePool()
+    orchestrator = Orchestrator(orchestrator_config, [FakeRunner()], pool, lambda metrics, step: None)
+
+    async def serve():
+        server = await start_server(orchestrator, "127.0.0.1", config.rollouts.port, workers=orchestrator.workers)
+        try:
+            await asyncio.wait_for(orchestrator.run(None), timeout=120)
+        finally:
+            await stop_server(server, 1)
+
+    serving = threading.Thread(target=asyncio.run, args=(serve(),))
+    serving.start()
+    trainer = make_trainer(config, SlowPublisher())
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+        serving.join(60)
+    assert pool.loads == [(step, f"memory://{step}") for step in (1, 2, 3)]
+    assert orchestrator.status()["phase"] == "finished" and orchestrator.last_lag == 0

@@ -1,11 +1,17 @@
 """Shared fixtures. Each fixture module under tests/fixtures/ is imported here."""
 import asyncio
+import os
 import sys
 
 import pytest
+from rlkube.auth import TOKEN_ENV, new_token
 
 from tests.fixtures.inference import inference_server, moto_s3, s3_endpoint  # noqa: F401
 from tests.fixtures.models import tiny_model  # noqa: F401
+
+# One run token for the session, as every process of a run shares one: the servers tests start
+# (vLLM, gRPC) require it, and clients send it through the code production uses.
+os.environ.setdefault(TOKEN_ENV, new_token())
 
 
 @pytest.fixture(autouse=True)

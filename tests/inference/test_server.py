@@ -5,6 +5,7 @@ import asyncio
 
 import httpx
 import pytest
+from rlkube import auth
 from rlkube.inference import client
 from rlkube.transport.weights import GrpcPublisher, StoragePublisher
 
@@ -18,7 +19,7 @@ PROMPT_IDS = list(range(40, 52))
 
 async def generate(base_url: str, token_ids=PROMPT_IDS, max_tokens: int = 12, **sampling) -> dict:
     params = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "logprobs": 1}
-    async with httpx.AsyncClient(timeout=120) as http:
+    async with httpx.AsyncClient(timeout=120, headers=auth.http_headers()) as http:
         response = await http.post(
             f"{base_url}/inference/v1/generate",
             json={
@@ -50,7 +51,7 @@ async def test_chat_completion_generates(inference_server):
         "max_tokens": 8,
         "ignore_eos": True,
     }
-    async with httpx.AsyncClient(timeout=120) as http:
+    async with httpx.AsyncClient(timeout=120, headers=auth.http_headers()) as http:
         response = await http.post(f"{inference_server.base_url}/v1/chat/completions", json=request)
     assert response.status_code == 200, response.text
     body = response.json()

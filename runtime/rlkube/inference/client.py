@@ -2,7 +2,8 @@
 `rlkube inference` server. Every call has a timeout and raises `InferenceError` naming the
 server, the route and what went wrong.
 
-The policy update of one replica is `pause` -> `update_weights` -> `resume`.
+The policy update of one replica is `pause` -> `update_weights` -> `resume`. Every call but
+`/health` sends the run's token (`rlkube.auth`).
 """
 
 import asyncio
@@ -11,6 +12,7 @@ from typing import Literal
 
 import httpx
 
+from rlkube import auth
 from rlkube.http import async_client
 
 PauseMode = Literal["keep", "wait", "abort"]
@@ -42,7 +44,7 @@ async def post(base_url: str, route: str, timeout: float, **kwargs) -> httpx.Res
     url = base_url.rstrip("/") + route
     try:
         async with async_client(timeout) as client:
-            response = await client.post(url, **kwargs)
+            response = await client.post(url, headers=auth.http_headers(), **kwargs)
     except httpx.TimeoutException:
         raise ReplicaUnreachable(f"POST {url} timed out after {timeout:g}s") from None
     except httpx.TransportError as e:
@@ -58,7 +60,7 @@ async def _get(base_url: str, route: str, timeout: float) -> dict:
     url = base_url.rstrip("/") + route
     try:
         async with async_client(timeout) as client:
-            response = await client.get(url)
+            response = await client.get(url, headers=auth.http_headers())
     except httpx.TransportError as e:
         raise ReplicaUnreachable(f"GET {url} failed: {e!r}") from None
     except httpx.HTTPError as e:

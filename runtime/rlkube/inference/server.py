@@ -14,6 +14,11 @@ This is vLLM's own server (`vllm serve`), not a wrapper around a generate loop. 
   (`rlkube.inference.start_paused`): the orchestrator syncs the server, then resumes it;
 - on CPU, a 5 ms busy-wait on vLLM's shared-memory queues instead of 1 s
   (`inference.shm_spin_ms`, applied by rlkube's vLLM plugin, `rlkube.inference.vllm_plugin`).
+- the run's token (`rlkube.auth.RequireToken`): with `RLKUBE_TOKEN` set, every route but
+  `/health` and `/metrics` answers 401 without `Authorization: Bearer <token>`. vLLM's own
+  `--api-key` guards only `/v1/*`, which would leave `/collective_rpc` (load any weights),
+  `/pause` and rlkube's `/rlkube/*` open to anyone who reaches the port. Without the variable
+  the server is open and logs a warning at start.
 Health: `/health` answers 200 once the engine is up and 500 once it died (liveness and
 readiness probes both use it).
 
@@ -35,6 +40,8 @@ WORKER_EXTENSION = "rlkube.inference.worker.WeightLoaderExtension"
 GENERATE_MIDDLEWARE = "rlkube.inference.generate_mode.GenerateTextMode"
 START_PAUSED_MIDDLEWARE = "rlkube.inference.start_paused.StartPaused"
 LORA_MIDDLEWARE = "rlkube.inference.lora_serving.LoadLoraAdapter"
+AUTH_MIDDLEWARE = "rlkube.auth.RequireToken"
+"""Added last, so it runs first: no route, rlkube's own included, answers without the token."""
 CPU_SHM_SPIN_MS = 5.0
 
 
@@ -101,6 +108,7 @@ def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
         args += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     for key, value in config.extra_args.items():
         args += _extra_arg(key, value)
+    args += ["--middleware", AUTH_MIDDLEWARE]
     env = {
         "VLLM_SERVER_DEV_MODE": "1",
         "VLLM_LOGGING_LEVEL": config.log.level.upper(),

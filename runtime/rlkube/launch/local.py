@@ -11,6 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
+from rlkube import auth
 from rlkube.config import RLConfig, write_toml
 from rlkube.launch.gpus import GpuPlacement
 from rlkube.launch.supervisor import ChildSpec
@@ -97,8 +98,11 @@ def child_stages(
 ) -> list[list[ChildSpec]]:
     """Inference and teacher replicas and the trainer start at once (model loading overlaps
     vLLM's start); the orchestrator starts once every replica is healthy, with its env workers
-    (they dial it until it listens). `gpus`: the devices each replica and the trainer see."""
+    (they dial it until it listens). `gpus`: the devices each replica and the trainer see.
+    Every child gets the run's token (`rlkube.auth`): `RLKUBE_TOKEN` when it is set (so that
+    servers started by hand can join), else a fresh one for this run."""
     logs = config.output_dir / "logs"
+    run_env = {auth.TOKEN_ENV: auth.run_token() or auth.new_token()}
 
     def servers(name: str, urls: list[str], devices: list[list[str]]) -> list[ChildSpec]:
         return [
@@ -107,7 +111,7 @@ def child_stages(
                 argv=[*_module("inference"), "@", str(paths[name]), "--port", url.rsplit(":", 1)[1]],
                 log_path=logs / f"{name}-{i}.log",
                 health_url=f"{url}/health",
-                env=gpus.env(devices[i]) if gpus else {},
+                env=run_env | (gpus.env(devices[i]) if gpus else {}),
             )
             for i, url in enumerate(urls)
         ]
@@ -116,6 +120,7 @@ def child_stages(
         "inference", config.inference_urls(), gpus.inference if gpus else [])
     teacher = servers("teacher", config.teacher_urls(), gpus.teacher if gpus else [])
     trainer_cmd, trainer_env = trainer_argv(config.trainer.nproc_per_node, paths["trainer"])
+    trainer_env |= run_env
     if gpus:
         trainer_env |= gpus.env(gpus.trainer)
     trainer = ChildSpec("trainer", trainer_cmd, logs / "trainer.log", env=trainer_env, must_finish=True)
@@ -123,11 +128,12 @@ def child_stages(
         "orchestrator",
         [*_module("orchestrator"), "@", str(paths["orchestrator"])],
         logs / "orchestrator.log",
+        env=run_env,
         must_finish=True,
     )
     env_workers = [
         ChildSpec(f"env-worker-{i}", [*_module("env_worker"), "@", str(paths["orchestrator"])],
-                  logs / f"env-worker-{i}.log", max_restarts=ENV_WORKER_RESTARTS)
+                  logs / f"env-worker-{i}.log", env=run_env, max_restarts=ENV_WORKER_RESTARTS)
         for i in range(config.orchestrator.env_workers)
     ]
     return [[*inference, *teacher, trainer], [orchestrator, *env_workers]]

@@ -16,8 +16,23 @@ from typing import Any
 
 import torch
 
+from rlkube import auth
 from rlkube.config import WeightTransferConfig
 from rlkube.transport.weights import WeightPublisher
+
+
+def _authorized_sync_client(base_url: str, timeout: float):
+    """vLLM's HTTP weight-sync client, sending the run's token (`rlkube.auth`) with each request:
+    its `_post` sends no headers. Should vLLM rename `_post`, the routes answer 401: loud, not silent."""
+    import requests
+    from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+
+    class AuthorizedSyncClient(HTTPVLLMWeightSyncClient):
+        def _post(self, path: str, json: dict[str, Any] | None = None) -> None:
+            url = f"{self.base_url}/{path}"
+            requests.post(url, json=json, timeout=self.timeout, headers=auth.http_headers()).raise_for_status()
+
+    return AuthorizedSyncClient(base_url, timeout)
 
 
 class _ReplicasClient:
@@ -25,10 +40,8 @@ class _ReplicasClient:
     around a transfer."""
 
     def __init__(self, base_urls: list[str], world_sizes: list[int], timeout: float):
-        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
-
         self.base_urls, self.timeout = base_urls, timeout
-        self.clients = [HTTPVLLMWeightSyncClient(url, timeout) for url in base_urls]
+        self.clients = [_authorized_sync_client(url, timeout) for url in base_urls]
         self.rank_offsets = [1 + sum(world_sizes[:i]) for i in range(len(base_urls))]
 
     def _each(self, call) -> None:
@@ -41,7 +54,7 @@ class _ReplicasClient:
 
         def one(i: int) -> None:
             url = self.base_urls[i].rstrip("/") + route
-            httpx.post(url, timeout=self.timeout, **kwargs).raise_for_status()
+            httpx.post(url, timeout=self.timeout, headers=auth.http_headers(), **kwargs).raise_for_status()
 
         self._each(one)
 
@@ -63,7 +76,8 @@ class _ReplicasClient:
 def _world_size(base_url: str, timeout: float) -> int:
     import httpx
 
-    response = httpx.get(f"{base_url.rstrip('/')}/get_world_size", params={"include_dp": "false"}, timeout=timeout)
+    response = httpx.get(f"{base_url.rstrip('/')}/get_world_size", params={"include_dp": "false"}, timeout=timeout,
+                         headers=auth.http_headers())
     response.raise_for_status()
     return int(response.json()["world_size"])
 

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +45,14 @@ def kubectl_missing() -> str | None:
     return None if shutil.which("kubectl") else "kubectl is not installed"
 
 
+def run_kubectl(kubeconfig: Path | None, *args: str, input: str | None = None,
+                timeout: float = 60) -> subprocess.CompletedProcess:
+    """`kubectl <args>` against `kubeconfig` (None: the environment's), output captured as text."""
+    env = os.environ | ({"KUBECONFIG": str(kubeconfig)} if kubeconfig else {})
+    return subprocess.run(["kubectl", *args], input=input, capture_output=True, text=True, env=env,
+                          timeout=timeout, check=False)
+
+
 class Cluster:
     """The common part: kubectl in one namespace."""
 
@@ -54,12 +63,9 @@ class Cluster:
 
     # --- kubectl ------------------------------------------------------------------------
     def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60) -> str:
-        env = os.environ | ({"KUBECONFIG": str(self.kubeconfig)} if self.kubeconfig else {})
-        cmd = ["kubectl", "-n", self.namespace, *args]
-        result = subprocess.run(cmd, input=input, capture_output=True, text=True, env=env,
-                                timeout=timeout, check=False)
+        result = run_kubectl(self.kubeconfig, "-n", self.namespace, *args, input=input, timeout=timeout)
         if check and result.returncode != 0:
-            raise ClusterError(f"{shlex.join(cmd)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+            raise ClusterError(f"{shlex.join(result.args)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
         return result.stdout
 
     def apply(self, *docs: dict) -> None:
@@ -149,32 +155,41 @@ class Cluster:
 
 
 class LocalCluster(Cluster):
-    """`python -m e2e.localcluster up` as a child process; pods are processes on this machine."""
+    """`python -m e2e.localcluster up` as a child process; pods are processes on this machine.
+    `kubelet=False`: the API server and controllers only (`--no-kubelet`: no pod runs, no root
+    needed; tests play the kubelet)."""
 
-    def __init__(self, state_dir: Path, namespace: str):
+    def __init__(self, state_dir: Path, namespace: str, kubelet: bool = True):
         super().__init__(state_dir / "kubeconfig", namespace)
         self.state_dir = state_dir
+        self.kubelet = kubelet
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60) -> "LocalCluster":
         with open(self.state_dir / "cluster.log", "w") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "e2e.localcluster", "up", "--state-dir", str(self.state_dir),
-                 "--namespace", self.namespace],
+                 "--namespace", self.namespace, *([] if self.kubelet else ["--no-kubelet"])],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         deadline = time.monotonic() + timeout
-        while not (self.kubeconfig.exists() and self._answers()):
+        while not ((self.state_dir / "cluster.json").exists() and self.kubeconfig.exists() and self._answers()):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise ClusterError(f"the local cluster did not start:\n{(self.state_dir / 'cluster.log').read_text()[-3000:]}")
-            time.sleep(0.5)
+            time.sleep(0.2)
         return self
 
+    @property
+    def info(self) -> dict:
+        """`cluster.json`: `api_url`, `host_ip` (where pods reach the API server), `port`."""
+        return json.loads((self.state_dir / "cluster.json").read_text())
+
     def _answers(self) -> bool:
-        env = os.environ | {"KUBECONFIG": str(self.kubeconfig)}
-        ns = subprocess.run(["kubectl", "get", "namespace", self.namespace], env=env, capture_output=True,
-                            check=False, timeout=20)
-        return ns.returncode == 0
+        try:
+            with urllib.request.urlopen(f"{self.info['api_url']}/api/v1/namespaces/{self.namespace}", timeout=5):
+                return True
+        except OSError:
+            return False
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -239,7 +254,7 @@ class LocalCluster(Cluster):
 
     @property
     def host_address(self) -> str:
-        return json.loads((self.state_dir / "cluster.json").read_text())["host_ip"]
+        return self.info["host_ip"]
 
 
 class KubeCluster(Cluster):

@@ -2,22 +2,14 @@
 (`python -m e2e.localcluster up --no-kubelet`), driven over HTTP and with `kubectl`. Tests play
 the kubelet themselves by writing pod status."""
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 import requests
 
-from e2e.scenarios.harness import kubectl_missing, require
+from e2e.scenarios.harness import LocalCluster, kubectl_missing, require, run_kubectl
 from tests.fixtures.polling import wait_until
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 class LocalApi:
@@ -28,8 +20,7 @@ class LocalApi:
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         require(kubectl_missing())
-        done = subprocess.run(["kubectl", *args], input=input, capture_output=True, text=True, timeout=60,
-                              env=os.environ | {"KUBECONFIG": str(self.kubeconfig)}, check=False)
+        done = run_kubectl(self.kubeconfig, *args, input=input)
         if check and done.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr}")
         return done.stdout if check else done.stdout + done.stderr
@@ -72,20 +63,11 @@ class LocalApi:
 
 @pytest.fixture(scope="module")
 def local_api(tmp_path_factory):
-    state = tmp_path_factory.mktemp("localapi")
-    with open(state / "cluster.log", "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "e2e.localcluster", "up", "--no-kubelet", "--state-dir",
-                                    str(state)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    cluster = LocalCluster(tmp_path_factory.mktemp("localapi"), "default", kubelet=False).start()
     try:
-        deadline = time.monotonic() + 60
-        while not (state / "cluster.json").exists():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the local API server did not start: {(state / 'cluster.log').read_text()}")
-            time.sleep(0.2)
-        yield LocalApi(json.loads((state / "cluster.json").read_text())["api_url"], state / "kubeconfig")
+        yield LocalApi(cluster.info["api_url"], cluster.kubeconfig)
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(30)
+        cluster.stop()
 
 
 @pytest.fixture

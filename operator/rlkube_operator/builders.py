@@ -4,7 +4,9 @@ No API calls here; `reconcile.py` decides which to apply and `kube.py` applies t
 manifest carries the run's ownerReference, so deleting the run deletes its children.
 """
 
+import base64
 import json
+import secrets
 
 from rlkube.config import InferenceServerConfig
 from rlkube.config.cli import EXIT_INVALID
@@ -13,6 +15,7 @@ from rlkube_operator.names import (
     COMPLETION_INDEX_LABEL,
     CONFIG_MOUNT,
     JOB_NAME_LABEL,
+    TOKEN_KEY,
     TORCHRUN_PORT,
     RunRef,
 )
@@ -32,6 +35,16 @@ def build_configmap(run: RunRef, tomls: dict[str, str], applied_spec: dict) -> d
     """The resolved per-process TOMLs, plus the spec they were made from (to detect changes)."""
     data = dict(tomls) | {APPLIED_SPEC_KEY: json.dumps(applied_spec, sort_keys=True)}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": run.metadata("config"), "data": data}
+
+
+def build_token_secret(run: RunRef) -> dict:
+    """`<run>-token`: the run's token (`rlkube.auth`), which every server of the run requires and
+    every pod gets (`pods.token_env`). A fresh random one each time this is built, but the
+    operator only ever creates it (`Kube.ensure` leaves an existing Secret as it is) and it is
+    immutable: a restarted operator never rotates it under running pods."""
+    token = base64.b64encode(secrets.token_urlsafe(32).encode()).decode()
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": run.metadata("token"), "type": "Opaque",
+            "immutable": True, "data": {TOKEN_KEY: token}}
 
 
 def build_pvc(run: RunRef, spec: RunSpecBase) -> dict | None:
@@ -135,12 +148,21 @@ def build_servers_pdb(run: RunRef, component: str) -> dict:
     }
 
 
-def build_network_policy(run: RunRef, operator_peer: dict, status_port: int) -> dict:
+def build_network_policy(run: RunRef, operator_peer: dict, status_port: int, scraper_peer: dict | None,
+                         metrics_ports: list[int]) -> dict:
     """Only the run's own pods reach its pods (rollouts and weights over gRPC, vLLM's HTTP,
-    torchrun and NCCL), and the operator reaches `status_port` (`GET /status`); nothing else,
-    Prometheus included, unless another NetworkPolicy allows it (policies add up). One per
-    run, selecting its uid's pods: a NetworkPolicy cannot say "the same run as the target"."""
+    torchrun and NCCL); the operator reaches `status_port` (`GET /status`), and a metrics
+    scraper (`scraper_peer`) the ports that serve `/metrics` (`metrics_ports`: the status port,
+    vLLM's, where every other route needs the run's token). Nothing else, unless another
+    NetworkPolicy allows it (policies add up). One per run, selecting its uid's pods: a
+    NetworkPolicy cannot say "the same run as the target"."""
     own = {"podSelector": {"matchLabels": run.pod_labels()}}
+    ingress = [
+        {"from": [own]},
+        {"from": [operator_peer], "ports": [{"protocol": "TCP", "port": status_port}]},
+    ]
+    if scraper_peer is not None:
+        ingress.append({"from": [scraper_peer], "ports": [{"protocol": "TCP", "port": p} for p in metrics_ports]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -148,10 +170,7 @@ def build_network_policy(run: RunRef, operator_peer: dict, status_port: int) -> 
         "spec": {
             "podSelector": {"matchLabels": run.pod_labels()},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {"from": [own]},
-                {"from": [operator_peer], "ports": [{"protocol": "TCP", "port": status_port}]},
-            ],
+            "ingress": ingress,
         },
     }
 

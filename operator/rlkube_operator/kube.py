@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 # kind -> (API class, method suffix): the operator touches exactly these kinds.
 KINDS = {
     "ConfigMap": (client.CoreV1Api, "config_map"),
+    "Secret": (client.CoreV1Api, "secret"),
     "Service": (client.CoreV1Api, "service"),
     "PersistentVolumeClaim": (client.CoreV1Api, "persistent_volume_claim"),
     "Pod": (client.CoreV1Api, "pod"),
@@ -34,7 +35,9 @@ KINDS = {
     "NetworkPolicy": (client.NetworkingV1Api, "network_policy"),
     "Event": (client.CoreV1Api, "event"),
 }
-IMMUTABLE = {"Job", "PersistentVolumeClaim"}
+IMMUTABLE = {"Job", "PersistentVolumeClaim", "Secret"}
+"""Created once, never patched: a Job's and a claim's spec cannot change; the run's token Secret
+must not (rotating it under running pods would lock them out of each other)."""
 MERGE_PATCH = "application/merge-patch+json"
 
 

@@ -114,9 +114,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--network-policy-peer",
         type=_json_object,
-        default=None,
-        help="a NetworkPolicyPeer (JSON) matching the operator's pods: give each run a NetworkPolicy "
-        "that admits only the run's own pods, and this peer on the run's status port",
+        default=Settings().network_policy_peer,
+        help="a NetworkPolicyPeer (JSON) matching the operator's pods: each run's NetworkPolicy admits "
+        "only the run's own pods, this peer on the run's status port and the metrics scraper "
+        "(default: pods labelled app.kubernetes.io/name=rlkube-operator in any namespace)",
+    )
+    parser.add_argument(
+        "--metrics-scraper-peer",
+        type=_json_object,
+        default=Settings().metrics_scraper_peer,
+        help="a NetworkPolicyPeer (JSON) the runs' NetworkPolicies admit to the ports serving /metrics "
+        "(default: pods labelled rlkube.dev/metrics-scraper=true in any namespace)",
+    )
+    parser.add_argument(
+        "--no-network-policy", action="store_true",
+        help="give runs no NetworkPolicy (only where the cluster fences them some other way: the "
+        "runs' APIs then rest on their token alone)",
     )
     parser.add_argument("--log-level", default="INFO")
     election = parser.add_argument_group("leader election (several replicas, one reconciling)")
@@ -159,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
-    settings = Settings(status_url_template=args.status_url, network_policy_peer=args.network_policy_peer)
+    settings = Settings(status_url_template=args.status_url,
+                        network_policy_peer=None if args.no_network_policy else args.network_policy_peer,
+                        metrics_scraper_peer=args.metrics_scraper_peer)
     reconciler = Reconciler(Kube(api_client()), settings)
     operator = functools.partial(
         kopf.operator,

@@ -22,7 +22,12 @@ RESERVED_PREFIX = "rlkube.dev/"
 APP_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
               "app.kubernetes.io/component")
 # What the operator sets in every pod: a user's pod settings may not override it.
-OPERATOR_ENV = ("PYTHONUNBUFFERED", "HOME", "AWS_ENDPOINT_URL", "NODE_RANK", "MASTER_ADDR")
+TOKEN_ENV = "RLKUBE_TOKEN"
+"""Where the runtime reads the run's token (`rlkube.auth.TOKEN_ENV`; the operator does not import
+the runtime's gRPC)."""
+TOKEN_KEY = "token"
+"""The key of the token in the run's Secret `<run>-token`."""
+OPERATOR_ENV = ("PYTHONUNBUFFERED", "HOME", "AWS_ENDPOINT_URL", "NODE_RANK", "MASTER_ADDR", TOKEN_ENV)
 OPERATOR_VOLUMES = ("config", "data", "dshm", "tmp")
 # Set by the Job controller on each pod of an Indexed Job (Kubernetes >= 1.28).
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"

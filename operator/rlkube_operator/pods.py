@@ -1,7 +1,7 @@
 """Pod-template pieces every component shares: volumes, the container, scheduling (pure)."""
 
 from rlkube_operator import gang
-from rlkube_operator.names import CONFIG_MOUNT, RunRef
+from rlkube_operator.names import CONFIG_MOUNT, TOKEN_ENV, TOKEN_KEY, RunRef
 from rlkube_operator.spec import PodSettings, Resources, RunSpecBase
 from rlkube_operator.wiring import EMPTYDIR_OUTPUT
 
@@ -173,7 +173,7 @@ def pod_template(run: RunRef, spec: RunSpecBase, settings: PodSettings, componen
 def pod_spec(run: RunRef, spec: RunSpecBase, settings: PodSettings, containers: list[dict],
              config_files: list[str], **extra) -> dict:
     out = {
-        "containers": containers,
+        "containers": [c | {"env": [token_env(run), *c.get("env", [])]} for c in containers],
         "volumes": volumes(run, spec, config_files) + settings.volumes,
         "enableServiceLinks": False,
         # The runtime never talks to the Kubernetes API.
@@ -193,6 +193,12 @@ def pod_spec(run: RunRef, spec: RunSpecBase, settings: PodSettings, containers: 
         "imagePullSecrets": [{"name": s} for s in spec.image_pull_secrets] or None,
     }
     out.update({k: v for k, v in optional.items() if v is not None})
+def token_env(run: RunRef) -> dict:
+    """The run's token (`rlkube.auth`), from the run's Secret: every pod-to-pod call of the run
+    carries it, and every server of the run requires it."""
+    return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": run.child("token"), "key": TOKEN_KEY}}}
+
+
     return out
 
 

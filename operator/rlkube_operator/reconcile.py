@@ -74,14 +74,24 @@ WORKLOADS = {
 }
 
 
+OPERATOR_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlkube-operator"}}}
+"""The chart's operator pods (`rlkube.selectorLabels`), in any namespace."""
+SCRAPER_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"rlkube.dev/metrics-scraper": "true"}}}
+"""Pods labelled `rlkube.dev/metrics-scraper: "true"` (a Prometheus), in any namespace."""
+
+
 @dataclass
 class Settings:
     status_url_template: str = progress.DEFAULT_URL_TEMPLATE
     """Where a run's progress is read; see `progress.py` for why the Service, not the proxy."""
 
-    network_policy_peer: dict | None = None
-    """A NetworkPolicyPeer matching the operator's pods: each run then gets a NetworkPolicy that
-    admits only its own pods, and this peer on its status port. None: no NetworkPolicies."""
+    network_policy_peer: dict | None = field(default_factory=lambda: dict(OPERATOR_PEER))
+    """A NetworkPolicyPeer matching the operator's pods: each run gets a NetworkPolicy that admits
+    only its own pods, and this peer on its status port. None: no NetworkPolicies (a cluster
+    that fences runs some other way)."""
+
+    metrics_scraper_peer: dict | None = field(default_factory=lambda: dict(SCRAPER_PEER))
+    """The NetworkPolicyPeer admitted to the ports that serve `/metrics`; None: no scraper."""
 
 
 @dataclass
@@ -195,6 +205,7 @@ class Reconciler:
         if (pvc := builders.build_pvc(run, spec)) is not None:
             k.ensure(pvc)
         tomls = workload.tomls(run, spec)
+        k.ensure(builders.build_token_secret(run))  # before any pod: they read it at start
         config = k.ensure(builders.build_configmap(run, tomls, _dump(spec)))
         if (group := queueing.build_pod_group(run, spec)) is not None:  # before its pods
             queueing.ensure_pod_group(self.custom, run, group)
@@ -215,8 +226,8 @@ class Reconciler:
                 k.ensure(builders.build_env_worker_deployment(run, spec, replicas * spec.env_workers.replicas))
         k.ensure(builders.build_trainer_master_service(run, spec, workload.trainer_status_port, attempt=attempt))
         if self.settings.network_policy_peer is not None:
-            k.ensure(builders.build_network_policy(run, self.settings.network_policy_peer,
-                                                   _status_port(workload, spec)))
+            k.ensure(builders.build_network_policy(run, self.settings.network_policy_peer, _status_port(workload, spec),
+                                                   self.settings.metrics_scraper_peer, _metrics_ports(workload, spec)))
         job = builders.build_trainer_job(
             run, spec, module=workload.module, config_file=workload.config_file,
             attempt=attempt, restarts=restarts, suspend=spec.suspend, status_port=workload.trainer_status_port,
@@ -540,3 +551,13 @@ def _status_port(workload: Workload, spec: RunSpecBase) -> int:
 
 def _component(pod: dict) -> str | None:
     return pod.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/component")
+def _metrics_ports(workload: Workload, spec: RunSpecBase) -> list[int]:
+    """The ports that serve `/metrics`: the status port, and vLLM's (inference, teacher)."""
+    ports = {_status_port(workload, spec)}
+    if "inference" in workload.components:
+        ports.add(spec.config.inference.port)
+        if spec.teacher is not None:
+            ports.add(spec.teacher.server.port)
+    return sorted(ports)
+
+

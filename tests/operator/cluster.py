@@ -17,6 +17,7 @@ RESOURCES = {
     "rlkube.dev/v1alpha1/rlruns": ("RLRun", {"status"}),
     "rlkube.dev/v1alpha1/sftruns": ("SFTRun", {"status"}),
     "v1/configmaps": ("ConfigMap", set()),
+    "v1/secrets": ("Secret", set()),
     "v1/services": ("Service", set()),
     "v1/persistentvolumeclaims": ("PersistentVolumeClaim", set()),
     "v1/pods": ("Pod", {"status"}),
@@ -34,7 +35,7 @@ RESOURCES = {
 }
 PLURAL = {"RLRun": "rlkube.dev/v1alpha1/rlruns", "SFTRun": "rlkube.dev/v1alpha1/sftruns"}
 PATHS = {
-    "ConfigMap": "v1/configmaps", "Service": "v1/services", "PersistentVolumeClaim": "v1/persistentvolumeclaims",
+    "ConfigMap": "v1/configmaps", "Secret": "v1/secrets", "Service": "v1/services", "PersistentVolumeClaim": "v1/persistentvolumeclaims",
     "Pod": "v1/pods", "StatefulSet": "apps/v1/statefulsets", "Deployment": "apps/v1/deployments",
     "Job": "batch/v1/jobs", "Event": "v1/events", "PodDisruptionBudget": "policy/v1/poddisruptionbudgets",
     "NetworkPolicy": "networking.k8s.io/v1/networkpolicies", "Workload": "kueue.x-k8s.io/v1beta1/workloads",

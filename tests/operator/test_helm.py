@@ -164,7 +164,7 @@ def operator_requests(cluster) -> set[tuple[str, str, str]]:
     return used
 
 
-NETWORK_POLICY = {"networkPolicy": {"enabled": True}}
+NETWORK_POLICY_OFF = {"networkPolicy": {"enabled": False}}
 
 
 def operator_args(values: dict) -> list[str]:
@@ -172,14 +172,17 @@ def operator_args(values: dict) -> list[str]:
     return deploy["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
-def test_network_policies_are_off_unless_enabled_and_then_admit_the_operators_pods():
+def test_network_policies_are_on_by_default_and_admit_the_operators_pods_and_a_labelled_scraper():
     from rlkube_operator.main import parse_args
 
-    assert parse_args(operator_args({})).network_policy_peer is None
-    deploy = next(o for o in render(NETWORK_POLICY) if o["kind"] == "Deployment")
-    peer = parse_args(operator_args(NETWORK_POLICY)).network_policy_peer
-    assert peer == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlkube-system"}},
-                    "podSelector": {"matchLabels": deploy["spec"]["template"]["metadata"]["labels"]}}
+    deploy = next(o for o in render({}) if o["kind"] == "Deployment")
+    args = parse_args(operator_args({}))
+    assert args.network_policy_peer == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlkube-system"}},
+                                        "podSelector": {"matchLabels": deploy["spec"]["template"]["metadata"]["labels"]}}
+    assert args.metrics_scraper_peer == {"namespaceSelector": {},
+                                         "podSelector": {"matchLabels": {"rlkube.dev/metrics-scraper": "true"}}}
+    assert not args.no_network_policy
+    assert parse_args(operator_args(NETWORK_POLICY_OFF)).no_network_policy
 
 
 def test_a_malformed_network_policy_peer_is_refused_saying_why(capsys):
@@ -192,9 +195,8 @@ def test_a_malformed_network_policy_peer_is_refused_saying_why(capsys):
 
 @pytest.mark.parametrize(("operator_settings", "values"), [
     ({}, {}),
-    ({"network_policy_peer": {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlkube-operator"}}}},
-     NETWORK_POLICY),
-], ids=["default", "network-policies"])
+    ({"network_policy_peer": None}, NETWORK_POLICY_OFF),
+], ids=["default", "no-network-policies"])
 async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster, values):
     """A run's whole life (a created PVC, suspend and resume, a gang restart, completion,
     deletion by its ttlSecondsAfterFinished), with every request the operator makes recorded by

@@ -79,13 +79,15 @@ TUNED_SFTRUN = example("sftrun.yaml")["spec"] | {"trainer": TUNED_PODS["trainer"
 RUN = RunRef("RLRun", "big", "ml", "1234-uid")
 OPERATOR_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlkube"}},
                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlkube-operator"}}}
+SCRAPER_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"rlkube.dev/metrics-scraper": "true"}}}
 
 
 def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[dict]:
     """Everything `Reconciler.apply` would create for this spec."""
     workload = WORKLOADS[kind]
     run = RunRef(kind, RUN.name, RUN.namespace, RUN.uid)
-    out = [builders.build_configmap(run, workload.tomls(run, spec), spec.model_dump(mode="json"))]
+    out = [builders.build_configmap(run, workload.tomls(run, spec), spec.model_dump(mode="json")),
+           builders.build_token_secret(run)]
     if (pvc := builders.build_pvc(run, spec)) is not None:
         out.append(pvc)
     if kind == "RLRun":
@@ -106,7 +108,7 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
             out.append(builders.build_env_worker_deployment(run, spec, spec.env_workers.replicas))
     out += [
         builders.build_trainer_master_service(run, spec, workload.trainer_status_port, attempt=attempt),
-        builders.build_network_policy(run, OPERATOR_PEER, 8080),
+        builders.build_network_policy(run, OPERATOR_PEER, 8080, SCRAPER_PEER, [8000, 8080]),
         builders.build_trainer_job(run, spec, module=workload.module, config_file=workload.config_file,
                                    attempt=attempt, restarts=attempt, suspend=suspend,
                                    status_port=workload.trainer_status_port),
@@ -182,7 +184,8 @@ def test_component_pod_settings_merge_over_the_run_level_defaults():
     assert trainer["affinity"] == TUNED_PODS["trainer"]["pod"]["affinity"]
     assert trainer["topologySpreadConstraints"][0]["topologyKey"] == "zone"
     (main,) = trainer["containers"]
-    assert [e["name"] for e in main["env"]] == ["NODE_RANK", "MASTER_ADDR", "PYTHONUNBUFFERED", "HOME", "AWS_ENDPOINT_URL",
+    assert [e["name"] for e in main["env"]] == ["RLKUBE_TOKEN", "NODE_RANK", "MASTER_ADDR", "PYTHONUNBUFFERED", "HOME",
+                                                "AWS_ENDPOINT_URL",
                                                 "NCCL_DEBUG", "HF_TOKEN"]
     assert main["envFrom"] == [{"secretRef": {"name": "s3-creds"}}, {"configMapRef": {"name": "nccl-tuning"}}]
     assert [v["name"] for v in trainer["volumes"]] == ["config", "data", "dshm", "tmp", "cache"]
@@ -620,10 +623,14 @@ def test_credentials_in_the_configs_urls_are_refused_naming_the_field(config, fi
 
 
 def test_no_manifest_carries_a_secret_value():
-    """Credentials are referenced (envFrom a Secret), never copied; no Secret is produced."""
+    """Credentials are referenced (envFrom a Secret), never copied; the one Secret produced is
+    the run's own token."""
     for name, (kind, spec) in SPECS.items():
         for obj in manifests(kind, spec):
-            assert obj["kind"] != "Secret"
+            if obj["kind"] == "Secret":
+                assert obj["metadata"]["name"] == f"{RUN.name}-{'sft-' if kind == 'SFTRun' else ''}token"
+                assert set(obj["data"]) == {"token"}
+                continue
             text = yaml.safe_dump(obj).lower()
             for word in (r"aws_secret_access_key", r"password", r"(?<![a-z])token:"):
                 assert not re.search(word, text), (name, obj["kind"], word)

@@ -2,6 +2,7 @@
 play the controllers and kubelets, and read back children, status and events."""
 
 import asyncio
+import base64
 import copy
 import tomllib
 from pathlib import Path
@@ -10,6 +11,8 @@ import aiohttp
 import pytest
 import yaml
 from rlkube_operator.crd import PRINTER_COLUMNS
+from rlkube_operator.kube import Kube, api_client
+from rlkube_operator.reconcile import OPERATOR_PEER, SCRAPER_PEER, Reconciler, Settings
 
 from tests.operator.cluster import (
     NS,
@@ -20,6 +23,7 @@ from tests.operator.cluster import (
     pod_unschedulable,
     pod_waiting,
 )
+from tests.operator.embedded import running_operator
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
 
@@ -202,14 +206,10 @@ async def test_inference_pods_have_a_disruption_budget_of_their_run(cluster):
     assert cluster.get("PodDisruptionBudget", "other-inference") is not None
 
 
-OPERATOR_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlkube"}},
-                 "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlkube-operator"}}}
-
-
-@pytest.mark.parametrize("operator_settings", [{"network_policy_peer": OPERATOR_PEER}])
-async def test_with_network_policies_a_run_admits_only_its_own_pods_and_the_operator(cluster):
+async def test_by_default_a_run_admits_only_its_own_pods_the_operator_and_a_labelled_scraper(cluster):
     """Each run's NetworkPolicy selects its pods (every port: gRPC, HTTP, torchrun) and admits
-    its own pods, and the operator on the port it reads /status from."""
+    its own pods, the operator on the port it reads /status from, and a labelled scraper on the
+    ports that serve /metrics (the orchestrator's HTTP port and vLLM's)."""
     uid = (await cluster.create(rlrun()))["metadata"]["uid"]
     sft = example("sftrun.yaml")
     sft["metadata"]["name"] = "rt"
@@ -219,7 +219,8 @@ async def test_with_network_policies_a_run_admits_only_its_own_pods_and_the_oper
     run_pods = {"matchLabels": {"rlkube.dev/run-uid": uid}}
     assert policy["spec"] == {"podSelector": run_pods, "policyTypes": ["Ingress"], "ingress": [
         {"from": [{"podSelector": run_pods}]},
-        {"from": [OPERATOR_PEER], "ports": [{"protocol": "TCP", "port": 8080}]}]}
+        {"from": [OPERATOR_PEER], "ports": [{"protocol": "TCP", "port": 8080}]},
+        {"from": [SCRAPER_PEER], "ports": [{"protocol": "TCP", "port": 8000}, {"protocol": "TCP", "port": 8080}]}]}
     await start_everything(cluster)
     selected = {n for n in cluster.names("Pod") if cluster.get("Pod", n)["metadata"]["labels"].items()
                 >= run_pods["matchLabels"].items()}
@@ -228,10 +229,37 @@ async def test_with_network_policies_a_run_admits_only_its_own_pods_and_the_oper
     assert sft_policy["spec"]["ingress"][1]["ports"] == [{"protocol": "TCP", "port": 8080}]  # trainer pod 0's
 
 
-async def test_without_a_network_policy_peer_no_network_policy_is_made(cluster):
+@pytest.mark.parametrize("operator_settings", [{"network_policy_peer": None}])
+async def test_with_network_policies_off_no_network_policy_is_made(cluster):
     await cluster.create(rlrun())
     await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer Job")
     assert cluster.names("NetworkPolicy") == set()
+
+
+async def test_a_runs_token_is_made_once_owned_by_it_and_reaches_every_pod(cluster, kmock, orchestrator_status):
+    """The Secret `<run>-token` is created before the pods, owned by the run, immutable, and
+    every container reads the token from it; neither later passes nor a restarted operator
+    make a new one (running pods would be locked out of each other)."""
+    uid = (await cluster.create(rlrun()))["metadata"]["uid"]
+    secret = await cluster.until(lambda: cluster.get("Secret", "rt-token"), what="token Secret")
+    assert [(r["uid"], r["controller"]) for r in secret["metadata"]["ownerReferences"]] == [(uid, True)]
+    assert secret["immutable"] is True and len(base64.b64decode(secret["data"]["token"])) >= 32
+    await start_everything(cluster)
+    from_secret = {"name": "RLKUBE_TOKEN", "valueFrom": {"secretKeyRef": {"name": "rt-token", "key": "token"}}}
+    for pod in cluster.names("Pod"):
+        for c in cluster.get("Pod", pod)["spec"]["containers"]:
+            assert from_secret in c["env"], f"{pod}/{c['name']} gets no token"
+
+    # A restarted operator is a new Reconciler, remembering nothing: its pass remakes a lost
+    # child, and leaves the token as it is.
+    await cluster.stop_operator()
+    kube = Kube(api_client(str(kmock.url).rstrip("/")))
+    await asyncio.to_thread(kube.delete, "Service", NS, "rt-inference")
+    restarted = Reconciler(kube, Settings(status_url_template=orchestrator_status.url))
+    result = await asyncio.to_thread(restarted.reconcile, "RLRun", cluster.get("RLRun", "rt"), "2026-01-01T00:00:00Z")
+    assert result.error is None and cluster.get("Service", "rt-inference") is not None, "no pass of the new operator"
+    kept = cluster.get("Secret", "rt-token")
+    assert (kept["metadata"]["uid"], kept["data"]) == (secret["metadata"]["uid"], secret["data"]), "the token was rotated"
 
 
 async def start_everything(cluster, name: str = "rt", attempt: int = 0) -> None:
@@ -743,7 +771,7 @@ async def test_a_recreated_run_adopts_nothing_from_its_predecessor(cluster):
     assert cluster.get("ConfigMap", "rt-config") == old_config  # not adopted, not rewritten
 
     # The garbage collector removes the old children: the new run makes its own.
-    for kind in ("ConfigMap", "Service", "Job"):
+    for kind in ("ConfigMap", "Service", "Job", "Secret", "NetworkPolicy"):
         for name in cluster.names(kind):
             await cluster.delete(kind, name)
     job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="the new run's Job")

@@ -53,12 +53,12 @@ class Replica:
     """One operator pod: `crash()` kills it without a word (the Lease stays held until it
     expires), `stop()` is SIGTERM (kopf stops, the Lease is released). `workers`: the size of
     its reconcile thread pool (the event loop's default executor; None: Python's default,
-    min(32, CPUs + 4)); `registry_options`: `build_registry`'s pacing."""
+    min(32, CPUs + 4))."""
 
     def __init__(self, name: str, cluster: Cluster, status_url: str, lease: str = LEASE, *,
-                 workers: int | None = None, registry_options: dict | None = None, **timing):
+                 workers: int | None = None, **timing):
         self.name, self.error = name, None
-        self._workers, self._registry_options = workers, registry_options or {"interval": 0.3}
+        self._workers = workers
         self.liveness = free_port_url()
         self._url = str(cluster.server.url).rstrip("/")
         self._status_url = status_url
@@ -106,7 +106,7 @@ class Replica:
             self._loop.set_default_executor(ThreadPoolExecutor(self._workers, thread_name_prefix=f"{self.name}-pass"))
         api = self._api()
         registry = build_registry(Reconciler(Kube(api), Settings(status_url_template=self._status_url)),
-                                  login=self._login, **self._registry_options)
+                                  interval=0.3, login=self._login)
         settings = kopf.OperatorSettings()
         settings.watching.reconnect_backoff = 0.2
         operate = functools.partial(kopf.operator, registry=registry, settings=settings, standalone=True,
@@ -411,7 +411,7 @@ async def test_the_leader_renews_while_every_reconcile_worker_reads_a_trickling_
         for name in names:
             await cluster.create(rlrun(name))
         for name in names:
-            owner = await cluster.until(lambda: cluster.get("Deployment", f"{name}-orchestrator"), what="orchestrator")
+            owner = await cluster.until(lambda n=name: cluster.get("Deployment", f"{n}-orchestrator"), what="orchestrator")
             await cluster.run_pods(owner, 1)
         await cluster.until(lambda: a.error or len(pods.hostile_seconds["trickle"]) >= len(names), what="reads cut")
         gaps = await renewal_gaps(cluster, 2 * FAST["renew_deadline"])
@@ -420,7 +420,7 @@ async def test_the_leader_renews_while_every_reconcile_worker_reads_a_trickling_
         assert max(pods.hostile_seconds["trickle"]) < podread.DEADLINE_S + 2
         for name in names:
             url = progress.status_url(pods.url, service=f"{name}-orchestrator", namespace=NS, port=8080)
-            unreadable = await cluster.until(lambda: next(c for c in cluster.status("RLRun", name)["conditions"]
+            unreadable = await cluster.until(lambda n=name: next(c for c in cluster.status("RLRun", n)["conditions"]
                                                           if c["type"] == "ProgressReadable"), what="condition")
             assert (unreadable["status"], unreadable["reason"]) == ("False", "ReadTimeout")
             assert unreadable["message"] == f"status read from {url} exceeded {podread.DEADLINE_S:g} s"

@@ -12,13 +12,18 @@ Two ways a run is held without being suspended by its user:
   admitted, stops when it is evicted and marks it Finished), one podSet per component.
   Until admitted the run has no pods and its deadline clock does not start; evicted, it
   scales to zero without spending its `backoffLimit` and resumes from the latest checkpoint
-  when admitted again.
+  when admitted again. Admitted, each component's pods get the node labels (as nodeSelector)
+  and tolerations of the ResourceFlavors Kueue assigned its podSet, so they land where the
+  quota was taken; evicted or suspended, they get the user's scheduling back (Kueue's
+  jobframework `RunWithPodSetsInfo` and `RestorePodSetsInfo`). The `kueue.x-k8s.io/queue-name`
+  label on the run names the LocalQueue too, as on Kueue's own job kinds.
 
 And a run whose `scheduling.schedulerName` is a gang scheduler gets its PodGroup (`gang.py`).
 """
 
+import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -28,13 +33,17 @@ from rlkube_operator import builders, gang, pods
 from rlkube_operator.conditions import set_condition
 from rlkube_operator.kube import MERGE_PATCH, ForeignChild, Kube, json_body
 from rlkube_operator.names import RunRef, controller_uid
-from rlkube_operator.spec import RLRunSpec, RunSpecBase
+from rlkube_operator.spec import QueueSpec, RLRunSpec, RunSpecBase
 
 log = logging.getLogger(__name__)
 
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 QUEUE_LABEL = f"{KUEUE_GROUP}/queue-name"
 WORKLOAD_PRIORITY_SOURCE = f"{KUEUE_GROUP}/workloadpriorityclass"
+PLACEMENT_ANNOTATION = "rlkube.dev/placement"
+"""On the Workload: the flavours its admission assigned, the scheduling they give each podSet,
+and every node label key ever put on the run's pods (so the user's selector can be restored)."""
+COMPONENT_LABEL = "app.kubernetes.io/component"
 
 
 # --- the trainer Job's suspend ------------------------------------------------------------
@@ -84,6 +93,12 @@ class Admission:
     workload: dict = field(default_factory=dict, compare=False)
     """The Workload as read: what the status writes (`Kueue.release`, `Kueue.finish`) start from."""
 
+    placement: dict = field(default_factory=dict, compare=False)
+    """podSet → {"nodeSelector", "tolerations"} of its assigned flavours, while admitted."""
+
+    placed_labels: tuple[str, ...] = ()
+    """Every node label key a placement has put on the run's pods (to take off when restoring)."""
+
 
 def _condition(obj: dict, type_: str) -> dict | None:
     return next((c for c in _conditions(obj) if c.get("type") == type_ and c.get("status") == "True"), None)
@@ -107,6 +122,41 @@ def admission(wl: dict) -> Admission:
     detail = f": {pending['message']}" if pending else ""
     return Admission(False, f"Workload {name} waits for Kueue to admit it (LocalQueue {queue}){detail}",
                      workload=wl)
+
+
+def queue_from_label(spec: RunSpecBase, labels: dict | None) -> RunSpecBase:
+    """The spec with its queue named by the run's `kueue.x-k8s.io/queue-name` label, Kueue's way
+    of naming a job's LocalQueue, when `spec.queue` names none; ValueError when both name one
+    and they differ."""
+    name = (labels or {}).get(QUEUE_LABEL)
+    if not name or (spec.queue is not None and spec.queue.name == name):
+        return spec
+    if spec.queue is not None:
+        raise ValueError(f"spec.queue.name is {spec.queue.name!r} but the label {QUEUE_LABEL} is {name!r}: "
+                         "give the LocalQueue once, or the same in both")
+    return spec.model_copy(update={"queue": QueueSpec(name=name)})
+
+
+def place(obj: dict, queued: Admission | None) -> dict:
+    """`obj` (a component's StatefulSet, Deployment or Job) with its pod template scheduled as
+    the run's admission says: its podSet's flavours' node labels over its nodeSelector and their
+    tolerations after its own while admitted; not admitted, the user's scheduling, with the
+    node labels a placement added nulled (a merge patch keeps map keys it does not name, and
+    replaces lists whole). A new Job is made from the user's template: never nulls in it."""
+    if queued is None:
+        return obj
+    pod = obj["spec"]["template"]["spec"]
+    component = obj["spec"]["template"]["metadata"]["labels"][COMPONENT_LABEL]
+    if (placed := queued.placement.get(component)) is not None:
+        pod["nodeSelector"] = (pod.get("nodeSelector") or {}) | placed["nodeSelector"]
+        own = pod.get("tolerations") or []
+        if tolerations := own + [t for t in placed["tolerations"] if t not in own]:
+            pod["tolerations"] = tolerations
+    elif queued.placed_labels and obj["kind"] != "Job":
+        selector = pod.get("nodeSelector") or {}
+        pod["nodeSelector"] = {key: None for key in queued.placed_labels} | selector
+        pod.setdefault("tolerations", None)
+    return obj
 
 
 def component_pods(spec: RunSpecBase) -> dict[str, int]:
@@ -215,6 +265,15 @@ class CustomObjects:
             raise ForeignChild({"kind": desired["kind"]} | obj)
         return obj
 
+    def get_cluster_scoped(self, group: str, version: str, plural: str, name: str) -> dict | None:
+        """A cluster-scoped object (a Kueue ResourceFlavor); None when there is none."""
+        try:
+            return json_body(self._api.get_cluster_custom_object(group, version, plural, name, _preload_content=False))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
     def patch(self, obj: dict, plural: str, patch: dict, status: bool = False) -> dict:
         group, version = obj["apiVersion"].split("/")
         method = self._api.patch_namespaced_custom_object_status if status else self._api.patch_namespaced_custom_object
@@ -258,7 +317,42 @@ class Kueue:
         wl = self._objects.get_or_create(run, "workloads", desired)
         if _condition(wl, "Finished") is None and quota_shape(wl) != quota_shape(desired):
             return self._resize(wl, desired)
-        return admission(self._activate(wl, desired["spec"]["active"]))
+        read = admission(self._activate(wl, desired["spec"]["active"]))
+        record = json.loads((read.workload["metadata"].get("annotations") or {}).get(PLACEMENT_ANNOTATION) or "{}")
+        assigned = _assigned_flavors(read.workload)
+        if not read.admitted or not assigned or _condition(read.workload, "Finished") is not None:
+            return replace(read, placed_labels=tuple(record.get("nodeLabels", ())))
+        if record.get("flavors") != assigned:  # a new admission: read its flavours once
+            placement, missing = self._placement(assigned)
+            if missing:
+                return replace(read, admitted=False, placed_labels=tuple(record.get("nodeLabels", ())),
+                               message=f"Workload {read.workload['metadata']['name']} is admitted on "
+                                       f"ResourceFlavor {missing}, which does not exist: its pods would not "
+                                       "land where Kueue counted them")
+            keys = sorted({*record.get("nodeLabels", ()), *(k for p in placement.values() for k in p["nodeSelector"])})
+            record = {"flavors": assigned, "podSets": placement, "nodeLabels": keys}
+            self._objects.patch(read.workload, "workloads",
+                                {"metadata": {"annotations": {PLACEMENT_ANNOTATION: json.dumps(record, sort_keys=True)}}})
+        return replace(read, placement=record["podSets"], placed_labels=tuple(record["nodeLabels"]))
+
+    def _placement(self, assigned: dict[str, list[str]]) -> tuple[dict, str | None]:
+        """podSet → the nodeSelector and tolerations of its flavours (Kueue's
+        `podset.FromAssignment`: every flavour's `nodeLabels` and `tolerations`), and the name of
+        a flavour that does not exist (None when all do)."""
+        flavors = {}
+        for name in sorted({f for names in assigned.values() for f in names}):
+            flavor = self._objects.get_cluster_scoped(KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", name)
+            if flavor is None:
+                return {}, name
+            flavors[name] = flavor.get("spec") or {}
+        placement = {}
+        for pod_set, names in assigned.items():
+            selector, tolerations = {}, []
+            for name in names:
+                selector |= flavors[name].get("nodeLabels") or {}
+                tolerations += [t for t in flavors[name].get("tolerations") or [] if t not in tolerations]
+            placement[pod_set] = {"nodeSelector": selector, "tolerations": tolerations}
+        return placement, None
 
     def _resize(self, wl: dict, desired: dict) -> Admission:
         """Replace a Workload whose podSets no longer match the run, as Kueue's own job
@@ -305,6 +399,12 @@ def ensure_pod_group(objects: CustomObjects, run: RunRef, desired: dict) -> None
     group = objects.get_or_create(run, "podgroups", desired)
     if group.get("spec", {}).get("minMember") != desired["spec"]["minMember"]:
         objects.patch(group, "podgroups", {"spec": {"minMember": desired["spec"]["minMember"]}})
+
+
+def _assigned_flavors(wl: dict) -> dict[str, list[str]]:
+    """podSet → the ResourceFlavors its admission assigned (over all its resources), sorted."""
+    assignments = ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    return {a["name"]: sorted(set((a.get("flavors") or {}).values())) for a in assignments}
 
 
 def _conditions(wl: dict) -> list[dict]:

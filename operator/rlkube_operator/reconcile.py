@@ -197,10 +197,11 @@ class Reconciler:
         return (jobs[-1] if jobs else None), jobs[:-1]
 
     def apply(self, run: RunRef, workload: Workload, spec: RunSpecBase, attempt: int, restarts: int,
-              seconds_left: float | None, held: bool = False) -> None:
+              seconds_left: float | None, held: bool = False, queued: queueing.Admission | None = None) -> None:
         """Create or correct every child for `attempt` (idempotent). A new trainer Job gets the
         run's time left as its own deadline. `held`: its trainer Job is suspended from outside,
-        so the other components wait at zero too (the Job itself is left as it is)."""
+        so the other components wait at zero too (the Job itself is left as it is). `queued`:
+        the run's Kueue admission, whose flavours place the pods (`queueing.place`)."""
         k = self.kube
         if (pvc := builders.build_pvc(run, spec)) is not None:
             k.ensure(pvc)
@@ -212,18 +213,21 @@ class Reconciler:
         replicas = 0 if spec.suspend or held else 1
         if "inference" in workload.components:
             k.ensure(builders.build_inference_service(run, spec))
-            k.ensure(builders.build_inference_statefulset(run, spec, replicas * spec.inference.replicas))
+            k.ensure(queueing.place(builders.build_inference_statefulset(run, spec, replicas * spec.inference.replicas),
+                                    queued))
             k.ensure(builders.build_servers_pdb(run, "inference"))
             if spec.teacher is not None:
                 k.ensure(builders.build_teacher_service(run, spec))
-                k.ensure(builders.build_teacher_statefulset(run, spec, replicas * spec.teacher.replicas))
+                k.ensure(queueing.place(builders.build_teacher_statefulset(run, spec, replicas * spec.teacher.replicas),
+                                        queued))
                 k.ensure(builders.build_servers_pdb(run, "teacher"))
             elif builders.TEACHER_TOML in config.get("data", {}):
                 self.drop_teacher(run)
             k.ensure(builders.build_orchestrator_service(run, spec))
-            k.ensure(builders.build_orchestrator_deployment(run, spec, replicas, attempt))
+            k.ensure(queueing.place(builders.build_orchestrator_deployment(run, spec, replicas, attempt), queued))
             if spec.env_workers.replicas:
-                k.ensure(builders.build_env_worker_deployment(run, spec, replicas * spec.env_workers.replicas))
+                k.ensure(queueing.place(builders.build_env_worker_deployment(
+                    run, spec, replicas * spec.env_workers.replicas), queued))
         k.ensure(builders.build_trainer_master_service(run, spec, workload.trainer_status_port, attempt=attempt))
         if self.settings.network_policy_peer is not None:
             k.ensure(builders.build_network_policy(run, self.settings.network_policy_peer, _status_port(workload, spec),
@@ -233,7 +237,7 @@ class Reconciler:
             attempt=attempt, restarts=restarts, suspend=spec.suspend, status_port=workload.trainer_status_port,
             active_deadline_seconds=None if seconds_left is None else max(1, math.ceil(seconds_left)),
         )
-        existing = k.ensure(job)
+        existing = k.ensure(queueing.place(job, queued))  # a suspended Job's template takes it
         if (patch := queueing.suspend_patch(existing, spec.suspend)) is not None:
             k.patch("Job", run.namespace, job["metadata"]["name"], patch)
 
@@ -277,9 +281,12 @@ class Reconciler:
 
         try:
             desired, invalid = workload.spec_model.model_validate(body.get("spec") or {}), None
+            desired = queueing.queue_from_label(desired, meta.get("labels"))
         except ValidationError as e:
             desired = None
             invalid = format_validation_error(e).replace("invalid config:\n", "invalid spec: ").replace("\n", ";")
+        except ValueError as e:  # the run's queue-name label contradicts spec.queue
+            desired, invalid = None, f"invalid spec: {e}"
         spec, refusal = self.applied_spec(run, workload, desired)
         if invalid or refusal:
             reason, why = ("InvalidSpec", invalid) if invalid else ("ChangeRequiresRecreate", refusal)
@@ -340,7 +347,7 @@ class Reconciler:
             if queued is not None:
                 self.kueue.finish(queued.workload, terminal, why, now)
         else:
-            self.apply(run, workload, spec, attempt, restarts, left, held=held_outside)
+            self.apply(run, workload, spec, attempt, restarts, left, held=held_outside, queued=queued)
             for stale in older:
                 self.kube.delete("Job", run.namespace, stale["metadata"]["name"], uid=stale["metadata"].get("uid"))
             if queued is not None and queued.evicted:  # stopped now: Kueue may requeue it

@@ -30,9 +30,11 @@ RESOURCES = {
     "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", set()),
     "coordination.k8s.io/v1/leases": ("Lease", set()),
     "kueue.x-k8s.io/v1beta1/workloads": ("Workload", {"status"}),
+    "kueue.x-k8s.io/v1beta1/resourceflavors": ("ResourceFlavor", set()),
     "scheduling.volcano.sh/v1beta1/podgroups": ("PodGroup", {"status"}),
     "scheduling.x-k8s.io/v1alpha1/podgroups": ("PodGroup", {"status"}),
 }
+CLUSTER_SCOPED = ("Namespace", "ResourceFlavor")
 PLURAL = {"RLRun": "rlkube.dev/v1alpha1/rlruns", "SFTRun": "rlkube.dev/v1alpha1/sftruns"}
 PATHS = {
     "ConfigMap": "v1/configmaps", "Secret": "v1/secrets", "Service": "v1/services", "PersistentVolumeClaim": "v1/persistentvolumeclaims",
@@ -87,7 +89,7 @@ def _now() -> str:
 def declare_resources(server: ApiServer) -> None:
     for path, (kind, subresources) in RESOURCES.items():
         server.resources[path] = kmock.ResourceInfo(
-            kind=kind, namespaced=kind != "Namespace", subresources=subresources,
+            kind=kind, namespaced=kind not in CLUSTER_SCOPED, subresources=subresources,
             verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
         )
 

@@ -2,6 +2,7 @@
 `spec.queue` is one Kueue Workload (the test plays Kueue, writing the Workload's status)."""
 
 import asyncio
+import json
 import tomllib
 
 import pytest
@@ -12,7 +13,7 @@ from rlkube_operator.queueing import suspend_patch
 from rlkube_operator.spec import RLRunSpec, TeacherSpec
 
 from tests.operator.cluster import pod_disrupted, pod_failed
-from tests.operator.test_helm import VALUES, _granted, operator_requests
+from tests.operator.test_helm import VALUES, _granted, operator_requests, render
 from tests.operator.test_operator_kmock import TEACHER, condition, rlrun, start_everything
 
 KUEUE_SUSPENDS = {"metadata": {"managedFields": [
@@ -41,10 +42,26 @@ ADMISSION = {"clusterQueue": "gpus", "podSetAssignments": [
     {"name": "trainer", "flavors": {"nvidia.com/gpu": "h100"}, "count": 1}]}
 
 
-async def admit(cluster) -> None:
-    """What Kueue writes when it admits the Workload."""
+async def flavor(cluster, name: str, **spec) -> None:
+    """A Kueue ResourceFlavor (cluster-scoped), as an admin makes it."""
+    body = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor", "metadata": {"name": name}, "spec": spec}
+    async with cluster.server.post("/apis/kueue.x-k8s.io/v1beta1/resourceflavors", json=body) as response:
+        assert response.status < 300 or response.status == 409, await response.text()
+
+
+async def admit(cluster, admission: dict = ADMISSION) -> None:
+    """What Kueue writes when it admits the Workload (on flavours that exist)."""
+    for name in {f for a in admission["podSetAssignments"] for f in a["flavors"].values()}:
+        await flavor(cluster, name)
     await cluster.patch("Workload", "rt-workload", {"status": {
-        "admission": ADMISSION, "conditions": _kueue_conditions("QuotaReserved", "Admitted", false=("Evicted",))}})
+        "admission": admission, "conditions": _kueue_conditions("QuotaReserved", "Admitted", false=("Evicted",))}})
+
+
+def _kueue_grants(values: dict) -> set[tuple[str, str, str]]:
+    """The chart's Kueue grants: the run's Role, and the ClusterRole for ResourceFlavors."""
+    flavors = {(group, res, verb) for o in render(values) if o["kind"] == "ClusterRole" for rule in o["rules"]
+               for group in rule["apiGroups"] for res in rule["resources"] for verb in rule["verbs"]}
+    return {g for g in _granted(values) | flavors if g[0] == "kueue.x-k8s.io"}
 
 
 def _job(suspend: bool, last_applied: str | None = None) -> dict:
@@ -162,9 +179,9 @@ async def test_eviction_scales_to_zero_without_spending_backoff_and_readmission_
     finished = condition(wl["status"], "Finished")
     assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
 
-    kueue = lambda grants: {g for g in grants if g[0] == "kueue.x-k8s.io"}
-    assert kueue(operator_requests(cluster)) == kueue(_granted(VALUES["kueue"])) - {RESIZE_GRANT}
-    assert kueue(_granted(VALUES["default"])) == set()
+    kueue = {g for g in operator_requests(cluster) if g[0] == "kueue.x-k8s.io"}
+    assert kueue == _kueue_grants(VALUES["kueue"]) - {RESIZE_GRANT}
+    assert _kueue_grants(VALUES["default"]) == set()
 
 
 RESIZE_GRANT = ("kueue.x-k8s.io", "workloads", "delete")
@@ -298,3 +315,93 @@ def test_the_teacher_is_a_podset_of_the_workload_and_a_member_of_the_gang():
     default_scheduled = teacher | {"pod": {"schedulerName": "default-scheduler"}}
     spec = spec.model_copy(update={"teacher": TeacherSpec.model_validate(default_scheduled)})
     assert queueing.build_pod_group(run, spec)["spec"]["minMember"] == 2 + 1 + 1
+
+
+ZONES = {"a": {"nodeLabels": {"topology.kubernetes.io/zone": "a", "gpu.example.com/model": "h100"}},
+         "b": {"nodeLabels": {"topology.kubernetes.io/zone": "b", "gpu.example.com/model": "h200"},
+               "nodeTaints": [{"key": "gpu.example.com/reserved", "value": "b", "effect": "NoSchedule"}],
+               "tolerations": [{"key": "gpu.example.com/reserved", "operator": "Equal", "value": "b",
+                                "effect": "NoSchedule"}]}}
+USER_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def _scheduling(cluster) -> dict[str, tuple[dict, list]]:
+    """nodeSelector and tolerations of each workload's pod template."""
+    out = {}
+    for kind in ("StatefulSet", "Deployment", "Job"):
+        for name in cluster.names(kind):
+            pod = cluster.get(kind, name)["spec"]["template"]["spec"]
+            out[name] = (pod.get("nodeSelector") or {}, pod.get("tolerations") or [])
+    return out
+
+
+async def test_the_pods_land_on_the_flavours_kueue_assigned_and_get_the_users_scheduling_back(cluster):
+    """A ClusterQueue with two flavours (zone a: H100s; zone b: H200s behind a taint). Kueue
+    admits the GPU podSets on b and the orchestrator on a: each component's pods get its
+    flavour's node labels over the user's nodeSelector and its tolerations after the user's.
+    Evicted, the templates are the user's again (zone b's labels and toleration gone); admitted
+    again on a, the new trainer Job and the servers go to a."""
+    for name, spec in ZONES.items():
+        await flavor(cluster, name, **spec)
+    user = {"nodeSelector": {"pool": "gpu"}, "tolerations": [USER_TOLERATION]}
+    await cluster.create(rlrun(queue={"name": "team-gpus"}, scheduling=user))
+    await cluster.until(lambda: cluster.get("Workload", "rt-workload"), what="Workload")
+    await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="the queued trainer Job")
+
+    on = {"inference": "b", "trainer": "b", "orchestrator": "a"}
+    await admit(cluster, {"clusterQueue": "gpus", "podSetAssignments": [
+        {"name": pod_set, "flavors": {"nvidia.com/gpu" if zone == "b" else "cpu": zone}, "count": 1}
+        for pod_set, zone in on.items()]})
+    await cluster.until(lambda: cluster.get("Job", "rt-trainer-1") and not cluster.get("Job", "rt-trainer-1")["spec"]["suspend"],
+                        what="the admitted run's trainer Job running")
+    b = ({"pool": "gpu"} | ZONES["b"]["nodeLabels"], [USER_TOLERATION, *ZONES["b"]["tolerations"]])
+    assert _scheduling(cluster) == {"rt-inference": b, "rt-trainer-1": b, "rt-orchestrator": (ZONES["a"]["nodeLabels"], [])}
+    record = cluster.get("Workload", "rt-workload")["metadata"]["annotations"][queueing.PLACEMENT_ANNOTATION]
+    assert json.loads(record)["flavors"] == {"inference": ["b"], "trainer": ["b"], "orchestrator": ["a"]}
+
+    # Evicted: everything at zero, with the user's scheduling (the Job: its next attempt's).
+    await cluster.patch("Workload", "rt-workload", {"status": {"conditions": _kueue_conditions(
+        "QuotaReserved", "Admitted", "Evicted")}})
+    await cluster.until(lambda: not cluster.get("Workload", "rt-workload")["status"].get("admission"), what="released")
+    restored = await cluster.until(lambda: _scheduling(cluster)["rt-inference"] == (user["nodeSelector"], [USER_TOLERATION])
+                                   and _scheduling(cluster), what="the user's scheduling back")
+    assert restored["rt-orchestrator"] == ({}, [])
+    assert set(_compute(cluster).values()) == {0}
+
+    await admit(cluster, {"clusterQueue": "gpus", "podSetAssignments": [
+        {"name": pod_set, "flavors": {"nvidia.com/gpu": "a"}, "count": 1} for pod_set in ("inference", "trainer")]})
+    job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-2"), what="the re-admitted run's trainer Job")
+    a = ({"pool": "gpu"} | ZONES["a"]["nodeLabels"], [USER_TOLERATION])
+    assert (job["spec"]["template"]["spec"]["nodeSelector"], job["spec"]["template"]["spec"]["tolerations"]) == a
+    await cluster.until(lambda: _scheduling(cluster)["rt-inference"] == a, what="inference on zone a")
+    assert _scheduling(cluster)["rt-orchestrator"] == ({}, [])  # no flavour assigned to it this time
+
+
+async def test_a_flavour_that_does_not_exist_keeps_the_run_queued(cluster):
+    await cluster.create(rlrun(queue={"name": "team-gpus"}))
+    await cluster.until(lambda: cluster.get("Workload", "rt-workload"), what="Workload")
+    await cluster.patch("Workload", "rt-workload", {"status": {
+        "admission": ADMISSION, "conditions": _kueue_conditions("QuotaReserved", "Admitted", false=("Evicted",))}})
+    status = await cluster.until(lambda: "does not exist" in _status(cluster)["message"] and _status(cluster),
+                                 what="the run saying why it waits")
+    assert status["message"] == ("Queued: Workload rt-workload is admitted on ResourceFlavor h100, which does not "
+                                 "exist: its pods would not land where Kueue counted them")
+    assert set(_compute(cluster).values()) == {0}
+
+
+async def test_the_queue_name_label_picks_the_local_queue(cluster):
+    """Kueue's way of naming a job's LocalQueue works on a run too; a label contradicting
+    `spec.queue` is refused, naming both."""
+    run = rlrun()
+    run["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-gpus"}
+    await cluster.create(run)
+    wl = await cluster.until(lambda: cluster.get("Workload", "rt-workload"), what="Workload")
+    assert wl["spec"]["queueName"] == "team-gpus"
+    await cluster.until(lambda: _status(cluster).get("message", "").startswith("Queued"), what="queued")
+
+    run = rlrun("other", queue={"name": "team-cpus"})
+    run["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-gpus"}
+    await cluster.create(run)
+    status = await cluster.until(lambda: cluster.status("RLRun", "other").get("phase") == "Failed"
+                                 and cluster.status("RLRun", "other"), what="refused")
+    assert "spec.queue.name is 'team-cpus' but the label kueue.x-k8s.io/queue-name is 'team-gpus'" in status["message"]

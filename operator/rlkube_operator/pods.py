@@ -193,13 +193,13 @@ def pod_spec(run: RunRef, spec: RunSpecBase, settings: PodSettings, containers: 
         "imagePullSecrets": [{"name": s} for s in spec.image_pull_secrets] or None,
     }
     out.update({k: v for k, v in optional.items() if v is not None})
+    return out
+
+
 def token_env(run: RunRef) -> dict:
     """The run's token (`rlkube.auth`), from the run's Secret: every pod-to-pod call of the run
     carries it, and every server of the run requires it."""
     return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": run.child("token"), "key": TOKEN_KEY}}}
-
-
-    return out
 
 
 def http_probes(path: str, port: str, startup_timeout_s: float) -> dict:

@@ -205,8 +205,8 @@ class Reconciler:
         k = self.kube
         if (pvc := builders.build_pvc(run, spec)) is not None:
             k.ensure(pvc)
-        tomls = workload.tomls(run, spec)
         k.ensure(builders.build_token_secret(run))  # before any pod: they read it at start
+        tomls = workload.tomls(run, spec)
         config = k.ensure(builders.build_configmap(run, tomls, _dump(spec)))
         if (group := queueing.build_pod_group(run, spec)) is not None:  # before its pods
             queueing.ensure_pod_group(self.custom, run, group)
@@ -556,8 +556,6 @@ def _status_port(workload: Workload, spec: RunSpecBase) -> int:
     return workload.trainer_status_port or spec.config.orchestrator.http_port
 
 
-def _component(pod: dict) -> str | None:
-    return pod.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/component")
 def _metrics_ports(workload: Workload, spec: RunSpecBase) -> list[int]:
     """The ports that serve `/metrics`: the status port, and vLLM's (inference, teacher)."""
     ports = {_status_port(workload, spec)}
@@ -568,3 +566,5 @@ def _metrics_ports(workload: Workload, spec: RunSpecBase) -> list[int]:
     return sorted(ports)
 
 
+def _component(pod: dict) -> str | None:
+    return pod.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/component")

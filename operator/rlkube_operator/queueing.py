@@ -315,21 +315,22 @@ class Kueue:
         read its admission. Its podSets are immutable: a run resized while suspended gets a new
         Workload (`_resize`), so Kueue counts what the run will really run."""
         wl = self._objects.get_or_create(run, "workloads", desired)
+        record = json.loads((wl["metadata"].get("annotations") or {}).get(PLACEMENT_ANNOTATION) or "{}")
+        placed = tuple(record.get("nodeLabels", ()))
         if _condition(wl, "Finished") is None and quota_shape(wl) != quota_shape(desired):
-            return self._resize(wl, desired)
+            return replace(self._resize(wl, desired), placed_labels=placed)
         read = admission(self._activate(wl, desired["spec"]["active"]))
-        record = json.loads((read.workload["metadata"].get("annotations") or {}).get(PLACEMENT_ANNOTATION) or "{}")
         assigned = _assigned_flavors(read.workload)
         if not read.admitted or not assigned or _condition(read.workload, "Finished") is not None:
-            return replace(read, placed_labels=tuple(record.get("nodeLabels", ())))
+            return replace(read, placed_labels=placed)
         if record.get("flavors") != assigned:  # a new admission: read its flavours once
             placement, missing = self._placement(assigned)
             if missing:
-                return replace(read, admitted=False, placed_labels=tuple(record.get("nodeLabels", ())),
+                return replace(read, admitted=False, placed_labels=placed,
                                message=f"Workload {read.workload['metadata']['name']} is admitted on "
                                        f"ResourceFlavor {missing}, which does not exist: its pods would not "
                                        "land where Kueue counted them")
-            keys = sorted({*record.get("nodeLabels", ()), *(k for p in placement.values() for k in p["nodeSelector"])})
+            keys = sorted({*placed, *(k for p in placement.values() for k in p["nodeSelector"])})
             record = {"flavors": assigned, "podSets": placement, "nodeLabels": keys}
             self._objects.patch(read.workload, "workloads",
                                 {"metadata": {"annotations": {PLACEMENT_ANNOTATION: json.dumps(record, sort_keys=True)}}})

@@ -317,9 +317,9 @@ class JobController:
                 if INDEX in pod["metadata"].get("annotations", {}):
                     done_indexes.add(int(pod["metadata"]["annotations"][INDEX]))
                 continue
-            action = _failure_action(policy, pod) if policy else "Count"
+            action, why = _failure_action(policy, pod) if policy else ("Count", "")
             if action == "FailJob":
-                fail_job = ("PodFailurePolicy", f"pod {pod['metadata']['name']} failed: a FailJob rule matched")
+                fail_job = ("PodFailurePolicy", why)
             if action in ("Count", "FailJob", "FailIndex"):
                 failed += 1
         if finished:
@@ -413,22 +413,26 @@ def _parse_indexes(text: str) -> set[int]:
     return out
 
 
-def _failure_action(policy: dict, pod: dict) -> str:
-    """The action of the first podFailurePolicy rule matching a failed pod; Count when none."""
-    status = pod.get("status") or {}
-    for rule in policy.get("rules") or []:
+def _failure_action(policy: dict, pod: dict) -> tuple[str, str]:
+    """The action of the first podFailurePolicy rule matching a failed pod (Count when none),
+    and why, in the Job controller's words (its `PodFailurePolicy` condition message)."""
+    status, meta = pod.get("status") or {}, pod["metadata"]
+    where = f"{meta.get('namespace')}/{meta['name']}"
+    for index, rule in enumerate(policy.get("rules") or []):
         if on_codes := rule.get("onExitCodes"):
-            codes = [c["state"]["terminated"].get("exitCode", 0) for c in status.get("containerStatuses") or []
-                     if "terminated" in (c.get("state") or {})
-                     and on_codes.get("containerName") in (None, c["name"])]
-            inside = [(code in on_codes["values"]) for code in codes if code != 0]
-            if any(inside) if on_codes["operator"] == "In" else any(not x for x in inside):
-                return rule["action"]
+            for c in status.get("containerStatuses") or []:
+                code = ((c.get("state") or {}).get("terminated") or {}).get("exitCode", 0)
+                if code == 0 or on_codes.get("containerName") not in (None, c["name"]):
+                    continue
+                if (code in on_codes["values"]) == (on_codes["operator"] == "In"):
+                    return rule["action"], (f"Container {c['name']} for pod {where} failed with exit code {code} "
+                                            f"matching {rule['action']} rule at index {index}")
         for pattern in rule.get("onPodConditions") or []:
             if any(c.get("type") == pattern["type"] and c.get("status") == pattern.get("status", "True")
                    for c in status.get("conditions") or []):
-                return rule["action"]
-    return "Count"
+                return rule["action"], (f"Pod {where} has condition {pattern['type']} matching {rule['action']} "
+                                        f"rule at index {index}")
+    return "Count", ""
 
 
 # --- garbage collection ---------------------------------------------------------------------------

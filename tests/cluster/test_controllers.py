@@ -71,6 +71,8 @@ def test_pod_failure_policy_ignores_disruptions_and_fails_on_exit_codes(local_ap
     local_api.set_pod_status(ns, second["metadata"]["name"], "Failed", exit_code=42)
     status = local_api.until(lambda: condition(s := job_status(local_api, ns, "pfp"), "Failed") and s, "Failed")
     assert condition(status, "Failed")["reason"] == "PodFailurePolicy"
+    assert condition(status, "Failed")["message"] == (
+        f"Container main for pod {ns}/{second['metadata']['name']} failed with exit code 42 matching FailJob rule at index 1")
 
 
 def test_suspend_deletes_pods_without_failing_and_resume_recreates_them(local_api, ns):

@@ -66,3 +66,13 @@ def test_pods_killed_by_the_jobs_deadline_are_the_runs_deadline_not_a_failure():
              "message": "Job was active longer than specified deadline"}]}}
         outcome, why = trainer_outcome(job, [pod("t-0-0", pod_failed(exit_code=143))])
         assert outcome == "deadline" and "longer than specified deadline" in why, type_
+
+
+def test_a_job_failed_by_its_pod_failure_policy_is_invalid_even_with_its_pods_gone():
+    """The Job controller's `FailJob` (exit code 2) is never a failure to restart from."""
+    why = "Container trainer for pod ns/rt-trainer-0-0 failed with exit code 2 matching FailJob rule at index 0"
+    job = {"metadata": {}, "spec": {}, "status": {"conditions": [
+        {"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": why}]}}
+    assert trainer_outcome(job, []) == ("invalid", f"trainer Job failed: {why}")
+    backoff = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "limit"}
+    assert trainer_outcome(job | {"status": {"conditions": [backoff]}}, [])[0] == "failed"

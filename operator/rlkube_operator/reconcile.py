@@ -458,6 +458,8 @@ class Reconciler:
         try:
             data = progress.read_progress(url)
         except podread.Unreadable as e:
+            if health is None:  # the final read of a finished run: its orchestrator may be gone already
+                return
             if conditions.set("ProgressReadable", False, e.reason, str(e)):
                 log.warning("progress of %s %s/%s unreadable: %s", run.kind, run.namespace, run.name, e)
             return

@@ -63,8 +63,8 @@ def test_env_workers_cannot_join_without_the_token(token, monkeypatch):
             async with grpc.aio.insecure_channel(address) as channel:
                 for metadata in ((), WRONG):
                     call = pb_grpc.EnvWorkersStub(channel).Work(metadata=metadata)
-                    await call.write(pb.WorkerMessage(hello=hello))
-                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:  # the refusal may beat the write
+                        await call.write(pb.WorkerMessage(hello=hello))
                         await call.read()
                     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert not hub.sessions, "a worker without the token joined"

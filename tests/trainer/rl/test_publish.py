@@ -120,6 +120,7 @@ def test_an_overlapped_publish_is_bit_exact_while_the_next_step_changes_the_weig
             trainer.train()
         reference_publishing.publish(3, trainer.env.policy_tensors())
         assert [s for s, _ in source.reports] == [1, 2, 3]
+        assert trainer.metrics.records[3]["time/publish_background"] > 0, "policy 2's publish, timed"
         assert min(changed) == len(trainer.env.full_state_dict()), "each optimizer step changes every weight"
         for step, location in source.reports:
             expected = weight_files(str(tmp_path / "reference" / "weights" / f"step_{step}"), step)

@@ -170,8 +170,10 @@ class RLTrainer:
         republished, before training goes on."""
         if resumed:
             self.publishing.republish(step, self.env.policy_tensors())
-        else:
-            self.publishing.publish(step, self.env.policy_tensors())
+            return
+        self.publishing.publish(step, self.env.policy_tensors())
+        if self.publishing.overlap and self.publishing.last_publish_s is not None:
+            self.timings["time/publish_background"] = self.publishing.last_publish_s  # the previous policy's
 
     def maybe_save_checkpoint(self, step: int) -> None:
         ckpt = self.config.ckpt

@@ -16,7 +16,9 @@ The step is the trainer's compiled work on one packed row of GRPO-shaped groups 
 sharing a prompt): the FlexAttention `BlockMask` of the row, then FlexAttention with Qwen3-0.6B's
 heads (16 query, 8 KV, 128 dims) for each of `--layers` layers; forward and backward on CUDA,
 forward only on a CPU (FlexAttention has no backward there; the CPU trainer attends with SDPA
-tiles and compiles nothing). Prints the first step of each, and restart / cold.
+tiles and compiles nothing). The second step packs other samples (other lengths, the same row
+shape): its `recompiles` (graphs Dynamo compiled in it) should be 0. Prints the first and second
+step of each process, and restart / cold.
 """
 
 import argparse
@@ -34,21 +36,21 @@ HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
 def first_step(output_dir: Path, store: str, device: str, seq_len: int, layers: int) -> dict:
     import torch
     import transformers  # noqa: F401 - a trainer has it imported (with torch._dynamo) before its first step
-    from rlkube.trainer.compile_cache import CompileCache
+    from rlkube.trainer.compile_cache import CompileCache, compiled_graphs
     from rlkube.trainer.rl.attention import Segments, _compiled_flex_attention
     from torch._dynamo.utils import counters
     from trainer_memory import packed_row
 
     cache = CompileCache(output_dir, torch.device(device), store)
     cache.activate()
-    row = packed_row(seq_len)
     grad = device == "cuda"
     dtype = torch.bfloat16 if grad else torch.float32
     query = torch.randn(1, HEADS, seq_len, HEAD_DIM, device=device, dtype=dtype, requires_grad=grad)
     key, value = (torch.randn(1, KV_HEADS, seq_len, HEAD_DIM, device=device, dtype=dtype, requires_grad=grad)
                   for _ in range(2))
 
-    def step() -> None:
+    def step(seed: int) -> None:
+        row = packed_row(seq_len, seed)  # other samples, other lengths: the same shapes
         segments = Segments(row["sample_ids"].to(device), row["prefix_ids"].to(device))
         with torch.set_grad_enabled(grad):
             out = sum(_compiled_flex_attention()(query, key, value, block_mask=segments.block_mask(),
@@ -59,12 +61,13 @@ def first_step(output_dir: Path, store: str, device: str, seq_len: int, layers: 
             torch.cuda.synchronize()
 
     start = time.perf_counter()
-    step()
-    first = time.perf_counter() - start
+    step(0)
+    first, compiled = time.perf_counter() - start, compiled_graphs()
     start = time.perf_counter()
-    step()
+    step(1)
+    second = time.perf_counter() - start
     cache.save_if_compiled()
-    return {"first_s": first, "second_s": time.perf_counter() - start,
+    return {"first_s": first, "second_s": second, "recompiles": compiled_graphs() - compiled,
             "hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"]}
 
 
@@ -108,9 +111,10 @@ def main() -> None:
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
     print(f"first step: FlexAttention block mask + {args.layers} layers over one {args.seq_len}-token row "
           f"({'forward and backward' if args.device == 'cuda' else 'forward'}), {where}, torch {torch.__version__}")
-    print(f"{'':10} {'first step':>11} {'second step':>12} {'cache hits':>11} {'misses':>7}")
+    print(f"{'':10} {'first step':>11} {'second step':>12} {'recompiles':>11} {'cache hits':>11} {'misses':>7}")
     for name, r in runs.items():
-        print(f"{name:10} {r['first_s']:10.2f}s {r['second_s']:11.3f}s {r['hits']:11d} {r['misses']:7d}")
+        print(f"{name:10} {r['first_s']:10.2f}s {r['second_s']:11.3f}s {r['recompiles']:11d} {r['hits']:11d} "
+              f"{r['misses']:7d}")
     cold = runs["cold"]["first_s"]
     for name in runs:
         if name != "cold":

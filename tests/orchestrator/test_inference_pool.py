@@ -5,13 +5,14 @@ orchestrator re-issues it, tests/orchestrator/test_lost_replicas.py), never trai
 
 import asyncio
 import contextlib
+import socket
 
 import pytest
 from rlkube.config import ClientConfig, EnvConfig, SamplingConfig
 from rlkube.config.inference import POLICY_ADAPTER
 from rlkube.envs import load_env
 from rlkube.inference.client import InferenceError
-from rlkube.orchestrator.inference import InferencePool
+from rlkube.orchestrator.inference import InferencePool, accepts_connections
 from rlkube.orchestrator.rollouts import EnvRunner, lost_its_replica, replica_lost, run_group
 
 from tests.fixtures.inference import free_port
@@ -105,6 +106,16 @@ def test_a_rollout_in_flight_on_a_replica_that_dies_comes_back_lost_and_the_repl
         group, rerouted = asyncio.run(go())
     assert all(replica_lost(r) and not r.trainable for r in group), [r.error for r in group]
     assert rerouted == 0, "the task's next rollouts go to the healthy replica"
+
+
+def test_a_replica_is_lost_only_when_it_accepts_no_connection():
+    """Its rollouts are abandoned only then: an engine too busy to answer `/weight_info` within
+    the read timeout (on 2 cores, 128 rollouts in flight) still accepts connections."""
+    with socket.create_server(("127.0.0.1", 0)) as busy:  # listens, never answers
+        url = f"http://127.0.0.1:{busy.getsockname()[1]}"
+        assert asyncio.run(accepts_connections(url))
+    assert not asyncio.run(accepts_connections(url)), "nothing listens"
+    assert not asyncio.run(accepts_connections("http://no-such-replica.invalid:8000")), "the name is gone"
 
 
 def test_only_a_replica_that_is_gone_or_restarting_loses_a_rollout():

@@ -40,7 +40,8 @@ def full_batches(logged: list[tuple[int, dict]], batch_size: int) -> list[dict]:
 def test_rollouts_of_a_replica_that_dies_are_reissued_to_the_other(tiny_model, tmp_path, env_workers, death):
     """Replica 1 dies with requests in flight: killed (its connections reset), or vanished (a
     pod or node gone with its network: its connections go silent, nothing resets them, and
-    only the pool's watch notices, long before `client.timeout_s`). One group at a time
+    only the pool's watch notices that it accepts no connection, long before
+    `client.timeout_s`). One group at a time
     (`max_concurrent` = `group_size`), so a group stuck on the dead replica would stall the
     run."""
     with contextlib.ExitStack() as stack:
@@ -60,8 +61,9 @@ def test_rollouts_of_a_replica_that_dies_are_reissued_to_the_other(tiny_model, t
         async def kill_replica_1_mid_request():
             if not killed and servers[1].fake.generate_requests:
                 killed.append(servers[1].fake.generate_requests)
-                if death == "vanished":
+                if death == "vanished":  # open connections go silent, new ones find nobody
                     proxy.vanish_and_point_to(free_port())
+                    proxy.listener.close()
                 else:
                     await asyncio.to_thread(servers[1].__exit__)
 

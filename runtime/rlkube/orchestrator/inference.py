@@ -18,9 +18,9 @@ A replica that does not answer is marked down (`mark_down`: by a rollout that lo
 `sync`), and rollouts routed to it go to the healthy replicas instead until `sync` sees it back
 on the policy, or, where no `sync` runs (an env worker: `watch_reachable`), until
 `client.resync_interval_s` has passed and the next rollout probes it. Rollouts that were in
-flight on it when it died failed with it, or, when `sync`/`watch_reachable` finds it silent (a
-vanished pod or node sends no reset), are abandoned (`call_on`) instead of waiting out
-`client.timeout_s`; either way they come back marked as lost (`rlkube.orchestrator.rollouts`)
+flight on it when it died failed with it, or, when `sync`/`watch_reachable` finds that it does
+not even accept a connection any more (a vanished pod or node sends no reset), are abandoned
+(`call_on`) instead of waiting out `client.timeout_s`; either way they come back marked as lost (`rlkube.orchestrator.rollouts`)
 and are re-issued, never trained.
 
 A LoRA run whose replicas serve the adapter with vLLM's LoRA support (`client.lora_adapter`)
@@ -36,6 +36,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 from rlkube.config import ClientConfig, SamplingConfig
 from rlkube.inference.client import InferenceError, ReplicaUnreachable
@@ -50,6 +51,18 @@ Policy = tuple[int, str | None]
 def serves_at_least(version: str | None, step: int) -> bool:
     """rlkube tags weight versions with policy steps; vLLM starts at "default"."""
     return version is not None and version.isdigit() and int(version) >= step
+
+
+async def accepts_connections(url: str, timeout_s: float = 5.0) -> bool:
+    """Whether a TCP connection to the URL's host and port opens: not when its name does not
+    resolve, nothing listens, or the host is gone (a vanished pod or node)."""
+    parts = urlsplit(url)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, parts.port or 80), timeout_s)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
 
 
 def pick_replica(env_name: str, example_id: str, num_replicas: int) -> int:
@@ -275,7 +288,9 @@ class InferencePool:
             await self.sync(policy(), timeout_s)
 
     async def _state(self, replica: int) -> tuple[str | None, bool] | None:
-        """(weight version, paused) of a replica; None if it does not answer (it is lost)."""
+        """(weight version, paused) of a replica; None if it does not answer. It is lost only
+        if it does not even accept a connection: a busy engine may take longer than the read
+        timeout to answer, and abandoning its rollouts then would only add to its load."""
         from rlkube.inference.client import is_paused, weight_version
 
         url = self.base_urls[replica]
@@ -283,7 +298,8 @@ class InferencePool:
             return await weight_version(url), await is_paused(url)
         except InferenceError as e:
             logger.warning("inference replica %s does not answer: %s", url, e)
-            self._lost(replica)
+            if not await accepts_connections(url):
+                self._lost(replica)
             return None
 
     async def _sync_one(self, url: str, step: int, location: str | None, timeout_s: float) -> None:

@@ -7,7 +7,8 @@ its claim) through every fault a cluster deals out, in turn, each followed by re
    most one checkpoint interval redone;
 3. an inference pod's processes are SIGKILLed → it comes back and is brought to the current
    policy before any of its rollouts are trained on (checked on vLLM's own weight-version tags);
-   rollouts cut off by the kill run again; the trainer is not restarted;
+   rollouts cut off by the kill are re-issued, never errored: every step trains a full batch;
+   the trainer is not restarted;
 4. the orchestrator is killed → it is restarted (a new container or pod), the trainer follows
    it back to its checkpoint: at most one checkpoint interval redone;
 5. the leading operator pod is deleted → the other replica (the chart runs two, electing a
@@ -34,6 +35,7 @@ NAME = "heal"
 CLAIM = "heal-data"
 INTERVAL = 4
 MAX_STEPS = 36
+BATCH_SIZE = 64  # short_rl's
 
 
 @pytest.mark.timeout(2400)
@@ -73,6 +75,7 @@ def test_a_run_heals_from_every_fault(cluster):
     assert _restart_count(cluster, run.pod("inference")) > inference_restarts
     assert run.status()["restarts"] == restarts, "an inference restart does not restart the trainer"
     _assert_every_sample_from_the_current_policy(run, after=killed_at)
+    _assert_no_step_lost_to_the_kill(run, killed_at)
 
     # 4. The orchestrator: restarted (a kill that did nothing fails here), little redone.
     orchestrator = run.pod("orchestrator")
@@ -149,3 +152,17 @@ def _assert_every_sample_from_the_current_policy(run: Run, after: int) -> None:
         assert record.get("off_policy/served_rollouts") == record["rollouts"] - record["errored_rollouts"], record
         assert record["off_policy/served_behind_clock"] == 0, f"step {record['step']} had rollouts from stale weights"
         assert record["off_policy/served_lag/max"] <= 2, record  # max_off_policy_steps
+
+
+def _assert_no_step_lost_to_the_kill(run: Run, killed_at: int) -> None:
+    """Every batch so far was full (`batch_size` rollouts, samples to train on: a lost replica
+    never becomes a step on nothing), none of the kill's rollouts errored, and some were
+    re-issued, so the kill landed mid-flight."""
+    batches = {r["step"]: r for r in run.metrics("orchestrator") if "samples/trained" in r}
+    assert sorted(batches) == list(range(1, max(batches) + 1)), f"a step without a batch: {sorted(batches)}"
+    for record in batches.values():
+        assert record["rollouts"] >= BATCH_SIZE and record["samples/trained"] >= 1, record
+    window = [batches[s] for s in sorted(batches) if s > killed_at]
+    assert all(r["errored_rollouts"] == 0 for r in window), [(r["step"], r["errored_rollouts"]) for r in window]
+    assert sum(r["rollouts/reissued"] for r in window) > 0, "no rollout was in flight on the killed replica"
+

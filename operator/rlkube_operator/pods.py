@@ -118,9 +118,6 @@ def container(
         # The runtime writes its error (naming the field) to /dev/termination-log; a crash that
         # wrote none leaves its log's tail: either way the operator can say why the pod failed.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        # The runtime writes its error (naming the field) to /dev/termination-log; a crash that
-        # wrote none leaves its log's tail: either way the operator can say why the pod failed.
-        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security(),
         **(probes or {}),
     }

@@ -59,11 +59,16 @@ def may_enter(path: str, ident: dict) -> bool:
 
 
 def closed_ancestor(path: str, ident: dict) -> str | None:
-    """The highest directory above `path` the container's user may not enter, if any."""
+    """The highest directory above `path` the container's user may not enter, if any. One a
+    volume hides (a checkout under `/tmp`, below an emptyDir on `/tmp`) is not there to stop it:
+    `bind_image` creates it inside the volume, open to everyone."""
     parts = path.rstrip("/").split("/")
     for i in range(2, len(parts)):
-        if not may_enter("/".join(parts[:i]), ident):
-            return "/".join(parts[:i])
+        ancestor = "/".join(parts[:i])
+        if not os.path.isdir(ancestor):
+            return None
+        if not may_enter(ancestor, ident):
+            return ancestor
     return None
 
 

@@ -49,10 +49,12 @@ class Run:
         return pod["metadata"]["name"]
 
     def checkpoints(self, interval: int) -> list[int]:
-        """The steps whose trainer checkpoint is complete on the claim (every `interval` steps)."""
+        """The steps a run resumes from: both the trainer's and the orchestrator's checkpoint
+        complete on the claim (every `interval` steps; rlkube/launch/checkpoints.py)."""
         last = max(self.trainer_steps(), default=0)
         return [s for s in range(interval, last + interval + 1, interval)
-                if self.cluster.read_file(self.claim, f"{self.name}/checkpoints/step_{s}/trainer/COMPLETE") is not None]
+                if all(self.cluster.read_file(self.claim, f"{self.name}/checkpoints/step_{s}/{part}/COMPLETE")
+                       is not None for part in ("trainer", "orchestrator"))]
 
     def children(self) -> dict[str, list[str]]:
         """The run's objects of every kind the operator makes, by the run's label."""

@@ -5,8 +5,8 @@ run on a server that served another policy reloads the base model."""
 import asyncio
 
 import pytest
-from rlkube.config import ClientConfig, InferenceConfig, SamplingConfig
 from rlkube.auth import http_headers
+from rlkube.config import ClientConfig, InferenceConfig, SamplingConfig
 from rlkube.http import async_client
 from rlkube.inference.client import is_paused, weight_version
 from rlkube.inference.process import InferenceProcess

@@ -170,7 +170,27 @@ def _init_wandb(config: WandbConfig, output_dir: Path, process: str, run_config:
     return run
 
 
+class MetricsError(ValueError):
+    """Metrics that cannot be read (naming the file and line) or a run directory without them."""
+
+
 def read_metrics(output_dir: str | Path, process: str) -> list[dict]:
     """All records of a process's metrics file, in order (for tests and tools)."""
-    path = Path(output_dir) / "metrics" / f"{process}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_records(Path(output_dir) / "metrics" / f"{process}.jsonl")
+
+
+def read_records(path: Path) -> list[dict]:
+    """The records of one metrics file; a half-written last line (its process killed mid-write)
+    is left out, any other line that is not JSON is an error."""
+    lines = path.read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if number == len(lines):
+                break
+            raise MetricsError(f"{path}:{number}: not a JSON record ({e.msg})") from None
+    return records

@@ -13,15 +13,12 @@ an error naming the file and line.
 Only matplotlib's object API (`Figure`, Agg canvas) is used: no pyplot, no display needed.
 """
 
-import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-
-class MetricsError(ValueError):
-    """The run directory holds no metrics to plot, or a metrics file is unreadable."""
+from rlkube.metrics import MetricsError, read_records
 
 
 @dataclass(frozen=True)
@@ -61,21 +58,6 @@ def read_run(run_dir: Path) -> dict[str, list[dict]]:
     if not files:
         raise MetricsError(f"{run_dir}: no metrics files ({run_dir / 'metrics'}/*.jsonl)")
     return {path.stem: read_records(path) for path in files}
-
-
-def read_records(path: Path) -> list[dict]:
-    lines = path.read_text().splitlines()
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if number == len(lines):  # half a line from a process killed mid-write
-                break
-            raise MetricsError(f"{path}:{number}: not a JSON record ({e.msg})") from None
-    return records
 
 
 def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:

@@ -15,6 +15,17 @@ os.environ.setdefault(TOKEN_ENV, new_token())
 
 
 @pytest.fixture(autouse=True)
+def environment_of_this_test():
+    """Code run in-process may set variables for its own process (the trainer's compile cache
+    sets `TORCHINDUCTOR_CACHE_DIR` to the run's folder); they must not outlive the test, or a
+    later test's processes (a cluster's pods) inherit a folder that is gone or not theirs."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
 def renderers_lock_of_this_tests_loop():
     """`renderers.client` serializes its first `/v1/models` lookup per engine URL with ONE
     module-level `asyncio.Lock`, and a lock that was ever waited on belongs to that event loop.

@@ -201,7 +201,9 @@ class Kubelet:
     def env_for(self, hostname: str, uid: int) -> dict[str, str]:
         """The image's environment, before the container's own; HOME as a runtime sets it for a
         user the image does not know."""
-        env = {k: v for k, v in os.environ.items() if k.startswith(PASSED_ENV_PREFIXES)}
+        # a compile cache folder of the host's process is not the pod's (another uid may not write it)
+        env = {k: v for k, v in os.environ.items()
+               if k.startswith(PASSED_ENV_PREFIXES) and not k.endswith("_CACHE_DIR")}
         return env | {
             "PATH": f"{self.venv}/bin:{SYSTEM_PATH}", "VIRTUAL_ENV": str(self.venv),
             "HOME": "/root" if uid == 0 else "/", "HOSTNAME": hostname, **self.image_env,

@@ -76,6 +76,8 @@ class ServerThread:
 
     def __enter__(self):
         self.thread.start()
+        if not self.delay_s:  # a delayed server is one the client must wait for; any other is up
+            self.ready.wait(10)
         return self
 
     def __exit__(self, *exc):

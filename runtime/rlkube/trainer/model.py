@@ -19,6 +19,7 @@ from torch import nn
 
 from rlkube.config import LoraConfig, ModelConfig, ParallelConfig
 from rlkube.logs import get_logger
+from rlkube.trainer.experts import expert_sources, load_experts
 from rlkube.trainer.lora import apply_lora, init_adapters, is_adapter_key
 
 logger = get_logger(__name__)
@@ -106,7 +107,8 @@ def init_unsaved_buffers(model: nn.Module) -> None:
 
 def load_checkpoint_shards(model: nn.Module, path: Path) -> None:
     """Collective: each rank reads its own slices of the safetensors under `path` into the
-    sharded parameters. Keys the files lack must be tied to ones they hold (lm_head);
+    sharded parameters (an MoE block's stacked experts from their per-expert tensors:
+    rlkube.trainer.experts). Keys the files lack must be tied to ones they hold (lm_head);
     LoRA adapters are not in the checkpoint (`init_adapters` sets them)."""
     import torch.distributed.checkpoint as dcp
     from safetensors import safe_open
@@ -114,20 +116,28 @@ def load_checkpoint_shards(model: nn.Module, path: Path) -> None:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"model.name: {path} holds no *.safetensors weights (the trainer reads only safetensors)")
-    stored = set()
+    stored: dict[str, Path] = {}
     for file in files:
         with safe_open(file, "pt") as f:
-            stored.update(f.keys())
+            stored.update(dict.fromkeys(f.keys(), file))
+    state = {k: v for k, v in model.state_dict().items() if not is_adapter_key(k)}
+    experts = {}
+    for key, tensor in state.items():
+        sources = None if key in stored else expert_sources(key, tensor.shape[0])
+        if sources is not None and all(k in stored for keys in sources for k in keys):
+            experts[key] = sources
+    found = stored.keys() | experts.keys()
     tied: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         if not is_adapter_key(name):
             tied.setdefault(id(param), []).append(name)
-    state = {k: v for k, v in model.state_dict().items() if not is_adapter_key(k)}
     buffers = set(state) - {name for names in tied.values() for name in names}
-    missing = [names[0] for names in tied.values() if stored.isdisjoint(names)] + sorted(buffers - stored)
+    missing = [names[0] for names in tied.values() if found.isdisjoint(names)] + sorted(buffers - found)
     if missing:
         raise ValueError(f"model.name: {path} lacks weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     dcp.load({k: v for k, v in state.items() if k in stored}, storage_reader=dcp.HuggingFaceStorageReader(str(path)))
+    for key, sources in experts.items():
+        load_experts(state[key], sources, stored)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

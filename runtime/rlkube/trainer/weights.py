@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from rlkube.config import LoraConfig
+from rlkube.trainer.experts import split_experts
 from rlkube.trainer.lora import adapter_config, adapter_state_dict, merge_adapters
 
 
@@ -26,13 +27,14 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_hf_dir(state_dict: dict[str, torch.Tensor], model: nn.Module, tokenizer, out_dir: Path, dtype: torch.dtype | None = None) -> Path:
-    """Write `state_dict` with `model`'s config and `tokenizer` as an HF directory (atomically)."""
+    """Write `state_dict` with `model`'s config and `tokenizer` as an HF directory (atomically),
+    an MoE model's experts one linear layer each, as checkpoints keep them (rlkube.trainer.experts)."""
     from safetensors.torch import save_file
 
     tmp = _fresh_tmp(out_dir)
     tensors = {}
     tied = getattr(model.config, "tie_word_embeddings", False)
-    for name, tensor in state_dict.items():
+    for name, tensor in split_experts(state_dict).items():
         if tied and name == "lm_head.weight":
             continue  # shared with embed_tokens; safetensors refuses aliased tensors
         tensor = tensor.detach().to("cpu")

@@ -129,3 +129,50 @@ def test_cli_rejects_shapes_that_do_not_divide(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert "hidden (65) must be a multiple of heads (4)" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+
+
+def test_moe_model_routes_each_token_to_top_k_of_its_experts(tiny_moe_model, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_moe_model)
+    config = model.config
+    assert type(model).__name__ == "Qwen3MoeForCausalLM"
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (4, 2, 256)
+    assert config.mlp_only_layers == [] and config.decoder_sparse_step == 1  # every layer is sparse
+    assert 1_000_000 < sum(p.numel() for p in model.parameters()) < 5_000_000
+    moe_tokenizer = AutoTokenizer.from_pretrained(tiny_moe_model)
+    assert moe_tokenizer.get_vocab() == tokenizer.get_vocab()
+    assert moe_tokenizer.chat_template == tokenizer.chat_template
+    ids = torch.tensor([tokenizer.encode("Hello, World!", add_special_tokens=False)])
+    with torch.no_grad():
+        out = model(ids, output_router_logits=True)
+    assert torch.isfinite(out.logits).all()
+    chosen = torch.cat([logits.topk(2, dim=-1).indices.flatten() for logits in out.router_logits])
+    assert len(chosen.unique()) > 2  # the untrained router spreads tokens over more than k experts
+
+
+def test_cli_moe_writes_per_expert_weights_and_the_qwen3_renderer(tmp_path):
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    out = tmp_path / "m"
+    argv = ["init", "--moe", "--out", str(out), "--layers", "1", "--hidden", "64", "--experts", "3",
+            "--experts-per-token", "1", "--intermediate", "32"]
+    assert model_main(argv) == 0
+    config = AutoConfig.from_pretrained(out)
+    assert (config.model_type, config.num_experts, config.num_experts_per_tok) == ("qwen3_moe", 3, 1)
+    # Hugging Face's checkpoint layout (what vLLM's and the trainer's loaders read): one tensor per expert.
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = f.keys()
+        experts = [name for name in names if ".mlp.experts." in name]
+        assert f.get_tensor("model.layers.0.mlp.experts.2.gate_proj.weight").shape == (32, 64)
+    assert len(experts) == 3 * 3
+    assert renderer_name_for(out) == "qwen3"
+
+
+def test_cli_rejects_more_active_experts_than_experts(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        model_main(["init", "--moe", "--out", str(tmp_path / "m"), "--experts", "2", "--experts-per-token", "3"])
+    assert exit_info.value.code == 2
+    assert "experts_per_token (3) exceeds experts (2)" in capsys.readouterr().err

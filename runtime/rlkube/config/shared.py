@@ -94,8 +94,8 @@ class RunConfig(Config):
 
 
 class ModelInitConfig(Config):
-    """`rlkube model init --out DIR`: write an untrained tiny Qwen3 model with a byte-level
-    tokenizer, Qwen3's special tokens and chat template (for tests and examples)."""
+    """`rlkube model init --out DIR [--moe]`: write an untrained tiny Qwen3 (or Qwen3-MoE) model
+    with a byte-level tokenizer, Qwen3's special tokens and chat template (for tests and examples)."""
 
     out: Path = Path("outputs/tiny-model")
     """Directory to write the Hugging Face model into."""
@@ -113,10 +113,19 @@ class ModelInitConfig(Config):
     """Key/value heads (grouped-query attention); divides `heads`."""
 
     intermediate: int | None = Field(default=None, ge=1)
-    """MLP width; 2 * hidden when unset."""
+    """MLP width (each expert's with `moe`); 2 * hidden when unset, hidden with `moe`."""
 
     max_position_embeddings: int = Field(default=4096, ge=16)
     """Longest context the model accepts."""
+
+    moe: bool = False
+    """Make a Qwen3-MoE (`Qwen3MoeForCausalLM`): every layer's MLP is `experts` experts."""
+
+    experts: int = Field(default=4, ge=2)
+    """Experts per layer (with `moe`)."""
+
+    experts_per_token: int = Field(default=2, ge=1)
+    """Experts each token is routed to, top-k (with `moe`); at most `experts`."""
 
     seed: int = 0
     """Seed of the random initialization."""
@@ -127,4 +136,8 @@ class ModelInitConfig(Config):
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.experts_per_token > self.experts:
+            raise ValueError(
+                f"experts_per_token ({self.experts_per_token}) exceeds experts ({self.experts})"
+            )
         return self

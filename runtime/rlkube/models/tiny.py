@@ -1,12 +1,14 @@
 """Tiny Qwen3 models for tests and examples: no download, a few million parameters.
 
-The model is a real `Qwen3ForCausalLM` and its tokenizer carries Qwen3's special tokens and
+The model is a real `Qwen3ForCausalLM` (or, with `moe=True`, a real `Qwen3MoeForCausalLM`:
+every layer's MLP is a few experts with top-k routing) and its tokenizer carries Qwen3's special tokens and
 chat template, so everything that special-cases Qwen3 (vLLM, the `renderers` package's
 hand-written Qwen3 renderer used by verifiers' training client) treats it like a real one.
 The vocabulary is the 256 byte symbols of a byte-level BPE with no merges: one token per
 ASCII character, any other text still encodes (as UTF-8 bytes), and nothing is ever unknown.
 
     rlkube model init --out outputs/reverse_text/model
+    rlkube model init --moe --out outputs/reverse_text/model_moe
 """
 
 import json
@@ -85,28 +87,53 @@ def init_tiny_model(
     kv_heads: int = 2,
     intermediate: int | None = None,
     max_position_embeddings: int = 4096,
+    moe: bool = False,
+    experts: int = 4,
+    experts_per_token: int = 2,
     seed: int = 0,
 ) -> Path:
-    """Write an untrained Qwen3ForCausalLM with the byte-level Qwen3 tokenizer to `out_dir`.
+    """Write an untrained Qwen3 with the byte-level Qwen3 tokenizer to `out_dir`.
 
-    `intermediate` defaults to 2 * `hidden`; the defaults give about 2.4M parameters.
+    Dense (`Qwen3ForCausalLM`): `intermediate` defaults to 2 * `hidden`; the defaults give
+    about 2.4M parameters. MoE (`Qwen3MoeForCausalLM`, `moe=True`): each layer has `experts`
+    experts of width `intermediate` (default `hidden`), `experts_per_token` of them active
+    per token, so with the defaults a token costs what it costs in the dense model; about
+    4.0M parameters.
     """
+    if experts_per_token > experts:
+        raise ValueError(f"experts_per_token ({experts_per_token}) exceeds experts ({experts})")
     if hidden % heads:
         raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
     if heads % kv_heads:
         raise ValueError(f"heads ({heads}) must be divisible by kv_heads ({kv_heads})")
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        GenerationConfig,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-    config = Qwen3Config(
+    if moe:
+        config_class, model_class = Qwen3MoeConfig, Qwen3MoeForCausalLM
+        shape = {
+            "moe_intermediate_size": intermediate or hidden,
+            "num_experts": experts,
+            "num_experts_per_tok": experts_per_token,
+            "norm_topk_prob": True,  # as Qwen3-30B-A3B
+        }
+    else:
+        config_class, model_class = Qwen3Config, Qwen3ForCausalLM
+        shape = {"intermediate_size": intermediate or 2 * hidden}
+    config = config_class(
         vocab_size=-(-len(tokenizer) // 64) * 64,  # padded, as real checkpoints are
         hidden_size=hidden,
-        intermediate_size=intermediate or 2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
@@ -117,9 +144,10 @@ def init_tiny_model(
         eos_token_id=eos_id,
         pad_token_id=pad_id,
         dtype="float32",
+        **shape,
     )
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
+    model = model_class(config)
     model.generation_config = GenerationConfig(
         eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
     )

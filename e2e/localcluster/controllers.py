@@ -36,64 +36,12 @@ import aiohttp
 
 from e2e.localcluster import resources
 from e2e.localcluster.apiserver import now
+from e2e.localcluster.client import Api
 
 log = logging.getLogger(__name__)
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 TERMINAL = ("Succeeded", "Failed")
-
-
-class Api:
-    """The calls the controllers make, over HTTP."""
-
-    def __init__(self, url: str):
-        self.url = url.rstrip("/")
-        self.kinds = resources.BUILTIN + resources.crd_kinds()
-        self.session: aiohttp.ClientSession | None = None
-
-    def kind(self, api_version: str, kind: str) -> resources.Kind | None:
-        group, _, version = api_version.rpartition("/")
-        return next((k for k in self.kinds if (k.group, k.version, k.kind) == (group, version, kind)), None)
-
-    def _kind(self, obj_or_kind) -> resources.Kind:
-        if isinstance(obj_or_kind, resources.Kind):
-            return obj_or_kind
-        return self.kind(obj_or_kind["apiVersion"], obj_or_kind["kind"])
-
-    async def _call(self, method: str, path: str, body=None, content_type: str = "application/json", ok=()):
-        if self.session is None:
-            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
-        data = None if body is None else json.dumps(body)
-        async with self.session.request(method, self.url + path, data=data,
-                                        headers={"Content-Type": content_type}) as r:
-            if r.status in ok:
-                return None
-            if r.status >= 300:
-                raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message=await r.text())
-            return await r.json()
-
-    async def list(self, kind: resources.Kind) -> list[dict]:
-        return (await self._call("GET", kind.url()))["items"]
-
-    async def get(self, kind: resources.Kind, namespace: str | None, name: str) -> dict | None:
-        return await self._call("GET", kind.url(namespace, name), ok=(404,))
-
-    async def create(self, obj: dict) -> None:
-        await self._call("POST", self._kind(obj).url(obj["metadata"].get("namespace")), obj, ok=(409,))
-
-    async def patch(self, obj: dict, patch: dict, status: bool = False) -> None:
-        meta = obj["metadata"]
-        path = self._kind(obj).url(meta.get("namespace"), meta["name"]) + ("/status" if status else "")
-        await self._call("PATCH", path, patch, "application/merge-patch+json", ok=(404,))
-
-    async def delete(self, obj: dict, policy: str = "Background") -> None:
-        meta = obj["metadata"]
-        options = {"propagationPolicy": policy, "preconditions": {"uid": meta["uid"]}}
-        await self._call("DELETE", self._kind(obj).url(meta.get("namespace"), meta["name"]), options, ok=(404, 409))
-
-    async def close(self) -> None:
-        if self.session:
-            await self.session.close()
 
 
 # --- helpers ---------------------------------------------------------------------------------------

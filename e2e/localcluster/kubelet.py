@@ -46,6 +46,7 @@ from pathlib import Path
 import aiohttp
 
 from e2e.localcluster import probes, volumes
+from e2e.localcluster.client import Api
 from e2e.localcluster.network import Endpoint, Network, PodNet, hosts_file, write_in_place
 from e2e.localcluster.podenv import ConfigError, command_line, container_env, identity
 
@@ -74,49 +75,6 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-class Api:
-    """The few calls a kubelet makes, over HTTP."""
-
-    def __init__(self, url: str):
-        self.url = url.rstrip("/")
-        self.session: aiohttp.ClientSession | None = None
-
-    async def open(self) -> None:
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
-
-    async def close(self) -> None:
-        if self.session:
-            await self.session.close()
-
-    async def list(self, plural: str) -> list[dict]:
-        async with self.session.get(f"{self.url}/api/v1/{plural}") as r:
-            r.raise_for_status()
-            return (await r.json()).get("items") or []
-
-    async def get(self, plural: str, ns: str, name: str) -> dict | None:
-        async with self.session.get(f"{self.url}/api/v1/namespaces/{ns}/{plural}/{name}") as r:
-            if r.status == 404:
-                return None
-            r.raise_for_status()
-            return await r.json()
-
-    async def patch_pod(self, pod: dict, body: dict, subresource: str = "") -> None:
-        url = f"{self.url}/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
-        headers = {"Content-Type": "application/merge-patch+json"}
-        async with self.session.patch(url + subresource, data=json.dumps(body), headers=headers) as r:
-            if r.status != 404:  # a pod deleted meanwhile has nothing left to report to
-                r.raise_for_status()
-
-    async def delete_pod(self, pod: dict) -> None:
-        meta = pod["metadata"]
-        url = f"{self.url}/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
-        options = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
-                   "preconditions": {"uid": meta["uid"]}}
-        async with self.session.delete(url, params={"gracePeriodSeconds": "0"}, json=options) as r:
-            if r.status not in (404, 409):
-                r.raise_for_status()
 
 
 class Kubelet:
@@ -148,7 +106,6 @@ class Kubelet:
         the pods with the API every `poll_s` until cancelled."""
         self._loop_task = asyncio.current_task()
         self.network = Network()
-        await self.api.open()
         while True:
             try:
                 await self.sync()
@@ -158,8 +115,8 @@ class Kubelet:
             await asyncio.sleep(self.poll_s)
 
     async def sync(self) -> None:
-        pods = await self.api.list("pods")
-        self.services = await self.api.list("services")
+        pods = await self.api.list(self.api.core("pods"))
+        self.services = await self.api.list(self.api.core("services"))
         for svc in self.services:
             _warn_unproxied_ports(svc)
         present = set()
@@ -306,12 +263,12 @@ class PodRunner:
         await stop
         self._teardown()
         if not self.vanished:
-            await self.kubelet.api.delete_pod(self.pod)
+            await self.kubelet.api.delete(self.pod, grace_s=0)
 
     async def _live(self) -> None:
         """Start the pod and run its containers until each is done for good."""
         if self.pod["spec"].get("nodeName") != self.kubelet.node_name:
-            await self.kubelet.api.patch_pod(self.pod, {"spec": {"nodeName": self.kubelet.node_name}})
+            await self.kubelet.api.patch(self.pod, {"spec": {"nodeName": self.kubelet.node_name}})
         self.net = self.kubelet.network.add_pod()
         self.start_time = _now()
         self.kubelet.update_dns()
@@ -346,10 +303,10 @@ class PodRunner:
             c.terminate_now()
         self._teardown()
         status = {"phase": "Failed", "reason": "KubeletError", "message": repr(error)}
-        await self.kubelet.api.patch_pod(self.pod, {"status": status}, "/status")
+        await self.kubelet.api.patch(self.pod, {"status": status}, status=True)
 
     async def _get(self, plural: str, ns: str, name: str) -> dict | None:
-        return await self.kubelet.api.get(plural, ns, name)
+        return await self.kubelet.api.get(self.kubelet.api.core(plural), ns, name)
 
     def _teardown(self) -> None:
         if self.net is not None:
@@ -395,7 +352,7 @@ class PodRunner:
         async with self._report_lock:
             status = self.status()
             if status != self._reported:
-                await self.kubelet.api.patch_pod(self.pod, {"status": status}, "/status")
+                await self.kubelet.api.patch(self.pod, {"status": status}, status=True)
                 self._reported = status
 
 

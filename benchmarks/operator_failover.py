@@ -32,17 +32,17 @@ import os
 import pathlib
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
 from rich.console import Console
 from rich.table import Table
 
-from tests.operator.cluster import NS, Cluster, declare_resources
+from tests.fixtures import processes
+from tests.operator.cluster import Cluster, declare_resources
 from tests.operator.embedded import api_server, serve_status
 from tests.operator.hostile import StatusPods, serve_status_pods
-from tests.operator.test_leader import LEASE, Replica, free_port_url, holder, kubeconfig
+from tests.operator.test_leader import LEASE, Replica, holder, start_operator
 from tests.operator.test_operator_kmock import rlrun
 
 BATCH = 10
@@ -129,23 +129,16 @@ def operator_process(cluster: Cluster, status_url: str, args: argparse.Namespace
     """`rlkube-operator --leader-elect` in its own process (as its pod would run it: its own
     interpreter, so the emulator in this one does not share its GIL), against the emulator;
     from `checkout`'s operator and runtime packages when given, else this one's."""
-    env = {"POD_NAME": "operator-a"}
-    if checkout:
-        env["PYTHONPATH"] = f"{checkout}/operator:{checkout}/runtime"
+    env = {"PYTHONPATH": f"{checkout}/operator:{checkout}/runtime"} if checkout else {}
     with tempfile.TemporaryDirectory() as tmp:
-        config = kubeconfig(pathlib.Path(tmp) / "kubeconfig", str(cluster.server.url).rstrip("/"), "operator-a")
         flags = [f"--{name.replace('_', '-')}={value}" for name, value in timing.items()]
-        process = subprocess.Popen(
-            [sys.executable, "-m", "rlkube_operator.main", f"--namespace={NS}", "--metrics-port=0",
-             f"--liveness={free_port_url()}", "--leader-elect", f"--lease-namespace={NS}", f"--lease-name={LEASE}",
-             f"--status-url={status_url}", f"--interval={args.interval}", "--progress-interval=0",
-             "--log-level=WARNING", *flags],
-            env=os.environ | env | {"KUBECONFIG": str(config)})
+        process = start_operator(cluster, "operator-a", pathlib.Path(tmp), f"--status-url={status_url}",
+                                 f"--interval={args.interval}", "--progress-interval=0", "--log-level=WARNING",
+                                 *flags, env=env)
         try:
             yield process
         finally:  # killed: a graceful stop would wait on the emulator, in this (blocked) thread
-            process.kill()
-            process.wait()
+            processes.stop(process, grace_s=0)
 
 
 async def start_runs(cluster: Cluster, pods: StatusPods, operator: subprocess.Popen, healthy: list[str],

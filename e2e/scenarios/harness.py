@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.fixtures import processes
 from tests.fixtures.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,12 +46,17 @@ def kubectl_missing() -> str | None:
     return None if shutil.which("kubectl") else "kubectl is not installed"
 
 
-def run_kubectl(kubeconfig: Path | None, *args: str, input: str | None = None,
-                timeout: float = 60) -> subprocess.CompletedProcess:
-    """`kubectl <args>` against `kubeconfig` (None: the environment's), output captured as text."""
+def kubectl(kubeconfig: Path | None, *args: str, input: str | None = None, check: bool = True,
+            timeout: float = 60) -> subprocess.CompletedProcess:
+    """`kubectl <args>` against `kubeconfig` (None: the environment's), output captured as text;
+    with `check`, a failure raises ClusterError with the end of its stderr. The one place tests
+    and scenarios run kubectl."""
     env = os.environ | ({"KUBECONFIG": str(kubeconfig)} if kubeconfig else {})
-    return subprocess.run(["kubectl", *args], input=input, capture_output=True, text=True, env=env,
-                          timeout=timeout, check=False)
+    result = subprocess.run(["kubectl", *args], input=input, capture_output=True, text=True, env=env,
+                            timeout=timeout, check=False)
+    if check and result.returncode != 0:
+        raise ClusterError(f"{shlex.join(result.args)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return result
 
 
 class Cluster:
@@ -63,10 +69,7 @@ class Cluster:
 
     # --- kubectl ------------------------------------------------------------------------
     def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60) -> str:
-        result = run_kubectl(self.kubeconfig, "-n", self.namespace, *args, input=input, timeout=timeout)
-        if check and result.returncode != 0:
-            raise ClusterError(f"{shlex.join(result.args)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
-        return result.stdout
+        return kubectl(self.kubeconfig, "-n", self.namespace, *args, input=input, check=check, timeout=timeout).stdout
 
     def apply(self, *docs: dict) -> None:
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
@@ -166,17 +169,12 @@ class LocalCluster(Cluster):
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60) -> "LocalCluster":
-        with open(self.state_dir / "cluster.log", "w") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "e2e.localcluster", "up", "--state-dir", str(self.state_dir),
-                 "--namespace", self.namespace, *([] if self.kubelet else ["--no-kubelet"])],
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout
-        while not ((self.state_dir / "cluster.json").exists() and self.kubeconfig.exists() and self._answers()):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise ClusterError(f"the local cluster did not start:\n{(self.state_dir / 'cluster.log').read_text()[-3000:]}")
-            time.sleep(0.2)
+        self.process = processes.spawn(
+            [sys.executable, "-m", "e2e.localcluster", "up", "--state-dir", str(self.state_dir),
+             "--namespace", self.namespace, *([] if self.kubelet else ["--no-kubelet"])],
+            log=self.state_dir / "cluster.log", cwd=REPO, timeout=timeout, what="the local cluster",
+            error=ClusterError,
+            ready=lambda: (self.state_dir / "cluster.json").exists() and self.kubeconfig.exists() and self._answers())
         return self
 
     @property
@@ -192,14 +190,8 @@ class LocalCluster(Cluster):
             return False
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        if self.process is not None:
+            processes.stop(self.process)
 
     def _pod_netns(self, pod: str) -> str:
         """The network namespace holding the pod's IP."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from e2e.scenarios.harness import LocalCluster, kubectl_missing, require, run_kubectl
+from e2e.scenarios.harness import LocalCluster, kubectl, kubectl_missing, require
 from tests.fixtures.polling import wait_until
 
 
@@ -19,10 +19,9 @@ class LocalApi:
         self.http = requests.Session()
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        """Its output; unchecked, stdout and stderr (a refusal's message) together."""
         require(kubectl_missing())
-        done = run_kubectl(self.kubeconfig, *args, input=input)
-        if check and done.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr}")
+        done = kubectl(self.kubeconfig, *args, input=input, check=check)
         return done.stdout if check else done.stdout + done.stderr
 
     def request(self, method: str, path: str, body=None, ok=(200, 201), **kwargs) -> requests.Response:

@@ -3,7 +3,6 @@ emulator, and a fake orchestrator GET /status: one place for the tests' `cluster
 
 import asyncio
 import contextlib
-import socket
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -13,6 +12,7 @@ from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.main import build_registry
 from rlkube_operator.reconcile import Reconciler, Settings
 
+from tests.fixtures.inference import free_port
 from tests.operator.cluster import NS, ApiServer, Cluster, declare_resources
 
 READS = ("get", "list", "watch")
@@ -90,9 +90,7 @@ async def running_operator(server: ApiServer, status_url: str, *, settings: dict
     # API server (bookmarks, watches resumed from their resourceVersion) never does.
     kopf_settings.watching.inactivity_timeout = 3600
     stop, ready = asyncio.Event(), asyncio.Event()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        liveness = f"http://127.0.0.1:{s.getsockname()[1]}/healthz"
+    liveness = f"http://127.0.0.1:{free_port()}/healthz"
     task = asyncio.create_task(
         kopf.operator(registry=registry, settings=kopf_settings, standalone=True, namespaces=[NS],
                       stop_flag=stop, ready_flag=ready, liveness_endpoint=liveness)

@@ -9,11 +9,11 @@ import functools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import aiohttp
 import kopf
@@ -25,6 +25,8 @@ from rlkube_operator.kube import Kube
 from rlkube_operator.main import build_registry, parse_args
 from rlkube_operator.reconcile import Reconciler, Settings
 
+from tests.fixtures import processes
+from tests.fixtures.inference import free_port
 from tests.operator.cluster import NS, Cluster, declare_resources
 from tests.operator.hostile import serve_status_pods
 from tests.operator.test_helm import operator_args, render
@@ -38,9 +40,7 @@ WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 
 
 def free_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}/healthz"
+    return f"http://127.0.0.1:{free_port()}/healthz"
 
 
 def requests_of(server, token: str) -> list[tuple[int, object]]:
@@ -334,28 +334,33 @@ def kubeconfig(path, server, token: str):
     return path
 
 
+def start_operator(cluster: Cluster, name: str, config_dir: Path, *flags: str, env: dict | None = None,
+                   ) -> subprocess.Popen:
+    """`rlkube-operator --leader-elect` in a process of its own, as the chart runs it (POD_NAME
+    from the downward API), against the emulator with a bearer token `name`; `flags` add to or
+    override its arguments, `env` to its environment."""
+    config = kubeconfig(config_dir / f"{name}.kubeconfig", str(cluster.server.url).rstrip("/"), name)
+    return processes.spawn(
+        [sys.executable, "-m", "rlkube_operator.main", f"--namespace={NS}", "--metrics-port=0",
+         f"--liveness={free_port_url()}", "--leader-elect", f"--lease-namespace={NS}", f"--lease-name={LEASE}",
+         *flags],
+        env=os.environ | (env or {}) | {"POD_NAME": name, "KUBECONFIG": str(config)})
+
+
 @pytest.fixture
 async def operator_process(replicas, tmp_path):
-    """Starts `rlkube-operator --leader-elect` as the chart runs it (POD_NAME from the downward
-    API) against the emulator; kills what is left at the end."""
-    cluster, started = replicas.cluster, []
-    timing = [f"--lease-duration={FAST['lease_duration']}", f"--renew-deadline={FAST['renew_deadline']}",
-              f"--retry-period={FAST['retry_period']}"]
+    """Starts operator processes (`start_operator`) with the `FAST` Lease timing; kills what is
+    left at the end."""
+    started = []
+    timing = [f"--{key.replace('_', '-')}={value}" for key, value in FAST.items()]
 
     def start(name: str) -> subprocess.Popen:
-        config = kubeconfig(tmp_path / f"{name}.kubeconfig", str(cluster.server.url).rstrip("/"), name)
-        started.append(subprocess.Popen(
-            [sys.executable, "-m", "rlkube_operator.main", f"--namespace={NS}", "--metrics-port=0",
-             f"--liveness={free_port_url()}", "--leader-elect", f"--lease-namespace={NS}", f"--lease-name={LEASE}",
-             *timing],
-            env=os.environ | {"POD_NAME": name, "KUBECONFIG": str(config)}))
+        started.append(start_operator(replicas.cluster, name, tmp_path, *timing))
         return started[-1]
 
     yield start
     for process in started:
-        if process.poll() is None:
-            process.kill()
-            await exit_code(process)
+        await asyncio.to_thread(processes.stop, process, 0)
 
 
 async def exit_code(process: subprocess.Popen) -> int:

@@ -1,5 +1,6 @@
 """The trainer on a mixture-of-experts model (tiny Qwen3-MoE): FSDP2 over two gloo ranks shards
-each decoder layer, experts included, and a DCP checkpoint resumes training bit for bit."""
+each decoder layer, experts included, and a DCP checkpoint resumes training bit for bit; LoRA
+adapts its attention and leaves the experts frozen; exports keep the per-expert layout."""
 
 import os
 import subprocess
@@ -8,6 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from rlkube.config import LoraConfig, ModelConfig, ParallelConfig
+from rlkube.trainer.dist import init_distributed
+from rlkube.trainer.lora import apply_lora
+from rlkube.trainer.model import build_meta_model, build_model, load_tokenizer
+from rlkube.trainer.weights import export_hf_weights
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,3 +47,20 @@ def test_two_gloo_ranks_shard_the_experts_and_resume_exactly(tiny_moe_model, tmp
     assert not torch.equal(continued["model"]["model.layers.0.mlp.experts.down_proj"],
                            reference["model.layers.0.mlp.experts.down_proj"]), "the experts trained"
     assert_equal(resumed, continued, "resumed")
+
+
+def test_lora_adapts_the_attention_of_an_moe_model_and_its_export_is_per_expert(tiny_moe_model, tmp_path, world_of_one):
+    """The default targets on an MoE model: attention adapted in every layer, experts and
+    router frozen; the merged export is in the checkpoint's per-expert layout."""
+    init_distributed("cpu", cpu_threads=1)
+    model = build_model(ModelConfig(name=str(tiny_moe_model)), ParallelConfig(), torch.device("cpu"), torch.float32,
+                        lora=LoraConfig(rank=4))
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert len(trained) == 4 * 4 * 2 and all(".self_attn." in name for name in trained), "4 layers x q,k,v,o x (A, B)"
+    out = export_hf_weights(model, load_tokenizer(ModelConfig(name=str(tiny_moe_model))), tmp_path / "export",
+                            is_main=True, lora=LoraConfig(rank=4))
+    exported, original = load_file(out / "model.safetensors"), load_file(tiny_moe_model / "model.safetensors")
+    assert exported.keys() == original.keys()
+    assert all(torch.equal(exported[k], t) for k, t in original.items()), "B = 0: the merge is the base"
+    with pytest.raises(ValueError, match=r"\['gate_proj'\] adapt no layer of Qwen3MoeForCausalLM: its experts stay frozen"):
+        apply_lora(build_meta_model(ModelConfig(name=str(tiny_moe_model))), LoraConfig(target_modules=["gate_proj"]))

@@ -9,6 +9,13 @@ adapters is frozen, so the optimizer, checkpoints and weight updates carry the a
 The adapters travel in PEFT's layout (`adapter_config.json` + `adapter_model.safetensors`,
 keys `base_model.model.<module>.lora_A.weight`), which inference merges into its base weights
 (`merged_weights`, also used for the merged export).
+
+Mixture-of-experts models: LoRA adapts their attention (and any dense MLP layer); the experts
+and the router stay frozen. An MoE block holds its experts as stacked 3-D parameters
+(rlkube.trainer.experts), not linear layers, so the MLP names in `target_modules`
+(`gate_proj`, `up_proj`, `down_proj`, in the defaults) match no expert and are accepted
+without adapting one; adapting experts would take an adapter per expert and vLLM's fused-MoE
+LoRA path, which rlkube does not use. Train the experts with full fine-tuning.
 """
 
 import math
@@ -18,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlkube.config import LoraConfig
+from rlkube.trainer.experts import STACKED
 
 PEFT_PREFIX = "base_model.model."
 _A, _B = ".lora_A.weight", ".lora_B.weight"
@@ -45,11 +53,22 @@ def _linear_layers(model: nn.Module) -> dict[str, nn.Linear]:
     return {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
 
 
+def _expert_names(model: nn.Module) -> set[str]:
+    """The per-expert projection names of an MoE model's stacked experts (none in a dense one)."""
+    if any(name.endswith(".experts") for name, _ in model.named_modules()):
+        return {part for parts in STACKED.values() for part in parts}
+    return set()
+
+
 def unmatched_targets(model: nn.Module, target_modules: list[str]) -> str | None:
-    """Why `target_modules` do not fit `model` (some name no linear layer of it), or None."""
+    """Why `target_modules` do not fit `model` (some name no linear layer of it, nor an
+    expert projection of an MoE model: those stay frozen; or none adapts a layer), or None."""
     linear = sorted({name.rpartition(".")[2] for name in _linear_layers(model)})
-    if unmatched := sorted(set(target_modules) - set(linear)):
+    if unmatched := sorted(set(target_modules) - set(linear) - _expert_names(model)):
         return f"{unmatched} name no linear layer of {type(model).__name__} (its linear layers: {linear})"
+    if set(target_modules).isdisjoint(linear):
+        return (f"{sorted(target_modules)} adapt no layer of {type(model).__name__}: its experts stay frozen "
+                f"(its linear layers: {linear})")
     return None
 
 

@@ -21,6 +21,7 @@ from rlkube_operator.names import (
 )
 from rlkube_operator.pods import container, http_probes, pod_settings, pod_template
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, ServersSpec
+from rlkube_operator.wiring import trainer_metrics_port
 
 APPLIED_SPEC_KEY = "applied-spec.json"
 ATTEMPT_ANNOTATION = "rlkube.dev/attempt"
@@ -247,7 +248,8 @@ def build_trainer_master_service(run: RunRef, spec: RunSpecBase, status_port: in
                                  attempt: int) -> dict:
     """`<run>-trainer-master`: pod 0 of the current trainer Job (`attempt`'s). Headless and
     publishing pods before they are ready: torchrun's rendezvous, the gRPC weight server and the
-    NCCL rendezvous all need rank 0 while every pod is still starting. Such a Service publishes
+    NCCL rendezvous all need rank 0 while every pod is still starting, and rank 0 alone serves
+    the RL trainer's `/metrics` (a stable scrape target). Such a Service publishes
     terminating pods too, so it selects the current Job's pods only: a new gang never dials an
     old master still in its grace period."""
     ports = [_tcp("torchrun", TORCHRUN_PORT)]
@@ -258,6 +260,8 @@ def build_trainer_master_service(run: RunRef, spec: RunSpecBase, status_port: in
         ports.append(_tcp("nccl", weights.nccl_port))
     if status_port:
         ports.append(_tcp("http", status_port))
+    if metrics := trainer_metrics_port(spec):
+        ports.append(_tcp("metrics", metrics))
     selector = run.service_selector("trainer") | {COMPLETION_INDEX_LABEL: "0", JOB_NAME_LABEL: run.trainer_job(attempt)}
     return _service(run, "trainer", ports, headless=True, not_ready=True,
                     name=run.trainer_master_service, selector=selector)
@@ -307,13 +311,16 @@ def build_trainer_job(
         "trainer",
         trainer_command(run, spec, module, config_file),
         ports=[{"name": "torchrun", "containerPort": TORCHRUN_PORT}]
-        + ([{"name": "http", "containerPort": status_port}] if status_port else []),
+        + ([{"name": "http", "containerPort": status_port}] if status_port else [])
+        + ([{"name": "metrics", "containerPort": metrics}] if (metrics := trainer_metrics_port(spec)) else []),
         res=spec.trainer.resources,
         gpus=spec.trainer.gpus_per_node,
         env=[index_env, {"name": "MASTER_ADDR", "value": run.trainer_master}],
     )
-    template = pod_template(run, spec, settings, "trainer", [main], [config_file],
-                            {ATTEMPT_ANNOTATION: str(attempt)}, restartPolicy="Never")
+    annotations = {ATTEMPT_ANNOTATION: str(attempt)}
+    if metrics and spec.trainer.nodes == 1:  # rank 0 serves: pods 1.. of a gang would be targets always down
+        annotations |= {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics)}
+    template = pod_template(run, spec, settings, "trainer", [main], [config_file], annotations, restartPolicy="Never")
     nodes = spec.trainer.nodes
     metadata = run.metadata("trainer", name=run.trainer_job(attempt))
     metadata["annotations"] = {ATTEMPT_ANNOTATION: str(attempt), RESTARTS_ANNOTATION: str(restarts),

@@ -15,6 +15,7 @@ from rlkube_operator import API_VERSION
 CONFIG_MOUNT = "/etc/rlkube"
 TORCHRUN_PORT = 29500
 SFT_STATUS_PORT = 8080  # the SFT trainer's GET /status on pod 0 (the RLRun's is the orchestrator's)
+TRAINER_METRICS_PORT = 8090  # the RL trainer's /metrics on pod 0 unless trainer.metrics.prometheus_port says
 COMPONENTS = ("inference", "orchestrator", "trainer")
 CHILD_PREFIX = {"RLRun": "", "SFTRun": "sft-"}
 RUN_UID_LABEL = "rlkube.dev/run-uid"

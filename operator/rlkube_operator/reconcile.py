@@ -29,7 +29,7 @@ from rlkube_operator.conditions import Conditions
 from rlkube_operator.kube import ForeignChild, Kube
 from rlkube_operator.names import SFT_STATUS_PORT, RunRef
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
-from rlkube_operator.wiring import rl_tomls, sft_tomls
+from rlkube_operator.wiring import rl_tomls, sft_tomls, trainer_metrics_port
 
 log = logging.getLogger(__name__)
 
@@ -559,8 +559,11 @@ def _status_port(workload: Workload, spec: RunSpecBase) -> int:
 
 
 def _metrics_ports(workload: Workload, spec: RunSpecBase) -> list[int]:
-    """The ports that serve `/metrics`: the status port, and vLLM's (inference, teacher)."""
+    """The ports that serve `/metrics`: the status port, the RL trainer's, and vLLM's (inference,
+    teacher)."""
     ports = {_status_port(workload, spec)}
+    if metrics := trainer_metrics_port(spec):
+        ports.add(metrics)
     if "inference" in workload.components:
         ports.add(spec.config.inference.port)
         if spec.teacher is not None:

@@ -20,7 +20,7 @@ from pathlib import PurePosixPath
 
 from rlkube.config import InferenceConfig, RLConfig, to_toml
 
-from rlkube_operator.names import SFT_STATUS_PORT, RunRef
+from rlkube_operator.names import SFT_STATUS_PORT, TRAINER_METRICS_PORT, RunRef
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
 
 EMPTYDIR_OUTPUT = "/var/lib/rlkube"
@@ -74,6 +74,15 @@ def server_urls(run: RunRef, component: str, replicas: int, port: int) -> list[s
     return [f"http://{run.pod_host(component, i)}:{port}" for i in range(replicas)]
 
 
+def trainer_metrics_port(spec: RunSpecBase) -> int | None:
+    """Where an RLRun's trainer (rank 0) serves `/metrics` in its pod: the user's
+    `trainer.metrics.prometheus_port`, else `TRAINER_METRICS_PORT` (0, any free port, could not
+    be scraped). An SFTRun's trainer serves none."""
+    if not isinstance(spec, RLRunSpec):
+        return None
+    return spec.config.trainer.metrics.prometheus_port or TRAINER_METRICS_PORT
+
+
 def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
     """The RLRun's config with the cluster's addresses, before splitting per process. Its set
     fields are the user's and the operator's."""
@@ -92,6 +101,8 @@ def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
         weights["url"] = _object_store_url(run, spec, "weights")
     if spec.storage.pvc is None and (url := _object_store_url(run, spec, "compile_cache")):
         _section(data, "trainer").setdefault("compile_cache_url", url)  # else the PVC keeps it
+    # the scraper reaches rank 0's Prometheus endpoint from outside the pod, like the orchestrator's
+    _section(data, "trainer", "metrics").update(prometheus_port=trainer_metrics_port(spec), prometheus_host=ANY_ADDRESS)
     if transfer in ("grpc", "nccl"):
         # Inference dials (gRPC) or rendezvous at (NCCL) the trainer's rank 0 by its stable
         # Service; the weight server binds every interface of its pod.

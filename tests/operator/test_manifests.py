@@ -12,8 +12,14 @@ from pydantic import ValidationError
 from rlkube.config import RLConfig, SFTConfig, load_config
 from rlkube.config.cli import format_validation_error
 from rlkube_operator import builders, crd
-from rlkube_operator.names import OPERATOR_ENV, OPERATOR_VOLUMES, RunRef, operator_label
-from rlkube_operator.reconcile import WORKLOADS
+from rlkube_operator.names import (
+    OPERATOR_ENV,
+    OPERATOR_VOLUMES,
+    TRAINER_METRICS_PORT,
+    RunRef,
+    operator_label,
+)
+from rlkube_operator.reconcile import WORKLOADS, _metrics_ports, _status_port
 from rlkube_operator.spec import IMAGE_UID, PodSecurityContext, RLRunSpec, SFTRunSpec
 
 from e2e.localcluster import admission
@@ -108,7 +114,8 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
             out.append(builders.build_env_worker_deployment(run, spec, spec.env_workers.replicas))
     out += [
         builders.build_trainer_master_service(run, spec, workload.trainer_status_port, attempt=attempt),
-        builders.build_network_policy(run, OPERATOR_PEER, 8080, SCRAPER_PEER, [8000, 8080]),
+        builders.build_network_policy(run, OPERATOR_PEER, _status_port(workload, spec), SCRAPER_PEER,
+                                      _metrics_ports(workload, spec)),
         builders.build_trainer_job(run, spec, module=workload.module, config_file=workload.config_file,
                                    attempt=attempt, restarts=attempt, suspend=suspend,
                                    status_port=workload.trainer_status_port),
@@ -163,7 +170,7 @@ def test_gpus_scheduling_and_storage_pass_through():
         assert pod["volumes"][1]["persistentVolumeClaim"]["claimName"] == "big-data"
     assert objs["PersistentVolumeClaim"]["spec"]["storageClassName"] == "fast"
     ports = {p["name"] for p in objs["Service"]["spec"]["ports"]}  # the trainer Service (last)
-    assert ports == {"torchrun", "weights"}
+    assert ports == {"torchrun", "weights", "metrics"}
 
 
 def pods_by_component(kind: str, spec) -> dict[str, dict]:
@@ -573,18 +580,64 @@ def test_cluster_wiring_of_the_process_configs():
     storage = RLRunSpec.model_validate(GPU_RLRUN | {"config": {"weights": {"type": "storage"}}})
     cm = manifests("RLRun", storage)[0]["data"]
     assert tomllib.loads(cm["orchestrator.toml"])["weights"]["url"] == "s3://bucket/rl/ml/big/weights"
-    # An SFT trainer serves its progress on 8080 (the operator reads it); an RL trainer does not.
+    # rank 0 of an RL trainer serves /metrics on every interface of its pod
+    assert trainer["metrics"] == {"prometheus_port": TRAINER_METRICS_PORT, "prometheus_host": "0.0.0.0"}
+    # An SFT trainer serves its progress on 8080 (the operator reads it); an RL trainer its metrics.
     (sft_job,) = [o for o in manifests("SFTRun", SPECS["example-sftrun"][1]) if o["kind"] == "Job"]
     (rl_job,) = [o for o in manifests("RLRun", storage) if o["kind"] == "Job"]
     ports = {kind: [p["name"] for p in job["spec"]["template"]["spec"]["containers"][0]["ports"]]
              for kind, job in (("SFTRun", sft_job), ("RLRun", rl_job))}
-    assert ports == {"SFTRun": ["torchrun", "http"], "RLRun": ["torchrun"]}
+    assert ports == {"SFTRun": ["torchrun", "http"], "RLRun": ["torchrun", "metrics"]}
+
+
+def _interface_address() -> str:
+    """This machine's address on its network (not loopback): what a scraper on another pod dials."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("10.255.255.255", 1))  # picks the route's interface; sends nothing
+        return probe.getsockname()[0]
+
+
+def test_a_scraper_reaches_the_rl_trainers_metrics_on_the_port_its_pod_service_and_policy_open(tmp_path):
+    """The rendered trainer.toml makes rank 0 serve /metrics on every interface (like the
+    orchestrator's), on the port the trainer pod declares, its master Service names and the
+    run's NetworkPolicy opens to the scraper: a real endpoint built from that config answers on
+    the machine's non-loopback address."""
+    import urllib.request
+
+    from rlkube.config import TrainerConfig
+    from rlkube.metrics import MetricsSink
+
+    from tests.fixtures.inference import free_port
+
+    port = free_port()  # the user's port is kept; the default (TRAINER_METRICS_PORT) may be taken here
+    config = GPU_RLRUN["config"] | {"trainer": {"metrics": {"prometheus_port": port}}}
+    spec = RLRunSpec.model_validate(GPU_RLRUN | {"trainer": {"nodes": 1, "gpusPerNode": 8}, "config": config})
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in manifests("RLRun", spec)}
+    (tmp_path / "trainer.toml").write_text(objs["ConfigMap", "big-config"]["data"]["trainer.toml"])
+    trainer = load_config(TrainerConfig, ["@", str(tmp_path / "trainer.toml")])
+    pod = objs["Job", "big-trainer-0"]["spec"]["template"]
+    assert {"name": "metrics", "containerPort": port} in pod["spec"]["containers"][0]["ports"]
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    assert {"name": "metrics", "port": port, "protocol": "TCP"}.items() <= next(
+        p for p in objs["Service", "big-trainer-master"]["spec"]["ports"] if p["name"] == "metrics").items()
+
+    policy = objs["NetworkPolicy", "big-network-policy"]["spec"]["ingress"]
+    assert {"from": [SCRAPER_PEER], "ports": [{"protocol": "TCP", "port": p} for p in sorted((8000, 8080, port))]} in policy
+
+    with MetricsSink(tmp_path, "trainer", console=False,
+                     prometheus=(trainer.metrics.prometheus_host, trainer.metrics.prometheus_port)) as sink:
+        sink.log(1, {"perf/tokens_per_s": 100.0})
+        url = f"http://{_interface_address()}:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert "rlkube_trainer_perf_tokens_per_s 100.0" in response.read().decode()
 
 
 @pytest.mark.parametrize("transfer", ["grpc", "nccl"])
 def test_rank_0_is_reached_through_the_stable_master_service(transfer, tmp_path):
-    """gRPC weights, the NCCL rendezvous and torchrun all reach the trainer's rank 0 at
-    `<run>-trainer-master`, whose ports match what the loaded process configs use."""
+    """gRPC weights, the NCCL rendezvous, torchrun and a metrics scraper all reach the trainer's
+    rank 0 at `<run>-trainer-master`, whose ports match what the loaded process configs use."""
     from rlkube.config import TrainerConfig
 
     spec = RLRunSpec.model_validate(GPU_RLRUN | {"config": {"weights": {"type": transfer}}})
@@ -595,7 +648,7 @@ def test_rank_0_is_reached_through_the_stable_master_service(transfer, tmp_path)
     assert trainer.weights.grpc_host == "big-trainer-master.ml.svc"
     ports = {p["name"]: p["port"] for p in master["spec"]["ports"]}
     wanted = {"grpc": ("weights", trainer.weights.grpc_port), "nccl": ("nccl", trainer.weights.nccl_port)}[transfer]
-    assert ports == {"torchrun": 29500, wanted[0]: wanted[1]}
+    assert ports == {"torchrun": 29500, wanted[0]: wanted[1], "metrics": trainer.metrics.prometheus_port}
     if transfer == "nccl":  # the trainer drives each replica by its stable pod name
         assert trainer.weights.inference_urls == [f"http://big-inference-{i}.big-inference.ml.svc:8000"
                                                   for i in range(4)]

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from rlkube_operator.crd import PRINTER_COLUMNS
 from rlkube_operator.kube import Kube, api_client
+from rlkube_operator.names import TRAINER_METRICS_PORT
 from rlkube_operator.reconcile import OPERATOR_PEER, SCRAPER_PEER, Reconciler, Settings
 
 from tests.operator.cluster import (
@@ -209,7 +210,7 @@ async def test_inference_pods_have_a_disruption_budget_of_their_run(cluster):
 async def test_by_default_a_run_admits_only_its_own_pods_the_operator_and_a_labelled_scraper(cluster):
     """Each run's NetworkPolicy selects its pods (every port: gRPC, HTTP, torchrun) and admits
     its own pods, the operator on the port it reads /status from, and a labelled scraper on the
-    ports that serve /metrics (the orchestrator's HTTP port and vLLM's)."""
+    ports that serve /metrics (the orchestrator's HTTP port, the RL trainer's and vLLM's)."""
     uid = (await cluster.create(rlrun()))["metadata"]["uid"]
     sft = example("sftrun.yaml")
     sft["metadata"]["name"] = "rt"
@@ -220,7 +221,7 @@ async def test_by_default_a_run_admits_only_its_own_pods_the_operator_and_a_labe
     assert policy["spec"] == {"podSelector": run_pods, "policyTypes": ["Ingress"], "ingress": [
         {"from": [{"podSelector": run_pods}]},
         {"from": [OPERATOR_PEER], "ports": [{"protocol": "TCP", "port": 8080}]},
-        {"from": [SCRAPER_PEER], "ports": [{"protocol": "TCP", "port": 8000}, {"protocol": "TCP", "port": 8080}]}]}
+        {"from": [SCRAPER_PEER], "ports": [{"protocol": "TCP", "port": p} for p in (8000, 8080, TRAINER_METRICS_PORT)]}]}
     await start_everything(cluster)
     selected = {n for n in cluster.names("Pod") if cluster.get("Pod", n)["metadata"]["labels"].items()
                 >= run_pods["matchLabels"].items()}
@@ -678,7 +679,8 @@ async def test_storage_scheduling_and_rendezvous_reach_the_running_children(clus
     assert service["spec"]["selector"] == {
         "rlkube.dev/run": "big", "app.kubernetes.io/component": "trainer", "rlkube.dev/run-uid": uid,
         "batch.kubernetes.io/job-completion-index": "0", "batch.kubernetes.io/job-name": "big-trainer-0"}
-    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"torchrun": 29500, "weights": 50052}
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"torchrun": 29500, "weights": 50052,
+                                                                         "metrics": TRAINER_METRICS_PORT}
     assert "nodeSelector" not in orchestrator["spec"]["template"]["spec"]
 
 
@@ -745,7 +747,7 @@ async def test_the_restarted_attempts_configs_load_in_the_runtime_and_dial_only_
     pod0 = cluster.get("Pod", "rt-trainer-1-0")
     assert master["spec"]["selector"].items() <= pod0["metadata"]["labels"].items()
     assert {p["name"]: p["port"] for p in master["spec"]["ports"]} == {
-        "torchrun": 29500, "weights": trainer.weights.grpc_port}
+        "torchrun": 29500, "weights": trainer.weights.grpc_port, "metrics": trainer.metrics.prometheus_port}
 
 
 async def test_a_recreated_run_adopts_nothing_from_its_predecessor(cluster):

@@ -21,7 +21,7 @@ from rlkube.config import (
 from rlkube.config import cli as config_cli
 from rlkube.config.cli import load_config, parse_cli, to_toml
 from rlkube_operator import builders, observe, reconcile, wiring
-from rlkube_operator.names import RunRef
+from rlkube_operator.names import TRAINER_METRICS_PORT, RunRef
 from rlkube_operator.spec import RLRunSpec, SFTRunSpec
 
 from tests.operator.cluster import pod_waiting
@@ -92,6 +92,7 @@ def test_the_configmap_carries_only_what_the_user_and_the_operator_set():
         "output_dir": "/var/lib/rlkube/rt", "max_steps": 7,
         "rollouts": {"host": "rt-orchestrator.team.svc"},
         "weights": {"type": "grpc", "grpc_host": RL_RUN.trainer_master, "grpc_bind_host": "0.0.0.0"},
+        "metrics": {"prometheus_port": TRAINER_METRICS_PORT, "prometheus_host": "0.0.0.0"},
     }
 
 

@@ -27,6 +27,8 @@ clients rely on:
   requests, a Service's clusterIP, an immutable ConfigMap's data); then the stored
   ValidatingAdmissionPolicies through their bindings (policies.py), a denial answered 403 (or
   the validation's reason) with kube-apiserver's message;
+- a CRD's scale subresource (scale.py: GET, PUT, PATCH of its `autoscaling/v1` Scale, what
+  `kubectl scale` sends);
 - discovery, OpenAPI v3 and Table output (resources.py); `pods/<name>/log` from the kubelet's
   log files when `logs` is given;
 - reactions declared with kmock's DSL (`server["fetch v1/configmaps"] << 403`) answer first,
@@ -36,7 +38,7 @@ Not emulated: protobuf (answered 415: kubectl's imperative generators such as
 `kubectl create configmap` send it; `kubectl apply`/`create -f` send JSON), authentication and
 authorization, admission webhooks, server-side apply,
 schema types and stored defaults, `limit`/`continue` paging (everything fits one page),
-the scale subresource, namespace finalization (a deleted namespace's objects are collected by
+namespace finalization (a deleted namespace's objects are collected by
 the garbage collector).
 """
 
@@ -60,7 +62,7 @@ import jsonpatch
 import jsonpointer
 import kmock
 
-from e2e.localcluster import admission, policies, resources
+from e2e.localcluster import admission, policies, resources, scale
 from e2e.localcluster.resources import Kind
 
 HISTORY = 2000  # watch events kept for watches that resume from a resourceVersion
@@ -340,6 +342,8 @@ class ApiServer(kmock.KubernetesEmulator):
                                               "metadata": {"resourceVersion": rv}, "items": items})
         if method == "GET" and sub == "log":
             return self._log(kind, ns, name, params)
+        if sub == "scale":
+            return aiohttp.web.json_response(await self._scale(request, kind, ns, name, method))
         if method == "GET":
             obj = self.read(kind, ns, name) or _raise(not_found(kind, name))
             if table:
@@ -364,6 +368,24 @@ class ApiServer(kmock.KubernetesEmulator):
                     options[key] = int(params[key]) if key == "gracePeriodSeconds" else params[key]
             return aiohttp.web.json_response(await self.delete_object(kind, ns, name, options))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {request.url.path}")
+
+    async def _scale(self, request, kind: Kind, ns: str, name: str, method: str) -> dict:
+        """GET, PUT or PATCH a custom resource's Scale (scale.py)."""
+        if method == "GET":
+            return scale.scale_of(self.read(kind, ns, name) or _raise(not_found(kind, name)), kind.scale)
+        if method not in ("PUT", "PATCH"):
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {request.url.path}")
+        content_type = request.headers.get("Content-Type", "application/merge-patch+json")
+
+        def change(obj: dict) -> dict:
+            current = scale.scale_of(obj, kind.scale)
+            wanted = request.data if method == "PUT" else apply_patch(current, request.data, content_type)
+            try:
+                return scale.with_replicas(obj, kind.scale, wanted)
+            except ValueError as e:
+                raise ApiError(422, "Invalid", f'Scale.autoscaling "{name}" is invalid: {e}') from None
+
+        return scale.scale_of(await self.update_object(kind, ns, name, None, change), kind.scale)
 
     def _selected(self, obj: dict, params) -> bool:
         return (labels_match(params.get("labelSelector", ""), obj["metadata"].get("labels") or {})

@@ -136,6 +136,11 @@ class Kubelet:
             if uid not in present:
                 runner.request_stop(0, vanished=True)
         self.update_dns()
+        configmaps = {(c["metadata"]["namespace"], c["metadata"]["name"]): c
+                      for c in await self.api.list(self.api.core("configmaps"))}
+        for runner in self.pods.values():
+            if runner.volumes is not None and not runner.finished:
+                volumes.refresh_configmaps(runner.pod, runner.volumes, configmaps)
 
     def _ended(self, uid: str) -> None:
         self.ended.add(uid)
@@ -232,6 +237,7 @@ class PodRunner:
         self.vanished = False
         self.stop_requested = asyncio.Event()
         self.kill_now = asyncio.Event()  # cuts a grace period short
+        self.volumes: dict[str, Path] | None = None  # volume name -> host path, once made
         self._transitions: dict[str, tuple[str, str]] = {}
         self._reported: dict | None = None
         self._report_lock = asyncio.Lock()
@@ -288,6 +294,7 @@ class PodRunner:
                 vols = await volumes.prepare(self.pod, self.dir, self.kubelet.state_dir / "pvcs", self._get)
                 for c in self.containers:
                     await c.prepare(vols)
+                self.volumes = vols
                 return
             except ConfigError as e:
                 for c in self.containers:

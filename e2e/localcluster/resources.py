@@ -31,6 +31,7 @@ class Kind:
     categories: tuple[str, ...] = ()
     columns: list[dict] = field(default_factory=list)  # CRD additionalPrinterColumns
     schema: dict | None = None  # the CRD's openAPIV3Schema
+    scale: dict | None = None  # the CRD's `subresources.scale` paths (scale.py)
 
     @property
     def api_version(self) -> str:
@@ -102,6 +103,7 @@ def crd_kinds(crd_dir: Path = CRD_DIR) -> list[Kind]:
                 categories=tuple(names.get("categories") or ()),
                 columns=version.get("additionalPrinterColumns") or [],
                 schema=version.get("schema", {}).get("openAPIV3Schema"),
+                scale=(version.get("subresources") or {}).get("scale"),
             ))
     return kinds
 
@@ -119,6 +121,7 @@ def resource_list(kinds: list[Kind], group: str, version: str) -> dict:
             "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
         })
         resources += [base | {"name": f"{k.plural}/{sub}", "singularName": "", "verbs": ["get", "patch", "update"]}
+                      | ({"group": "autoscaling", "version": "v1", "kind": "Scale"} if sub == "scale" else {})
                       for sub in k.subresources]
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}".lstrip("/"),
             "resources": resources}

@@ -1,7 +1,8 @@
 """A pod's volumes as host directories, and each container's mounts of them.
 
-Emulated: `configMap` and `secret` (every key, or `items` key -> path; written once when the pod
-starts, not refreshed), `emptyDir` (a per-pod directory, also for `medium: Memory`),
+Emulated: `configMap` and `secret` (every key, or `items` key -> path; written when the pod
+starts, and a ConfigMap's keys rewritten in place when the ConfigMap changes, as the kubelet's
+atomic writer does within its sync period: `refresh_configmaps`), `emptyDir` (a per-pod directory, also for `medium: Memory`),
 `persistentVolumeClaim` (`<state_dir>/pvcs/<ns>/<claim>`, shared by every pod using the claim:
 ReadWriteMany for every access mode; the claim object must exist), `hostPath`. A mount's
 `subPath` and `readOnly` are honoured. Not emulated: projected, downwardAPI, CSI and ephemeral
@@ -28,6 +29,33 @@ def _write_keys(target: Path, data: dict[str, bytes], items: list[dict] | None, 
         path = target / item["path"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data[item["key"]])
+
+
+def _configmap_data(configmap: dict) -> dict[str, bytes]:
+    data = {k: v.encode() for k, v in (configmap.get("data") or {}).items()}
+    return data | {k: base64.b64decode(v) for k, v in (configmap.get("binaryData") or {}).items()}
+
+
+def refresh_configmaps(pod: dict, paths: dict[str, Path], configmaps: dict[tuple[str, str], dict]) -> None:
+    """Rewrite the keys of the pod's ConfigMap volumes whose data changed (`configmaps`: (namespace,
+    name) -> ConfigMap), each by a rename, so a process reading the file sees the old or the new
+    text, never half of one. (The kubelet swaps a `..data` link; a `subPath` mount sees no update
+    on a real node, here neither for a file mounted alone.)"""
+    fs_group = (pod.get("spec", {}).get("securityContext") or {}).get("fsGroup")
+    for vol in pod.get("spec", {}).get("volumes") or []:
+        obj = configmaps.get((pod["metadata"]["namespace"], (vol.get("configMap") or {}).get("name")))
+        if obj is None or vol["name"] not in paths:
+            continue
+        data = _configmap_data(obj)
+        for item in vol["configMap"].get("items") or [{"key": k, "path": k} for k in data]:
+            path = paths[vol["name"]] / item["path"]
+            if item["key"] not in data or not path.exists() or path.read_bytes() == data[item["key"]]:
+                continue
+            staged = path.with_name(f"..{path.name}.new")
+            staged.write_bytes(data[item["key"]])
+            if fs_group is not None:
+                give_group(staged, fs_group)
+            os.replace(staged, path)
 
 
 def give_group(root: Path, gid: int) -> None:
@@ -60,8 +88,7 @@ async def prepare(pod: dict, pod_dir: Path, pvc_root: Path, get: Getter) -> dict
                 data = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
                 data |= {k: v.encode() for k, v in (obj.get("stringData") or {}).items()}
             else:
-                data = {k: v.encode() for k, v in (obj.get("data") or {}).items()}
-                data |= {k: base64.b64decode(v) for k, v in (obj.get("binaryData") or {}).items()}
+                data = _configmap_data(obj)
             _write_keys(target, data, ref.get("items"), what)
         elif "emptyDir" in vol:
             target.mkdir(parents=True, exist_ok=True)

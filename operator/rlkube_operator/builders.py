@@ -21,7 +21,7 @@ from rlkube_operator.names import (
 )
 from rlkube_operator.pods import container, http_probes, pod_settings, pod_template
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, ServersSpec
-from rlkube_operator.wiring import trainer_metrics_port
+from rlkube_operator.wiring import INFERENCE_URLS, trainer_metrics_port
 
 APPLIED_SPEC_KEY = "applied-spec.json"
 ATTEMPT_ANNOTATION = "rlkube.dev/attempt"
@@ -206,7 +206,8 @@ def build_orchestrator_deployment(run: RunRef, spec: RLRunSpec, replicas: int, a
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(http_port),
     }
-    template = pod_template(run, spec, settings, "orchestrator", [main], ["orchestrator.toml"], annotations)
+    template = pod_template(run, spec, settings, "orchestrator", [main], ["orchestrator.toml", INFERENCE_URLS],
+                            annotations)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -231,7 +232,7 @@ def build_env_worker_deployment(run: RunRef, spec: RLRunSpec, replicas: int) -> 
     command = ["rlkube", "env-worker", "@", f"{CONFIG_MOUNT}/orchestrator.toml",
                "--rollouts.host", run.service_host("orchestrator")]
     main = container(spec, settings, "env-worker", command, ports=[], res=spec.env_workers.resources)
-    template = pod_template(run, spec, settings, "env-worker", [main], ["orchestrator.toml"])
+    template = pod_template(run, spec, settings, "env-worker", [main], ["orchestrator.toml", INFERENCE_URLS])
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -11,8 +11,9 @@ fields, numeric exclusive bounds become booleans, tuples become bounded arrays. 
 the Kubernetes-facing fields only: inside `spec.config` (and the teacher's `model` and `server`)
 the runtime applies its own defaults (shown in the descriptions), so the stored object says
 only what the user wrote, exactly as in a TOML file. Transition rules (`oldSelf`) keep a run's
-spec as created, but for the fields that apply live and, while the run is suspended, its
-components' sizes and its teacher (`reconcile.LIVE_FIELDS`, `reconcile.SUSPENDED_FIELDS`,
+spec as created, but for the fields that apply live (`inference.replicas`, the scale
+subresource's, among them) and, while the run is suspended, its components' sizes and its
+teacher (`reconcile.LIVE_FIELDS`, `reconcile.ELASTIC_FIELDS`, `reconcile.SUSPENDED_FIELDS`,
 `reconcile.SUSPENDED_BLOCKS`: the operator refuses the same changes).
 """
 
@@ -26,7 +27,12 @@ import yaml
 
 from rlkube_operator import GROUP, VERSION
 from rlkube_operator.names import NAME_MAX_LENGTH, NAME_PATTERN
-from rlkube_operator.reconcile import LIVE_FIELDS, SUSPENDED_BLOCKS, SUSPENDED_FIELDS
+from rlkube_operator.reconcile import (
+    ELASTIC_FIELDS,
+    LIVE_FIELDS,
+    SUSPENDED_BLOCKS,
+    SUSPENDED_FIELDS,
+)
 from rlkube_operator.spec import KINDS, RunStatus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,10 +58,19 @@ PRINTER_COLUMNS = [
     {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
     {"name": "Max", "type": "integer", "jsonPath": ".status.maxSteps", "priority": 1},
     {"name": "Reward", "type": "number", "jsonPath": ".status.reward"},
+    {"name": "Inference", "type": "string", "jsonPath": ".status.inference.ready", "kinds": ("RLRun",)},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+SCALE = {
+    "RLRun": {
+        "specReplicasPath": ".spec.inference.replicas",
+        "statusReplicasPath": ".status.inference.replicas",
+        "labelSelectorPath": ".status.inference.selector",
+    },
+}
+"""`kubectl scale rlrun/NAME --replicas N` (and an HPA, KEDA) sizes the run's inference."""
 _DROPPED_KEYS = {"title", "$defs"}
 RUNTIME_CONFIGS = {"spec.config", "spec.teacher.model", "spec.teacher.server"}
 """The runtime's own config models embedded in a spec: the runtime applies their defaults."""
@@ -163,10 +178,14 @@ def immutability_rules(spec_schema: dict) -> list[dict]:
         if name in SUSPENDED_BLOCKS:
             rule = f"(has(oldSelf.suspend) && oldSelf.suspend) || ({rule})"
             message += " unless the run is suspended"
+        elastic = ELASTIC_FIELDS.get(name, ())
+        if elastic:
+            rule = " && ".join(_unchanged(f"{name}.{sub}") for sub in node["properties"] if sub not in elastic)
+            message += f", but for {', '.join(elastic)}"
         if resumable := SUSPENDED_FIELDS.get(name):
             kept = " && ".join(_unchanged(f"{name}.{sub}") for sub in node["properties"] if sub not in resumable)
             rule = f"(has(oldSelf.suspend) && oldSelf.suspend) ? ({kept or 'true'}) : ({rule})"
-            message += f", but for {', '.join(resumable)} while the run is suspended"
+            message += f"{' and' if elastic else ', but for'} {', '.join(f for f in resumable if f not in elastic)} while the run is suspended"
         message += ": delete and recreate the run to change it (a PVC claimName keeps the checkpoints)"
         rules.append({"rule": rule, "message": message, "fieldPath": f".{name}"})
     return rules
@@ -211,8 +230,11 @@ def build_crd(kind: str) -> dict:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "subresources": {"status": {}} | ({"scale": SCALE[kind]} if kind in SCALE else {}),
+                    "additionalPrinterColumns": [
+                        {k: v for k, v in column.items() if k != "kinds"}
+                        for column in PRINTER_COLUMNS if kind in column.get("kinds", (kind,))
+                    ],
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from rlkube.config.cli import EXIT_INVALID, VERSION_SKEW
 
 from rlkube_operator.builders import ATTEMPT_ANNOTATION
+from rlkube_operator.names import RunRef
 
 # Container waiting reasons that will not fix themselves.
 BAD_WAITING = {
@@ -144,6 +145,14 @@ def component_health(pods: list[dict], expected: int, volume_events: dict[str, d
     if not pods:
         return Health(False, "NoPods", f"0/{expected} pods created", restarts)
     return Health(False, "Starting", f"{ready}/{expected} pods ready", restarts)
+
+
+def replicas_status(run: RunRef, pods: list[dict], desired: int) -> dict:
+    """An RLRun's `status.inference` from its inference pods: what its scale subresource
+    reports (pods that exist, their selector) and the `ready/desired` printer column."""
+    ready = sum(_pod_ready(p) for p in pods)
+    selector = ",".join(f"{k}={v}" for k, v in sorted(run.service_selector("inference").items()))
+    return {"replicas": len(pods), "readyReplicas": ready, "ready": f"{ready}/{desired}", "selector": selector}
 
 
 def job_attempt(job: dict) -> int:

@@ -29,7 +29,7 @@ from rlkube_operator.conditions import Conditions
 from rlkube_operator.kube import ForeignChild, Kube
 from rlkube_operator.names import SFT_STATUS_PORT, RunRef
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
-from rlkube_operator.wiring import rl_tomls, sft_tomls, trainer_metrics_port
+from rlkube_operator.wiring import rl_files, sft_tomls, trainer_metrics_port
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,12 @@ SUSPENDED_FIELDS = {
     "orchestrator": ("resources",),
     "envWorkers": ("replicas", "resources"),
 }
+ELASTIC_FIELDS = {"inference": ("replicas",)}
+"""Applied to a running run too (`kubectl scale rlrun`, or an apply): inference replicas keep
+no state, and the orchestrator brings a new one to the current policy before it routes a request
+to it (`client.base_urls_file`). Not over NCCL (the trainer's broadcast group is sized at its
+start) nor in a Kueue queue (its Workload's pod counts were admitted): there a change waits
+for a suspension (`SUSPENDED_FIELDS`)."""
 SUSPENDED_BLOCKS = ("teacher",)
 """Whole sections a suspended run may add, change or drop, applied when it resumes: the teacher
 serves a fixed model and keeps nothing of the run."""
@@ -66,7 +72,7 @@ class Workload:
 
 WORKLOADS = {
     "RLRun": Workload(
-        RLRunSpec, ("inference", "orchestrator", "trainer"), "rlkube.entrypoints.trainer", "trainer.toml", rl_tomls
+        RLRunSpec, ("inference", "orchestrator", "trainer"), "rlkube.entrypoints.trainer", "trainer.toml", rl_files
     ),
     "SFTRun": Workload(
         SFTRunSpec, ("trainer",), "rlkube.entrypoints.sft", "sft.toml", sft_tomls, trainer_status_port=SFT_STATUS_PORT
@@ -123,14 +129,28 @@ def _with_defaults(workload: Workload, applied: dict) -> dict:
         return applied
 
 
-def _frozen(spec: dict, suspended: bool) -> dict:
-    """The fields a started run keeps: all but the live ones, and while it is suspended, all but
-    the resumable ones (`SUSPENDED_FIELDS`, `SUSPENDED_BLOCKS`) too."""
+def elastic(spec: dict) -> bool:
+    """Whether `ELASTIC_FIELDS` apply to a running run of this (user-set) spec."""
+    weights = ((spec.get("config") or {}).get("weights") or {}).get("type")
+    return weights != "nccl" and not spec.get("queue")
+
+
+def _frozen(spec: dict, suspended: bool, live_components: bool = False) -> dict:
+    """The fields a started run keeps: all but the live ones (with `live_components`, the
+    `ELASTIC_FIELDS` too), and while it is suspended, all but the resumable ones
+    (`SUSPENDED_FIELDS`, `SUSPENDED_BLOCKS`) too."""
     out = {k: v for k, v in spec.items() if k not in LIVE_FIELDS and not (suspended and k in SUSPENDED_BLOCKS)}
-    for component, fields in SUSPENDED_FIELDS.items() if suspended else ():
-        if isinstance(out.get(component), dict):
+    for component in SUSPENDED_FIELDS.keys() | ELASTIC_FIELDS.keys():
+        fields = (SUSPENDED_FIELDS.get(component, ()) if suspended else ()) + (
+            ELASTIC_FIELDS.get(component, ()) if live_components else ())
+        if fields and isinstance(out.get(component), dict):
             out[component] = {k: v for k, v in out[component].items() if k not in fields}
     return out
+
+
+def _live(live_components: bool) -> list[str]:
+    elastic_fields = [f"{c}.{f}" for c, fields in ELASTIC_FIELDS.items() for f in fields] if live_components else []
+    return list(LIVE_FIELDS) + elastic_fields
 
 
 def _resumable() -> str:
@@ -177,15 +197,19 @@ class Reconciler:
         if desired is None:
             return workload.spec_model.model_validate(old), None
         new, suspended = _dump(desired), bool(old.get("suspend"))
-        changed = _changed_fields(_frozen(old, suspended), _frozen(new, suspended),
+        live_components = "inference" in workload.components and elastic(old)
+        changed = _changed_fields(_frozen(old, suspended, live_components), _frozen(new, suspended, live_components),
                                   _with_defaults(workload, old), _values(desired))
         if not changed:
             return desired, None
         live = {k: v for k, v in new.items() if k in LIVE_FIELDS}
         applied = workload.spec_model.model_validate(_frozen(old, False) | live)
+        if live_components:  # the elastic fields apply all the same
+            applied = applied.model_copy(update={c: getattr(applied, c).model_copy(
+                update={f: getattr(getattr(desired, c), f) for f in fields}) for c, fields in ELASTIC_FIELDS.items()})
         shown = ", ".join(changed[:5]) + (" …" if len(changed) > 5 else "")
         return applied, (
-            f"changes to {shown} cannot apply to a started run; only {', '.join(LIVE_FIELDS)} do, and "
+            f"changes to {shown} cannot apply to a started run; only {', '.join(_live(live_components))} do, and "
             f"while it is suspended {_resumable()}. Delete and recreate the run to change the others "
             "(a PVC claimName keeps checkpoints)."
         )
@@ -358,6 +382,9 @@ class Reconciler:
             conditions.set(f"{comp.capitalize()}Ready", h.ready, h.reason, h.message)
         if "teacher" not in health:
             conditions.drop("TeacherReady")  # a teacher dropped while suspended
+        if "inference" in workload.components:
+            status["inference"] = observe.replicas_status(
+                run, [p for p in pods if _component(p) == "inference"], spec.inference.replicas)
         self._read_progress(run, workload, spec, health, status, conditions)
         was_running = status.get("phase") == "Running"
         phase, message, degraded = self._phase(spec, health, terminal, why, was_running, hold)

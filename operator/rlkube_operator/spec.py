@@ -775,6 +775,24 @@ class Condition(K8sModel):
     """The `metadata.generation` this condition was computed for."""
 
 
+class InferenceStatus(K8sModel):
+    """The RLRun's inference replicas, as its scale subresource reports them (so `kubectl
+    scale`, an HPA or KEDA can drive `spec.inference.replicas`)."""
+
+    replicas: int = 0
+    """Inference pods that exist now (the scale subresource's `status.replicas`)."""
+
+    ready_replicas: int = 0
+    """Of them, the Ready ones."""
+
+    ready: str | None = None
+    """`ready/desired` (printer column `Inference`)."""
+
+    selector: str | None = None
+    """The label selector of the run's inference pods, serialized (the scale subresource's
+    `status.selector`, which an HPA reads to find the pods' metrics)."""
+
+
 class RunStatus(K8sModel):
     """What the operator observed; written only by the operator (status subresource)."""
 
@@ -815,6 +833,9 @@ class RunStatus(K8sModel):
 
     completion_time: datetime | None = None
     """When the run Succeeded or Failed."""
+
+    inference: InferenceStatus | None = None
+    """An RLRun's inference replicas: existing, ready, `ready/desired`, and their selector."""
 
 
 KINDS = {"RLRun": RLRunSpec, "SFTRun": SFTRunSpec}

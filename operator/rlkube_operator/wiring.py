@@ -20,10 +20,14 @@ from pathlib import PurePosixPath
 
 from rlkube.config import InferenceConfig, RLConfig, to_toml
 
-from rlkube_operator.names import SFT_STATUS_PORT, TRAINER_METRICS_PORT, RunRef
+from rlkube_operator.names import CONFIG_MOUNT, SFT_STATUS_PORT, TRAINER_METRICS_PORT, RunRef
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
 
 EMPTYDIR_OUTPUT = "/var/lib/rlkube"
+INFERENCE_URLS = "inference_urls"
+"""The ConfigMap key (and file in the orchestrator's and env workers' pods) listing the inference
+replicas' URLs, one a line: `client.base_urls_file`, which the orchestrator reads again while it
+runs, so a change of `spec.inference.replicas` reaches it without a restart."""
 ANY_ADDRESS = "0.0.0.0"
 
 
@@ -89,8 +93,9 @@ def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
     data = _shared(run, spec, _user_set(spec))
     inference = _served(_section(data, "inference"), spec.inference.gpus_per_replica)
     inference["replicas"] = spec.inference.replicas
-    _section(data, "orchestrator", "client")["base_urls"] = server_urls(
-        run, "inference", spec.inference.replicas, spec.config.inference.port)
+    _section(data, "orchestrator", "client").update(
+        base_urls=server_urls(run, "inference", spec.inference.replicas, spec.config.inference.port),
+        base_urls_file=f"{CONFIG_MOUNT}/{INFERENCE_URLS}")
     if (teacher := spec.teacher) is not None:
         _section(data, "orchestrator", "teacher").update(
             model=teacher.model.name, base_urls=server_urls(run, "teacher", teacher.replicas, teacher.server.port))
@@ -126,6 +131,12 @@ def rl_tomls(run: RunRef, spec: RLRunSpec) -> dict[str, str]:
     if spec.teacher is not None:
         configs["teacher"] = teacher_config(spec)
     return {f"{name}.toml": to_toml(config, exclude_unset=True) for name, config in configs.items()}
+
+
+def rl_files(run: RunRef, spec: RLRunSpec) -> dict[str, str]:
+    """The RLRun's ConfigMap data: `rl_tomls` and `INFERENCE_URLS`."""
+    urls = server_urls(run, "inference", spec.inference.replicas, spec.config.inference.port)
+    return rl_tomls(run, spec) | {INFERENCE_URLS: "".join(f"{url}\n" for url in urls)}
 
 
 def sft_tomls(run: RunRef, spec: SFTRunSpec) -> dict[str, str]:

@@ -27,12 +27,12 @@ def test_kubectl_apply_get_describe_delete_an_rlrun(local_api, ns):
     out = local_api.kubectl("apply", "-n", ns, "-f", str(RLRUN))
     assert "rlrun.rlkube.dev/reverse-text created" in out
     header = local_api.kubectl("get", "rlruns", "-n", ns).splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "STEP", "REWARD", "RESTARTS", "AGE"]
+    assert header == ["NAME", "PHASE", "STEP", "REWARD", "INFERENCE", "RESTARTS", "AGE"]
 
     local_api.patch(rlrun_path(ns, "reverse-text") + "/status",
                     {"status": {"phase": "Running", "step": 7, "reward": 0.625, "restarts": 1}})
     row = local_api.kubectl("get", "rlr", "reverse-text", "-n", ns, "--no-headers").split()
-    assert row[:5] == ["reverse-text", "Running", "7", "0.625", "1"]
+    assert row[:5] == ["reverse-text", "Running", "7", "0.625", "<none>"]
     assert "Phase:" in local_api.kubectl("describe", "rlrun", "reverse-text", "-n", ns)
     listed = local_api.request("GET", rlrun_path(ns)).json()
     assert (listed["kind"], listed["apiVersion"]) == ("RLRunList", "rlkube.dev/v1alpha1")
@@ -49,6 +49,27 @@ def test_kubectl_apply_get_describe_delete_an_rlrun(local_api, ns):
     local_api.kubectl("delete", "rlrun", "reverse-text", "-n", ns)
     assert local_api.get(rlrun_path(ns, "reverse-text")) is None
     assert "NotFound" in local_api.kubectl("get", "rlrun", "reverse-text", "-n", ns, check=False)
+
+
+def test_kubectl_scale_an_rlrun_through_its_scale_subresource(local_api, ns):
+    """`kubectl scale` reads the run's scale subresource from discovery and writes its
+    `autoscaling/v1` Scale: the spec's inference replicas change (a spec change: generation
+    bumped), the status's stay the operator's; a precondition that does not hold is refused."""
+    local_api.create(rlrun_path(ns), rlrun("s"))
+    inference = {"replicas": 1, "readyReplicas": 1, "ready": "1/1", "selector": "rlkube.dev/run=s"}
+    local_api.patch(rlrun_path(ns, "s") + "/status", {"status": {"phase": "Running", "inference": inference}})
+    assert "rlrun.rlkube.dev/s scaled" in local_api.kubectl("scale", "-n", ns, "rlrun/s", "--replicas=3")
+    stored = local_api.get(rlrun_path(ns, "s"))
+    assert stored["spec"]["inference"]["replicas"] == 3 and stored["metadata"]["generation"] == 2
+    assert stored["status"]["inference"] == inference
+    scale = local_api.get(rlrun_path(ns, "s") + "/scale")
+    assert (scale["kind"], scale["apiVersion"], scale["spec"], scale["status"]) == (
+        "Scale", "autoscaling/v1", {"replicas": 3}, {"replicas": 1, "selector": "rlkube.dev/run=s"})
+    refused = local_api.kubectl("scale", "-n", ns, "rlrun/s", "--current-replicas=2", "--replicas=1", check=False)
+    assert "Expected replicas to be 2, was 3" in refused
+    stale = scale | {"metadata": scale["metadata"] | {"resourceVersion": "1"}, "spec": {"replicas": 1}}
+    local_api.request("PUT", rlrun_path(ns, "s") + "/scale", stale, ok=(409,))
+    assert local_api.kubectl("get", "rlrun", "s", "-n", ns, "--no-headers").split()[4] == "1/1"
 
 
 def test_status_subresource_generation_and_conflicts(local_api, ns):

@@ -485,3 +485,20 @@ def test_an_image_under_a_directory_the_user_may_not_enter_still_runs(tmp_path):
     assert run.stdout == "1000\ncheckout\n", run.stderr
     assert "private: No such file" in run.stderr
     assert (closed / "private").read_text() == "root's"  # covered in the pod only
+
+
+async def test_a_running_pod_sees_its_config_maps_change(cluster):
+    """A ConfigMap volume's keys follow the ConfigMap while the pod runs (what the orchestrator's
+    `client.base_urls_file` relies on for `kubectl scale rlrun`), each file replaced whole."""
+    await cluster.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "urls"},
+                          "data": {"inference_urls": "a\n"}})
+    watcher = ("import time, pathlib\nf = pathlib.Path('/etc/c/inference_urls')\nseen = ''\n"
+               "while seen != 'a\\nb\\n':\n    text = f.read_text()\n    if text != seen: print(repr(text), flush=True)\n"
+               "    seen = text\n    time.sleep(0.05)\n")
+    volumes = [{"name": "c", "configMap": {"name": "urls", "items": [{"key": "inference_urls", "path": "inference_urls"}]}}]
+    mounts = [{"name": "c", "mountPath": "/etc/c", "readOnly": True}]
+    await cluster.create(pod("reads", [PY, "-c", watcher], volumes=volumes, container={"volumeMounts": mounts}))
+    await cluster.until(lambda: "'a\\n'" in cluster.logs("reads"), 30, "the first text")
+    await cluster.patch("ConfigMap", "urls", {"data": {"inference_urls": "a\nb\n"}})
+    await cluster.until(lambda: phase(cluster, "reads") == "Succeeded", 30, "the pod to see the new text")
+    assert cluster.logs("reads").splitlines() == ["'a\\n'", "'a\\nb\\n'"]

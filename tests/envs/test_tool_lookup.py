@@ -187,7 +187,7 @@ def run_one_rollout(model_dir, policy, path: str = "lean", **args):
         pool = InferencePool(ClientConfig(base_urls=[url]), str(model_dir), str(model_dir), SamplingConfig(max_tokens=96))
         async with runner.serving():
             example_id, task = runner.next_task()
-            return task, await runner.rollout(task, example_id, pool.contexts[pool.request_model][0], 1.0, lambda: 0)
+            return task, await runner.rollout(task, example_id, pool.context_at(pool.base_urls[0]), 1.0, lambda: 0)
 
     with FakeInferenceThread(FakeInference(str(model_dir), stop, respond=policy)) as server:
         task, rollout = asyncio.run(go(server.url))

@@ -329,6 +329,8 @@ TRANSITIONS = [
     ("RLRun", {"suspend": True}, {"trainer.resources": RESOURCES}, None),
     ("RLRun", {"suspend": True}, {"suspend": False, "inference.replicas": 2, "inference.resources": RESOURCES,
                                   "orchestrator.resources": RESOURCES, "envWorkers.replicas": 3}, None),
+    ("RLRun", {}, {"inference.replicas": 3}, None),  # kubectl scale rlrun
+    ("RLRun", {}, {"inference.replicas": 3, "inference.resources": RESOURCES}, "inference"),
     ("RLRun", {"suspend": True}, {"trainer.nodes": 2}, "trainer"),
     ("RLRun", {"suspend": True}, {"envWorkers.pod": {"labels": {"team": "a"}}}, "envWorkers"),
     ("RLRun", {"suspend": True}, {"config.max_steps": 7}, "config"),

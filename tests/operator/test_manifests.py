@@ -429,7 +429,8 @@ def test_env_workers_are_a_cpu_deployment_running_the_orchestrators_config(tmp_p
     # The GPU nodes' selector and tolerations are not theirs; what goes to every pod is.
     assert pod["nodeSelector"] == {"pool": "cpu"} and "tolerations" not in pod
     assert (pod["priorityClassName"], pod["schedulerName"]) == ("training", "volcano")
-    assert pod["volumes"][0]["configMap"]["items"] == [{"key": "orchestrator.toml", "path": "orchestrator.toml"}]
+    assert pod["volumes"][0]["configMap"]["items"] == [{"key": "orchestrator.toml", "path": "orchestrator.toml"},
+                                                       {"key": "inference_urls", "path": "inference_urls"}]
 
     # The worker's own command line, loaded as `rlkube env-worker` loads it.
     path = tmp_path / "orchestrator.toml"

@@ -980,3 +980,37 @@ async def test_progress_an_operator_outside_the_cluster_cannot_read_is_a_conditi
         assert (unreadable["status"], unreadable["reason"]) == ("False", "Unreachable"), unreadable
         assert unreadable["message"].startswith(f"status from {url}: "), unreadable
         assert cluster.status("RLRun", "rt")["phase"] == "Running" and "step" not in cluster.status("RLRun", "rt")
+
+
+async def test_inference_replicas_change_live_without_touching_the_trainer_or_orchestrator(cluster):
+    """`kubectl scale rlrun` (or an apply) of `spec.inference.replicas` on a running run resizes
+    the StatefulSet and the replica list the orchestrator reads again (`inference_urls`), and
+    leaves the trainer Job and the orchestrator's pod template as they were; `status.inference`
+    is what the scale subresource and the `Inference` column read. Over NCCL it is refused."""
+    await cluster.create(rlrun())
+    await start_everything(cluster)
+    job, orchestrator = cluster.get("Job", "rt-trainer-0"), cluster.get("Deployment", "rt-orchestrator")
+    status = await cluster.until(lambda: (cluster.status("RLRun", "rt").get("inference") or {}).get("ready") == "1/1"
+                                 and cluster.status("RLRun", "rt"))
+    assert status["inference"]["replicas"] == 1 and "app.kubernetes.io/component=inference" in \
+        status["inference"]["selector"]
+
+    await cluster.patch("RLRun", "rt", {"spec": {"inference": {"replicas": 2}}})
+    await cluster.until(lambda: cluster.get("StatefulSet", "rt-inference")["spec"]["replicas"] == 2, what="2 replicas")
+    urls = cluster.get("ConfigMap", "rt-config")["data"]["inference_urls"].split()
+    assert urls == [f"http://rt-inference-{i}.rt-inference.{NS}.svc:8000" for i in range(2)]
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt")["inference"]["ready"] == "1/2"
+                                 and cluster.status("RLRun", "rt"))
+    assert condition(status, "SpecAccepted")["status"] == "True" and status["restarts"] == 0
+    assert cluster.get("Job", "rt-trainer-0")["metadata"]["uid"] == job["metadata"]["uid"]
+    assert cluster.get("Deployment", "rt-orchestrator")["spec"]["template"] == orchestrator["spec"]["template"]
+    mounted = orchestrator["spec"]["template"]["spec"]["volumes"][0]["configMap"]["items"]
+    assert {"key": "inference_urls", "path": "inference_urls"} in mounted
+
+    await cluster.create(rlrun("nc", config={**rlrun()["spec"]["config"], "weights": {"type": "nccl"}}))
+    await start_everything(cluster, "nc")
+    await cluster.patch("RLRun", "nc", {"spec": {"inference": {"replicas": 2}}})
+    status = await cluster.until(lambda: condition(cluster.status("RLRun", "nc"), "SpecAccepted")["status"] == "False"
+                                 and cluster.status("RLRun", "nc"))
+    assert "spec.inference.replicas" in condition(status, "SpecAccepted")["message"]
+    assert cluster.get("StatefulSet", "nc-inference")["spec"]["replicas"] == 1

@@ -236,7 +236,9 @@ async def test_a_suspended_run_takes_new_resources_on_resume_and_a_running_one_r
     status = await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), "SpecAccepted")["status"] == "False"
                                  and cluster.status("RLRun", "rt"), what="refused while running")
     assert "spec.trainer.resources" in condition(status, "SpecAccepted")["message"]
-    assert cluster.get("StatefulSet", "rt-inference")["spec"]["replicas"] == 1
+    inference = cluster.get("StatefulSet", "rt-inference")["spec"]
+    assert inference["replicas"] == 2, "inference replicas apply live all the same (kubectl scale)"
+    assert inference["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] != "4"
 
     # Suspended: accepted, applied when it resumes.
     await cluster.patch("RLRun", "rt", {"spec": {"suspend": True}})

@@ -59,7 +59,7 @@ def test_periodic_eval_asks_for_the_policy_the_replicas_serve(tiny_model, tmp_pa
             "eval": {"num_examples": 3, "sampling": {"max_tokens": 8}},
         })
         pool = InferencePool(config.client, config.model.name, config.model.name, config.sampling)
-        evaluate = periodic_eval(config, lambda: pool.request_model)
+        evaluate = periodic_eval(config, lambda: pool.request_model, lambda: pool.base_urls)
 
         async def steps():
             at_0 = await evaluate(0)

@@ -43,9 +43,9 @@ async def rollout_on(pool, runner, replica: int, policy=lambda: 1):
     """One rollout of a task routed to `replica`."""
     while True:
         example_id, task = runner.next_task()
-        ctx = pool.context_for(runner.name, example_id)
-        if ctx is pool.contexts[pool.request_model][replica]:
-            return await runner.rollout(task, example_id, ctx, SAMPLING.temperature, policy)
+        url = pool.replica_for(runner.name, example_id)
+        if url == pool.base_urls[replica]:
+            return await runner.rollout(task, example_id, pool.context_at(url), SAMPLING.temperature, policy)
 
 
 async def until(predicate):
@@ -97,7 +97,7 @@ def test_a_rollout_in_flight_on_a_replica_that_dies_comes_back_lost_and_the_repl
             async with runner.serving():
                 await rollout_on(pool, runner, 0)  # renderers resolve the context length once
                 example_id, task = next((e, t) for e, t in (runner.next_task() for _ in range(20))
-                                        if pool.replica_for(runner.name, e) == 1)
+                                        if pool.replica_for(runner.name, e) == servers[1].url)
                 group = asyncio.ensure_future(run_group(runner, pool, example_id, task, 2, 1.0, lambda: 1))
                 await until(lambda: servers[1].fake.generate_requests == 2 or group.done())
                 await asyncio.to_thread(servers[1].__exit__)  # the replica dies
@@ -105,7 +105,7 @@ def test_a_rollout_in_flight_on_a_replica_that_dies_comes_back_lost_and_the_repl
 
         group, rerouted = asyncio.run(go())
     assert all(replica_lost(r) and not r.trainable for r in group), [r.error for r in group]
-    assert rerouted == 0, "the task's next rollouts go to the healthy replica"
+    assert rerouted == servers[0].url, "the task's next rollouts go to the healthy replica"
 
 
 def test_a_replica_is_lost_only_when_it_accepts_no_connection():

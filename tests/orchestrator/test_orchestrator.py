@@ -47,7 +47,7 @@ class FakePool:
         self.loads = []
 
     def replica_for(self, env, example_id):
-        return 0
+        return "http://fake"
 
     def context_at(self, replica, model=None):
         return None
@@ -60,6 +60,12 @@ class FakePool:
 
     async def call_on(self, replica, call):
         return await call
+
+    def served(self, replica):
+        pass
+
+    def metrics(self):
+        return {}
 
     def slot(self):
         return contextlib.nullcontext()

@@ -121,7 +121,7 @@ def test_multi_turn_rollout_is_one_token_exact_sample(tiny_model, path):
         pool = InferencePool(ClientConfig(base_urls=[url]), str(tiny_model), str(tiny_model), SamplingConfig(max_tokens=16))
         async with runner.serving():
             example_id, task = runner.next_task()
-            return await runner.rollout(task, example_id, pool.contexts[pool.request_model][0], 1.0, lambda: 0)
+            return await runner.rollout(task, example_id, pool.context_at(pool.base_urls[0]), 1.0, lambda: 0)
 
     with FakeInferenceThread(FakeInference(str(tiny_model), stop, respond=lambda ids: reply)) as server:
         rollout = asyncio.run(go(server.url))

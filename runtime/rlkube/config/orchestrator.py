@@ -93,6 +93,14 @@ class ClientConfig(Config):
     base_urls: list[str] = ["http://127.0.0.1:8000"]
     """One base URL per inference replica."""
 
+    base_urls_file: str | None = None
+    """A file listing the inference replicas' base URLs, one a line, read again every
+    `resync_interval_s`: the replicas it lists replace `base_urls` while the process runs (a
+    new one is brought to the current policy before it gets a request; one no longer listed
+    gets no new requests and its rollouts in flight finish or are re-issued). The operator
+    points it at its ConfigMap, so `kubectl scale rlrun` resizes the pool without a restart.
+    Unset, or while the file is missing or empty: `base_urls`."""
+
     timeout_s: float = Field(default=600, gt=0)
     """Per-request timeout."""
 

@@ -187,10 +187,11 @@ async def evaluate(
     return results
 
 
-def periodic_eval(config, request_model: Callable[[], str]) -> Any:
+def periodic_eval(config, request_model: Callable[[], str], base_urls: Callable[[], list[str]]) -> Any:
     """The orchestrator's `evaluate(step) -> metrics` for `config.eval` (an OrchestratorConfig);
     environments are built once. Requests name `request_model()` (`InferencePool.request_model`:
-    a LoRA run's adapter once a policy is served as one)."""
+    a LoRA run's adapter once a policy is served as one) and go to `base_urls()` (the pool's
+    replicas now: they change with `client.base_urls_file`)."""
     from rlkube.envs import load_env
 
     eval_config = config.eval
@@ -198,7 +199,7 @@ def periodic_eval(config, request_model: Callable[[], str]) -> Any:
 
     async def run(step: int) -> dict[str, float]:
         results = await evaluate(
-            eval_config.envs, list(config.client.base_urls), request_model(), eval_config.sampling,
+            eval_config.envs, list(base_urls()), request_model(), eval_config.sampling,
             num_examples=eval_config.num_examples, rollouts_per_example=eval_config.rollouts_per_example,
             pass_threshold=eval_config.pass_threshold, timeout_s=config.client.timeout_s,
             max_concurrent=config.client.max_concurrent, loaded_envs=loaded, renderer_model=config.model.name,

@@ -23,6 +23,17 @@ not even accept a connection any more (a vanished pod or node sends no reset), a
 (`call_on`) instead of waiting out `client.timeout_s`; either way they come back marked as lost (`rlkube.orchestrator.rollouts`)
 and are re-issued, never trained.
 
+The set of replicas may change while the run goes on (`client.base_urls_file`, which the
+operator keeps as `spec.inference.replicas` says: `kubectl scale rlrun`). The file is read again
+at every `sync` (and `watch_reachable`): a replica it newly lists joins the routing only once
+`sync` has brought it to the current policy (an env worker's pool: once it answers unpaused,
+which only the orchestrator's `sync` makes it), so it never gets a request before; one it no
+longer lists leaves the routing at once and drains: its rollouts in flight finish, or, when it
+stops accepting connections (its pod is deleted), are abandoned and re-issued like a lost
+replica's. Routing keys replicas by URL, so a rollout in flight keeps its replica whatever the
+list becomes; the sticky assignment of tasks to replicas changes with the count (each task's
+prefix cache is cold once).
+
 A LoRA run whose replicas serve the adapter with vLLM's LoRA support (`client.lora_adapter`)
 loads each policy as that adapter, and requests name it from the first policy update on
 (`request_model`); before it they name the base model, which is policy 0. A request sent with
@@ -95,6 +106,16 @@ def model_contexts(base_urls: list[str], model: str, renderer_model: str, sampli
     ]
 
 
+def listed_urls(path: str) -> list[str]:
+    """The base URLs a `client.base_urls_file` lists (one a line, blank lines ignored); empty
+    when the file is missing or unreadable."""
+    try:
+        with open(path) as f:
+            return [line.strip() for line in f if line.strip()]
+    except OSError:
+        return []
+
+
 class InferencePool:
     def __init__(
         self, config: ClientConfig, model: str, renderer_model: str, sampling: SamplingConfig,
@@ -102,24 +123,31 @@ class InferencePool:
     ):
         self.config = config
         self.model = model
+        self.renderer_model, self.sampling = renderer_model, sampling
         self.trainer_sends_weights = trainer_sends_weights
         """`weights.type = "nccl"`: the trainer pauses, loads, tags and resumes the replicas."""
-        self.base_urls = list(config.base_urls)
+        self.base_urls = self._listed() or list(config.base_urls)
+        """The replicas requests are routed to, by URL."""
         self.adapter = config.lora_adapter
-        self.contexts = {
-            name: model_contexts(self.base_urls, name, renderer_model, sampling, config.timeout_s)
-            for name in filter(None, (model, self.adapter))
-        }
+        self.contexts: dict[str, dict[str, object]] = {name: {} for name in filter(None, (model, self.adapter))}
+        """model name -> replica URL -> its verifiers `ModelContext` (`context_at`)."""
         self.slots = asyncio.Semaphore(config.max_concurrent)
         self.updating = asyncio.Lock()
-        """Held while replicas change weights: `load_policy` and `sync` never interleave."""
+        """Held while replicas change weights or the set of replicas changes: `load_policy` and
+        `sync` never interleave."""
         self.loaded: Policy = (0, None)
         """The newest policy `load_policy` put on every replica."""
-        self.down: dict[int, float] = {}
-        """Replicas marked down (index -> monotonic time of the newest mark); `mark_up` clears."""
-        self.calls: dict[int, set[asyncio.Task]] = defaultdict(set)
+        self.down: dict[str, float] = {}
+        """Replicas marked down (URL -> monotonic time of the newest mark); `mark_up` clears."""
+        self.calls: dict[str, set[asyncio.Task]] = defaultdict(set)
         """Rollouts in flight per replica (`call_on`)."""
         self.abandoned: set[asyncio.Task] = set()
+        self.draining: set[str] = set()
+        """Replicas no longer listed that had rollouts in flight when they left (`refresh`)."""
+        self.joined: set[str] = set()
+        """Replicas that joined while the process ran (`_join`)."""
+        self.served_by_joined = 0
+        """Rollouts those replicas served since the last `metrics()`."""
 
     @property
     def request_model(self) -> str:
@@ -130,38 +158,93 @@ class InferencePool:
         """The replica context of a task, requesting `model` (`request_model` when None)."""
         return self.context_at(self.replica_for(env_name, example_id), model)
 
-    def context_at(self, replica: int, model: str | None = None):
-        return self.contexts[model or self.request_model][replica]
+    def context_at(self, replica: str, model: str | None = None):
+        """The context of the replica at URL `replica`, made on first use."""
+        model = model or self.request_model
+        contexts = self.contexts[model]
+        if replica not in contexts:
+            contexts[replica] = model_contexts(
+                [replica], model, self.renderer_model, self.sampling, self.config.timeout_s)[0]
+        return contexts[replica]
 
-    def replica_for(self, env_name: str, example_id: str) -> int:
-        """The task's sticky replica, or while it is down, one of the healthy ones (the same
-        for every rollout of the task); the sticky one when all are down."""
-        sticky = pick_replica(env_name, example_id, len(self.base_urls))
-        healthy = [i for i in range(len(self.base_urls)) if not self.is_down(i)]
+    def replica_for(self, env_name: str, example_id: str) -> str:
+        """The task's sticky replica (a URL), or while it is down, one of the healthy ones (the
+        same for every rollout of the task); the sticky one when all are down."""
+        urls = self.base_urls
+        sticky = urls[pick_replica(env_name, example_id, len(urls))]
+        healthy = [url for url in urls if not self.is_down(url)]
         if sticky in healthy or not healthy:
             return sticky
         return healthy[pick_replica(env_name, example_id, len(healthy))]
 
+    # --- the set of replicas ---------------------------------------------------------------
+
+    def _listed(self) -> list[str]:
+        return listed_urls(self.config.base_urls_file) if self.config.base_urls_file else []
+
+    def refresh(self) -> list[str]:
+        """Read `client.base_urls_file` again: replicas it no longer lists leave the routing at
+        once (those with rollouts in flight drain, `settle_draining`); returns the listed ones
+        not routed yet, which the caller adds (`_join`) once they serve the policy."""
+        listed = self._listed()
+        if not listed or not any(u in listed for u in self.base_urls):
+            return []  # routing keeps its replicas until a listed one has joined
+        for url in [u for u in self.base_urls if u not in listed]:
+            self.base_urls.remove(url)
+            self.down.pop(url, None)
+            logger.info("inference replica %s left the pool (%d in flight drain)", url, len(self.calls.get(url, ())))
+            if self.calls.get(url):
+                self.draining.add(url)
+        return [url for url in listed if url not in self.base_urls]
+
+    def _join(self, url: str) -> None:
+        """Route requests to `url` too, in the order the file lists the replicas."""
+        listed = self._listed()
+        self.base_urls = [u for u in listed if u in self.base_urls or u == url] or self.base_urls + [url]
+        self.joined.add(url)
+        logger.info("inference replica %s joined the pool: %d replica(s)", url, len(self.base_urls))
+
+    async def settle_draining(self) -> None:
+        """A draining replica is done when its rollouts are; one that no longer accepts
+        connections (its pod is gone) loses them (`_lost`: they are re-issued)."""
+        for url in list(self.draining):
+            if self.calls.get(url) and not await accepts_connections(url):
+                self._lost(url)
+            if not self.calls.get(url):
+                self.draining.discard(url)
+
+    def served(self, replica: str) -> None:
+        """A rollout on `replica` finished (it did not lose its replica)."""
+        self.served_by_joined += replica in self.joined
+
+    def metrics(self) -> dict[str, float]:
+        """`inference/replicas` routed to now, `inference/draining`, and
+        `rollouts/on_joined_replicas`: served since the last call by replicas that joined while
+        the process ran (a scale-up's)."""
+        served, self.served_by_joined = self.served_by_joined, 0
+        return {"inference/replicas": float(len(self.base_urls)), "inference/draining": float(len(self.draining)),
+                "rollouts/on_joined_replicas": float(served)}
+
     # --- replicas that do not answer -------------------------------------------------------
 
-    def mark_down(self, replica: int) -> None:
+    def mark_down(self, replica: str) -> None:
         if not self.is_down(replica):
-            logger.warning("inference replica %s is down: its rollouts go to the others", self.base_urls[replica])
+            logger.warning("inference replica %s is down: its rollouts go to the others", replica)
         self.down[replica] = time.monotonic()
 
-    def mark_up(self, replica: int) -> None:
+    def mark_up(self, replica: str) -> None:
         if self.down.pop(replica, None) is not None:
-            logger.info("inference replica %s serves again", self.base_urls[replica])
+            logger.info("inference replica %s serves again", replica)
 
-    def is_down(self, replica: int) -> bool:
+    def is_down(self, replica: str) -> bool:
         marked = self.down.get(replica)
         return marked is not None and time.monotonic() - marked < self.config.resync_interval_s
 
-    def down_since(self, replica: int, since: float) -> bool:
+    def down_since(self, replica: str, since: float) -> bool:
         """Whether the replica was marked down at `since` (monotonic) or later."""
         return self.down.get(replica, -1.0) >= since
 
-    async def call_on(self, replica: int, call: Awaitable):
+    async def call_on(self, replica: str, call: Awaitable):
         """`await call` (a rollout on `replica`), or None if it was abandoned because the replica
         stopped answering (`_lost`). Cancelling the caller cancels the call as usual."""
         task = asyncio.ensure_future(call)
@@ -177,12 +260,12 @@ class InferencePool:
             self.calls[replica].discard(task)
             self.abandoned.discard(task)
 
-    def _lost(self, replica: int) -> None:
+    def _lost(self, replica: str) -> None:
         """The replica does not answer: mark it down and abandon the rollouts in flight on it
         (a silent peer would hold them for `client.timeout_s`)."""
         self.mark_down(replica)
         if calls := self.calls.pop(replica, set()):
-            logger.warning("abandoning %d rollout(s) in flight on %s", len(calls), self.base_urls[replica])
+            logger.warning("abandoning %d rollout(s) in flight on %s", len(calls), replica)
         for task in calls:
             self.abandoned.add(task)
             task.cancel()
@@ -191,13 +274,22 @@ class InferencePool:
         """Where no `sync` runs (an env worker; the orchestrator drives the weights): every
         `client.resync_interval_s`, a replica that does not answer is lost (`_lost`), one that
         answers is up again (a restarted one holds the requests it gets while paused, until the
-        orchestrator brings it to the policy)."""
+        orchestrator brings it to the policy). A newly listed replica joins once it answers
+        unpaused: only the orchestrator's `sync` resumes a new replica, after loading the policy."""
         while True:
             await asyncio.sleep(self.config.resync_interval_s)
-            states = await asyncio.gather(*(self._state(replica) for replica in range(len(self.base_urls))))
-            for replica, state in enumerate(states):
-                if state is not None:
-                    self.mark_up(replica)
+            joining = self.refresh()
+            urls = self.base_urls + joining
+            states = await asyncio.gather(*(self._state(url) for url in urls))
+            for url, state in zip(urls, states):
+                if state is None:
+                    continue
+                if url in joining:
+                    if state[1] or state[0] in (None, "default"):
+                        continue
+                    self._join(url)
+                self.mark_up(url)
+            await self.settle_draining()
 
     @asynccontextmanager
     async def slot(self):
@@ -252,10 +344,12 @@ class InferencePool:
         abandoned attempt, or of an earlier run on a server kept running) reloads the model's own
         weights."""
         async with self.updating:
+            joining = self.refresh()
             step, location = max(policy, self.loaded, key=lambda p: p[0])
-            states = await asyncio.gather(*(self._state(replica) for replica in range(len(self.base_urls))))
-            stale = []
-            for replica, (url, state) in enumerate(zip(self.base_urls, states)):
+            urls = self.base_urls + joining
+            states = await asyncio.gather(*(self._state(url) for url in urls))
+            stale, current = [], []
+            for url, state in zip(urls, states):
                 if state is None:
                     continue
                 version, paused = state
@@ -265,20 +359,24 @@ class InferencePool:
                 elif not serves_at_least(version, step) or (paused and not self.trainer_sends_weights):
                     stale.append(url)
                 else:
-                    self.mark_up(replica)
+                    current.append(url)
             results = await asyncio.gather(
                 *(self._sync_one(url, step, location, timeout_s) for url in stale), return_exceptions=True
             )
-        synced = []
-        for url, result in zip(stale, results):
-            if isinstance(result, InferenceError):  # died again meanwhile: the next call retries
-                logger.warning("could not bring replica %s to policy %d: %s", url, step, result)
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                logger.info("replica %s brought to policy %d", url, step)
-                self.mark_up(self.base_urls.index(url))
-                synced.append(url)
+            synced = []
+            for url, result in zip(stale, results):
+                if isinstance(result, InferenceError):  # died again meanwhile: the next call retries
+                    logger.warning("could not bring replica %s to policy %d: %s", url, step, result)
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    logger.info("replica %s brought to policy %d", url, step)
+                    synced.append(url)
+            for url in current + synced:
+                if url in joining:  # it serves the policy: from now on it gets requests
+                    self._join(url)
+                self.mark_up(url)
+            await self.settle_draining()
         return synced
 
     async def watch(self, policy: Callable[[], Policy], timeout_s: float) -> None:
@@ -287,19 +385,18 @@ class InferencePool:
             await asyncio.sleep(self.config.resync_interval_s)
             await self.sync(policy(), timeout_s)
 
-    async def _state(self, replica: int) -> tuple[str | None, bool] | None:
+    async def _state(self, url: str) -> tuple[str | None, bool] | None:
         """(weight version, paused) of a replica; None if it does not answer. It is lost only
         if it does not even accept a connection: a busy engine may take longer than the read
         timeout to answer, and abandoning its rollouts then would only add to its load."""
         from rlkube.inference.client import is_paused, weight_version
 
-        url = self.base_urls[replica]
         try:
             return await weight_version(url), await is_paused(url)
         except InferenceError as e:
             logger.warning("inference replica %s does not answer: %s", url, e)
             if not await accepts_connections(url):
-                self._lost(replica)
+                self._lost(url)
             return None
 
     async def _sync_one(self, url: str, step: int, location: str | None, timeout_s: float) -> None:

@@ -110,6 +110,7 @@ class Orchestrator:
         metrics = self.store_batch(batch)
         metrics["rollouts/reissued"] = float(self.reissuer.reissued - self.reissued_logged)
         self.reissued_logged = self.reissuer.reissued
+        metrics |= self.pool.metrics()
         if self.workers is not None:
             metrics |= self.workers.metrics()
         metrics["time/batch"] = time.perf_counter() - self.batch_started

@@ -173,13 +173,14 @@ async def run_group(runner, pool, example_id: str, task: Any, size: int, tempera
             replica, started = pool.replica_for(runner.name, example_id), time.monotonic()
             ctx = pool.context_at(replica, model)
             rollout = await pool.call_on(replica, runner.rollout(task, example_id, ctx, temperature, policy_version))
-        url = pool.base_urls[replica]
         if rollout is None:  # abandoned: the replica stopped answering
             return Rollout(runner.name, example_id, 0.0, [], policy_version(), policy_version(),
-                           error=f"{REPLICA_LOST}: {url}: abandoned, the replica stopped answering")
+                           error=f"{REPLICA_LOST}: {replica}: abandoned, the replica stopped answering")
         if lost_its_replica(rollout.error, pool.down_since(replica, started)):
             pool.mark_down(replica)
-            rollout.error = f"{REPLICA_LOST}: {url}: {rollout.error}"
+            rollout.error = f"{REPLICA_LOST}: {replica}: {rollout.error}"
+        else:
+            pool.served(replica)
         return rollout
 
     return list(await asyncio.gather(*(one() for _ in range(size))))

@@ -1,8 +1,8 @@
 """What the operator costs the API server: requests per run per minute, by verb, for steady and
 for finished RLRuns, and the time from applying many runs to all their children existing.
 
-The operator runs embedded against the kmock API emulator (tests/operator/embedded.py), which
-records every request; the benchmark plays the controllers and kubelets (pods Running/Ready)
+The operator runs embedded against the local cluster's API server (tests/operator/embedded.py),
+which records every request; the benchmark plays the controllers and kubelets (pods Running/Ready)
 and a fixed orchestrator GET /status, as the operator tests do.
 
     PYTHONPATH=. .venv/bin/python benchmarks/operator_api.py [--runs 50] [--seconds 60] [--burst 200]

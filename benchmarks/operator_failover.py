@@ -1,7 +1,8 @@
 """Operator failover: how long runs go unreconciled when the active replica dies or stops, what
 the election costs the API server, and whether hostile tenants can take the leadership away.
 
-Operators run against the kmock API emulator, with the real elector and kopf.
+Operators run against the local cluster's API server (tests/operator/cluster.py), with the real
+elector and kopf.
 
 - failover: two replicas (threads with their own event loops and credentials:
   tests/operator/test_leader.py's `Replica`) and one RLRun. At the moment the leader is killed (no release: a
@@ -39,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tests.fixtures import processes
-from tests.operator.cluster import Cluster, declare_resources
+from tests.operator.cluster import Cluster
 from tests.operator.embedded import api_server, serve_status
 from tests.operator.hostile import StatusPods, serve_status_pods
 from tests.operator.test_leader import LEASE, Replica, holder, start_operator
@@ -65,7 +66,6 @@ async def failover(timing: dict, crash: bool) -> dict:
     """One failover: (seconds to the new holder, seconds to the deleted child made again,
     lease requests per minute of the leader and the standby before it)."""
     async with api_server() as server, serve_status() as status:
-        declare_resources(server)
         cluster = Cluster(server)
         a = Replica("operator-a", cluster, status.url, **timing).start()
         await cluster.until(lambda: holder(cluster) == "operator-a", what="a leads")
@@ -169,7 +169,6 @@ async def start_runs(cluster: Cluster, pods: StatusPods, operator: subprocess.Po
 
 async def hostile_tenants(args: argparse.Namespace, timing: dict, checkout: str | None) -> dict:
     async with api_server() as server, serve_status_pods() as pods:
-        declare_resources(server)
         cluster = Cluster(server)
         with operator_process(cluster, pods.url, args, timing, checkout) as operator:
             await cluster.until(lambda: holder(cluster) == "operator-a", timeout=60, what="the operator leads")

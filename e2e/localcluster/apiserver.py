@@ -206,10 +206,13 @@ class ApiServer(kmock.KubernetesEmulator):
     crd_dir: Path = resources.CRD_DIR
     keep_requests = 2000
     logs: Callable[[str, str, str], Path] | None = None
+    extra_kinds: tuple[Kind, ...] = ()  # served besides the built-in ones and the CRDs
+    parse_requests = False  # keep kmock's parse of every request (its resource, action), for tests
 
     def __attrs_post_init__(self) -> None:
         # Not kmock's: it would register its own fallback answers, and these are ours.
-        self.kinds = {(k.group, k.version, k.plural): k for k in resources.BUILTIN + resources.crd_kinds(self.crd_dir)}
+        served = resources.BUILTIN + list(self.extra_kinds) + resources.crd_kinds(self.crd_dir)
+        self.kinds = {(k.group, k.version, k.plural): k for k in served}
         for k in self.kinds.values():  # for kmock's DSL, which resolves `v1/pods` against these
             self.resources[k.url().strip("/").removeprefix("apis/").removeprefix("api/")] = kmock.ResourceInfo(
                 kind=k.kind, namespaced=k.namespaced, subresources=set(k.subresources))
@@ -259,7 +262,7 @@ class ApiServer(kmock.KubernetesEmulator):
         """kmock's entry point, parsing the request our way: kmock's own parser fails on paths
         such as `/api/v1/namespaces` and guesses Kubernetes actions we decide ourselves."""
         request = None
-        if self._payloads:  # kmock's DSL matches its own parse of the request
+        if self._payloads or self.parse_requests:  # kmock's DSL matches its own parse of the request
             with contextlib.suppress(ValueError):  # a path kmock cannot parse: no reaction for it
                 request = await kmock.Request._parse(raw, id=len(self._requests))
         if request is None:
@@ -276,13 +279,18 @@ class ApiServer(kmock.KubernetesEmulator):
             del self._requests[: -self.keep_requests // 2]
         if self._payloads:  # reactions a test declared with kmock's DSL come first
             with contextlib.suppress(NotImplementedError):  # none matched
-                return await kmock.RawHandler._handle(self, request)
+                return await self._react(request)
         try:
             return await self._serve(request)
         except ApiError as e:
             return self._status(e)
         except (TypeError, AttributeError, KeyError, ValueError) as e:
             return self._status(ApiError(400, "BadRequest", f"malformed request: {e!r}"))
+
+    async def _react(self, request) -> aiohttp.web.StreamResponse:
+        """The answer of the first reaction declared with kmock's DSL that matches (none:
+        NotImplementedError)."""
+        return await kmock.RawHandler._handle(self, request)
 
     @staticmethod
     def _status(e: ApiError) -> aiohttp.web.Response:

@@ -1,5 +1,6 @@
-"""The local cluster's kubelet against a kmock API server: pods are real processes in their own
-network namespaces, reachable at their IPs, resolving Services through their hosts files."""
+"""The local cluster's kubelet against its API server (no controllers): pods are real processes
+in their own network namespaces, reachable at their IPs, resolving Services through their
+hosts files."""
 
 import asyncio
 import base64
@@ -11,13 +12,12 @@ import sys
 import urllib.request
 from pathlib import Path
 
-import kmock
 import pytest
 
 from e2e.localcluster.kubelet import Kubelet, log_path
 from e2e.localcluster.network import NETNS_ETC, RECORDS, Network, unavailable_reason
 from e2e.scenarios.harness import require
-from tests.operator.cluster import NS, ApiServer, Cluster, declare_resources
+from tests.operator.cluster import NS, ApiServer, Cluster
 
 PY = sys.executable
 
@@ -29,10 +29,8 @@ def kmock_options():
 
 @pytest.fixture
 async def cluster(kmock, tmp_path):
-    """A kmock API server with a running kubelet; `cluster.kubelet`, `cluster.logs(pod)`."""
+    """The API server with a running kubelet; `cluster.kubelet`, `cluster.logs(pod)`."""
     require(unavailable_reason())
-    declare_resources(kmock)
-    kmock.resources["v1/secrets"] = kmock_resource("Secret")
     kubelet = Kubelet(str(kmock.url), tmp_path, Path(PY).parents[1], backoff_s=0.5, backoff_cap_s=1)
     task = asyncio.create_task(kubelet.run())
     ready = asyncio.create_task(kubelet.ready.wait())
@@ -47,11 +45,6 @@ async def cluster(kmock, tmp_path):
     with contextlib.suppress(asyncio.CancelledError):
         await task
     await kubelet.shutdown()
-
-
-def kmock_resource(kind: str):
-    return kmock.ResourceInfo(kind=kind, namespaced=True, subresources=set(),
-                              verbs={"get", "list", "watch", "create", "patch", "update", "delete"})
 
 
 def _read(path: Path) -> str:
@@ -148,7 +141,7 @@ async def test_cluster_ip_service_follows_a_replaced_pod_in_a_running_process(cl
     ip_1 = cluster.status("Pod", "server-1")["podIP"]
     await cluster.until(lambda: ip_1 in cluster.logs("client"), 30, "client resolving server-1")
 
-    await cluster.delete("Pod", "server-1")  # kmock deletes at once: the kubelet kills it
+    await cluster.delete("Pod", "server-1")  # marked: the kubelet stops it, then deletes it
     await cluster.create(pod("server-2", ["python", "-m", "http.server", "8080"], {"app": "server"},
                              container=http_server()))
     await cluster.until(lambda: is_ready(cluster, "server-2"), 30, "server-2 ready")
@@ -252,8 +245,7 @@ async def test_graceful_delete_sends_sigterm_then_the_kubelet_deletes_the_pod(cl
         "print('up', flush=True)\n"
         "while True: time.sleep(1)\n"
     )
-    # kmock removes a marked object at once unless a finalizer holds it (the real API server
-    # keeps a pod for its kubelet): the finalizer lets this test see the kubelet's own DELETE.
+    # The finalizer keeps the pod after the kubelet's final DELETE, for the test to look at.
     held = pod("graceful", ["python", "-c", script], terminationGracePeriodSeconds=20)
     held["metadata"]["finalizers"] = ["rlkube.dev/test-hold"]
     await cluster.create(held)

@@ -1,68 +1,61 @@
-"""A kmock Kubernetes emulator that behaves a little more like an API server, plus helpers that
-play the parts of the controllers kmock lacks (StatefulSet/Deployment/Job creating pods, the
-kubelet reporting their status)."""
+"""The local cluster's API server (e2e/localcluster/apiserver.py) for in-process operator tests,
+plus helpers that play the parts of the controllers (StatefulSet/Deployment/Job creating pods,
+the kubelet reporting their status) as each test needs them."""
 
 import asyncio
 import contextvars
 import copy
-import datetime
-import itertools
-import uuid
+import sys
 
-import jsonpatch
-import kmock
-from kmock._internal import enums
+from e2e.localcluster import apiserver
+from e2e.localcluster.resources import Kind
 
 NS = "team-a"
-RESOURCES = {
-    "rlkube.dev/v1alpha1/rlruns": ("RLRun", {"status"}),
-    "rlkube.dev/v1alpha1/sftruns": ("SFTRun", {"status"}),
-    "v1/configmaps": ("ConfigMap", set()),
-    "v1/secrets": ("Secret", set()),
-    "v1/services": ("Service", set()),
-    "v1/persistentvolumeclaims": ("PersistentVolumeClaim", set()),
-    "v1/pods": ("Pod", {"status"}),
-    "v1/events": ("Event", set()),
-    "v1/namespaces": ("Namespace", set()),
-    "apps/v1/statefulsets": ("StatefulSet", {"status"}),
-    "apps/v1/deployments": ("Deployment", {"status"}),
-    "batch/v1/jobs": ("Job", {"status"}),
-    "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", set()),
-    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", set()),
-    "coordination.k8s.io/v1/leases": ("Lease", set()),
-    "kueue.x-k8s.io/v1beta1/workloads": ("Workload", {"status"}),
-    "kueue.x-k8s.io/v1beta1/resourceflavors": ("ResourceFlavor", set()),
-    "scheduling.volcano.sh/v1beta1/podgroups": ("PodGroup", {"status"}),
-    "scheduling.x-k8s.io/v1alpha1/podgroups": ("PodGroup", {"status"}),
-}
-CLUSTER_SCOPED = ("Namespace", "ResourceFlavor")
-PLURAL = {"RLRun": "rlkube.dev/v1alpha1/rlruns", "SFTRun": "rlkube.dev/v1alpha1/sftruns"}
+# Kinds the operator writes that the local cluster does not serve (no Kueue, no gang scheduler
+# runs there): stored as sent, as a cluster with those CRDs installed would.
+SCHEDULING = (
+    Kind("kueue.x-k8s.io", "v1beta1", "workloads", "Workload", subresources=("status",)),
+    Kind("kueue.x-k8s.io", "v1beta1", "resourceflavors", "ResourceFlavor", namespaced=False),
+    Kind("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", subresources=("status",)),
+    Kind("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", subresources=("status",)),
+)
 PATHS = {
-    "ConfigMap": "v1/configmaps", "Secret": "v1/secrets", "Service": "v1/services", "PersistentVolumeClaim": "v1/persistentvolumeclaims",
-    "Pod": "v1/pods", "StatefulSet": "apps/v1/statefulsets", "Deployment": "apps/v1/deployments",
-    "Job": "batch/v1/jobs", "Event": "v1/events", "PodDisruptionBudget": "policy/v1/poddisruptionbudgets",
-    "NetworkPolicy": "networking.k8s.io/v1/networkpolicies", "Workload": "kueue.x-k8s.io/v1beta1/workloads",
+    "RLRun": "rlkube.dev/v1alpha1/rlruns", "SFTRun": "rlkube.dev/v1alpha1/sftruns",
+    "ConfigMap": "v1/configmaps", "Secret": "v1/secrets", "Service": "v1/services",
+    "PersistentVolumeClaim": "v1/persistentvolumeclaims", "Pod": "v1/pods", "Event": "v1/events",
+    "StatefulSet": "apps/v1/statefulsets", "Deployment": "apps/v1/deployments", "Job": "batch/v1/jobs",
+    "PodDisruptionBudget": "policy/v1/poddisruptionbudgets",
+    "NetworkPolicy": "networking.k8s.io/v1/networkpolicies", "Lease": "coordination.k8s.io/v1/leases",
+    "Workload": "kueue.x-k8s.io/v1beta1/workloads", "ResourceFlavor": "kueue.x-k8s.io/v1beta1/resourceflavors",
     "volcano PodGroup": "scheduling.volcano.sh/v1beta1/podgroups",
     "coscheduling PodGroup": "scheduling.x-k8s.io/v1alpha1/podgroups",
-    "Lease": "coordination.k8s.io/v1/leases",
-    **PLURAL,
 }
-_counter = itertools.count()
 _SERVING: contextvars.ContextVar = contextvars.ContextVar("the request being served", default=None)
 
 
-class ApiServer(kmock.KubernetesEmulator):
-    """Fills what the real API server fills: names from generateName, uid, creationTimestamp,
-    generation (bumped on spec changes). Everything else is kmock's merge-patch store.
+class ApiServer(apiserver.ApiServer):
+    """The local cluster's API server (e2e/localcluster: CEL rules with `oldSelf`, immutable
+    fields, the status subresource, graceful pod deletion), serving the scheduling kinds too,
+    with namespace `NS` made; requests are kept parsed as kmock parses them, so tests can count
+    the operator's by verb and resource.
 
     Each request costs the same however many came before it. kmock picks a request's reaction
     by asking each reaction's filters whether the request is among those they see, which walks
-    every request served so far: 0.4 s a request after 1,150 of them (2-core VM), so the 200-run
-    failover benchmark saturated the emulator while it was still creating runs. While a request
-    is served (in its own task) the server's requests are that request alone, so the filters
-    decide on it alone, as they would in the whole log; tests reading the log see all of it.
-    Reactions that depend on the order of requests (kmock's slices, `server[...][:1]`) would
-    see only it: none are used here."""
+    every request served so far: 0.4 s a request after 1,150 of them (2-core VM). While a
+    reaction is picked the server's requests are that request alone, so the filters decide on
+    it alone, as they would in the whole log; tests reading the log see all of it. Reactions
+    that depend on the order of requests (kmock's slices, `server[...][:1]`) would see only it:
+    none are used here."""
+
+    extra_kinds = SCHEDULING
+    parse_requests = True
+    keep_requests = sys.maxsize  # tests count requests since a mark (`embedded.served`)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        namespace = {"apiVersion": "v1", "kind": "Namespace",
+                     "metadata": {"name": NS, "uid": NS, "creationTimestamp": apiserver.now()}}
+        self._store(self.kinds["", "v1", "namespaces"], namespace, "ADDED")
 
     def __iter__(self):
         serving = _SERVING.get()
@@ -71,101 +64,66 @@ class ApiServer(kmock.KubernetesEmulator):
         else:
             yield serving
 
-    async def _handle(self, request):
+    async def _react(self, request):
         serving = _SERVING.set(request)
         try:
-            return await self._serve(request)
+            return await super()._react(request)
         finally:
             _SERVING.reset(serving)
 
-    async def _serve(self, request):
-        if request.resource is not None and request.action == enums.action.CREATE:
-            meta = request.data.setdefault("metadata", {})
-            if "name" not in meta and "generateName" in meta:
-                meta["name"] = f"{meta['generateName']}{next(_counter)}"
-            meta.setdefault("uid", str(uuid.uuid4()))
-            meta.setdefault("creationTimestamp", _now())
-            meta.setdefault("generation", 1)
-            meta["resourceVersion"] = str(next(_counter))
-        elif request.resource is not None and request.action == enums.action.UPDATE and request.name:
-            key = (request.resource, request.namespace, request.name)
-            if key in self.objects and not self.objects[key].deleted:
-                version = str(next(_counter))
-                if isinstance(request.data, list):  # JSON patch (kopf's finalizers)
-                    request.data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
-                else:
-                    meta = request.data.setdefault("metadata", {})
-                    meta["resourceVersion"] = version
-                    if "spec" in request.data:
-                        meta["generation"] = self.objects[key].get("metadata", {}).get("generation", 1) + 1
-        return await super()._handle(request)
-
-    async def _render_error(self, exc):
-        # The API server answers a failed JSON-patch `test` (a stale resourceVersion) with 422.
-        if isinstance(exc, jsonpatch.JsonPatchTestFailed):
-            exc = kmock.KubernetesError(status=422, reason="Invalid", message=str(exc))
-        return await super()._render_error(exc)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def declare_resources(server: ApiServer) -> None:
-    for path, (kind, subresources) in RESOURCES.items():
-        server.resources[path] = kmock.ResourceInfo(
-            kind=kind, namespaced=kind not in CLUSTER_SCOPED, subresources=subresources,
-            verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
-        )
-
 
 class Cluster:
-    """What a test does to the cluster, through the emulator's HTTP API (so watches fire)."""
+    """What a test does to the cluster, through the API server's HTTP API (so watches fire)."""
 
     def __init__(self, server: ApiServer):
         self.server = server
 
-    @staticmethod
-    def url(kind: str, name: str | None = None, namespace: str = NS) -> str:
+    def kind(self, kind: str) -> Kind:
         group_version, plural = PATHS[kind].rsplit("/", 1)
-        prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
-        return f"{prefix}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
+        group, _, version = group_version.rpartition("/")
+        return self.server.kinds[group, version, plural]
+
+    def url(self, kind: str, name: str | None = None, namespace: str = NS) -> str:
+        return self.kind(kind).url(namespace, name)
+
+    async def _call(self, method: str, path: str, body) -> dict:
+        async with self.server.request(method, path, json=body) as response:
+            assert response.status < 300, await response.text()
+            return await response.json()
 
     async def create(self, obj: dict) -> dict:
+        """Create `obj`; a `status` in it is then written as its controller would (to `/status`)."""
         obj = copy.deepcopy(obj)
-        obj["metadata"].setdefault("namespace", NS)
-        async with self.server.post(self.url(obj["kind"]), json=obj) as response:
-            assert response.status < 300, await response.text()
-            return await response.json()
+        kind = next(k for k in self.server.kinds.values()
+                    if (k.api_version, k.kind) == (obj["apiVersion"], obj["kind"]))
+        namespace = obj["metadata"].setdefault("namespace", NS) if kind.namespaced else None
+        created = await self._call("POST", kind.url(namespace), obj)
+        if obj.get("status") and "status" in kind.subresources:
+            path = kind.url(namespace, created["metadata"]["name"]) + "/status"
+            return await self._call("PATCH", path, {"status": obj["status"]})
+        return created
 
     async def patch(self, kind: str, name: str, patch: dict) -> dict:
-        async with self.server.patch(self.url(kind, name), json=patch) as response:
-            assert response.status < 300, await response.text()
-            return await response.json()
+        """A merge patch; its `status` goes to the status subresource, the rest to the object."""
+        patch = dict(patch)
+        status = {"status": patch.pop("status")} if "status" in patch else None
+        result = await self._call("PATCH", self.url(kind, name), patch) if patch or status is None else None
+        if status is not None:
+            result = await self._call("PATCH", self.url(kind, name) + "/status", status)
+        return result
 
     async def delete(self, kind: str, name: str) -> None:
-        async with self.server.delete(self.url(kind, name)) as response:
-            assert response.status < 300, await response.text()
+        await self._call("DELETE", self.url(kind, name), None)
 
     def get(self, kind: str, name: str) -> dict | None:
-        key = (PATHS[kind], NS, name)
-        try:
-            obj = self.server.objects[key]
-        except KeyError:
-            return None
-        return None if obj.deleted else copy.deepcopy(obj.raw)
+        obj = self.server.read(self.kind(kind), NS, name)
+        return copy.deepcopy(obj) if obj is not None else None
 
     def names(self, kind: str) -> set[str]:
-        return {
-            name for (res, ns, name), obj in self.server.objects.items()
-            if res == kmock.resource(PATHS[kind]) and ns == NS and not obj.deleted
-        }
+        return {obj["metadata"]["name"] for obj in self.server.read_all(self.kind(kind), NS)}
 
     def events(self) -> list[dict]:
-        return [
-            obj.raw for (res, ns, _), obj in self.server.objects.items()
-            if res == kmock.resource("v1/events") and not obj.deleted
-        ]
+        return self.server.read_all(self.kind("Event"))
 
     async def until(self, predicate, timeout: float = 20.0, what: str = "condition", every: float = 0.1):
         """Poll until predicate() is truthy; its value is returned. A predicate that looks

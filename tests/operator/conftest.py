@@ -1,8 +1,10 @@
-"""Fixtures: the kmock API server, a fake orchestrator /status endpoint, the operator running
-embedded (kopf.operator in this event loop) against them."""
+"""Fixtures: the local cluster's API server (through kmock's pytest fixture), a fake
+orchestrator /status endpoint, the operator running embedded (kopf.operator in this event
+loop) against them."""
 
 import pytest
 
+from e2e.localcluster import admission
 from tests.operator.cluster import ApiServer
 from tests.operator.embedded import running_operator, serve_status
 
@@ -10,6 +12,14 @@ from tests.operator.embedded import running_operator, serve_status
 @pytest.fixture
 def kmock_options():
     return {"cls": ApiServer}
+
+
+@pytest.fixture
+def crd_rules_off(monkeypatch):
+    """An API server that does not evaluate the CRDs' CEL rules (a CRD applied without them, or
+    a cluster that cannot): what the operator checks again itself, and what a test of those
+    checks needs, since the local cluster's API server refuses such specs first."""
+    monkeypatch.setattr(admission, "check", lambda schema, obj, old=None: [])
 
 
 @pytest.fixture
@@ -33,7 +43,7 @@ def registry_options() -> dict:
 
 @pytest.fixture
 async def cluster(kmock, orchestrator_status, operator_settings, registry_options):
-    """The operator running against kmock; yields the test's handle on the cluster."""
+    """The operator running against the API server; yields the test's handle on the cluster."""
     async with running_operator(kmock, orchestrator_status.url, settings=operator_settings,
                                 **registry_options) as cluster:
         yield cluster

@@ -1,5 +1,6 @@
-"""The operator running embedded (kopf.operator in the caller's event loop) against a kmock API
-emulator, and a fake orchestrator GET /status: one place for the tests' `cluster` fixture and benchmarks/operator_api.py."""
+"""The operator running embedded (kopf.operator in the caller's event loop) against the local
+cluster's API server (cluster.ApiServer), and a fake orchestrator GET /status: one place for
+the tests' `cluster` fixture and benchmarks/operator_api.py."""
 
 import asyncio
 import contextlib
@@ -13,7 +14,7 @@ from rlkube_operator.main import build_registry
 from rlkube_operator.reconcile import Reconciler, Settings
 
 from tests.fixtures.inference import free_port
-from tests.operator.cluster import NS, ApiServer, Cluster, declare_resources
+from tests.operator.cluster import NS, ApiServer, Cluster
 
 READS = ("get", "list", "watch")
 WRITES = ("create", "patch", "delete")
@@ -63,7 +64,7 @@ async def serve_status() -> AsyncIterator[OrchestratorStatus]:
 
 @contextlib.asynccontextmanager
 async def api_server() -> AsyncIterator[ApiServer]:
-    """A kmock API emulator serving on a local port (what pytest's `kmock` fixture gives tests)."""
+    """The API server on a local port (what pytest's `kmock` fixture gives tests)."""
     import kmock
 
     async with ApiServer() as server, kmock.Server(server):
@@ -75,7 +76,6 @@ async def running_operator(server: ApiServer, status_url: str, *, settings: dict
                            **registry_options) -> AsyncIterator[Cluster]:
     """The operator watching `NS` on `server`, reading progress from `status_url`; yields the
     caller's handle on the cluster. `registry_options` go to `build_registry` (`interval`, …)."""
-    declare_resources(server)
     url = str(server.url).rstrip("/")
 
     def login(**_):
@@ -85,9 +85,9 @@ async def running_operator(server: ApiServer, status_url: str, *, settings: dict
     registry = build_registry(reconciler, login=login, **registry_options)
     kopf_settings = kopf.OperatorSettings()
     kopf_settings.watching.reconnect_backoff = 0.2
-    # kmock sends no BOOKMARKs and, on a reconnect, replays every object as ADDED whatever the
-    # resourceVersion: kopf's idle-watch reconnect (70 s) would then wake every run, which a real
-    # API server (bookmarks, watches resumed from their resourceVersion) never does.
+    # The emulator sends no BOOKMARKs: kopf's idle-watch reconnect (70 s) lists every object again
+    # and would then wake every run, which a real API server (bookmarks keep a quiet watch's
+    # resourceVersion fresh) never does.
     kopf_settings.watching.inactivity_timeout = 3600
     stop, ready = asyncio.Event(), asyncio.Event()
     liveness = f"http://127.0.0.1:{free_port()}/healthz"

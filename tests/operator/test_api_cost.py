@@ -10,7 +10,6 @@ import pytest
 from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.main import crds_served
 
-from tests.operator.cluster import declare_resources
 from tests.operator.embedded import WRITES, operator_requests, quiet, served, verbs
 from tests.operator.test_operator_kmock import rlrun, start_everything
 
@@ -88,7 +87,10 @@ async def test_the_operator_starts_only_once_its_crds_are_served(kmock):
     """kopf reads the served resources once, after the startup handlers: a start before the
     CRDs are installed waits for them instead of never watching a run."""
     kube = Kube(api_client(str(kmock.url).rstrip("/")))
+    crds = {key: kind for key, kind in kmock.kinds.items() if kind.group == "rlkube.dev"}
+    for key in crds:
+        del kmock.kinds[key]
     with pytest.raises(kopf.TemporaryError, match=r"rlruns.rlkube.dev/v1alpha1, sftruns.rlkube.dev/v1alpha1"):
         await asyncio.to_thread(crds_served, kube)
-    declare_resources(kmock)
+    kmock.kinds |= crds  # the CRDs installed
     await asyncio.to_thread(crds_served, kube)

@@ -2,13 +2,12 @@
 the requests served before it: benchmarks run hundreds of runs against it, and an emulator
 slowing down with its own log would pass for an operator that cannot keep up."""
 
-from tests.operator.cluster import Cluster, declare_resources
+from tests.operator.cluster import Cluster
 
 REQUESTS = 300
 
 
 async def test_a_reaction_sees_each_request_once_and_the_log_keeps_them_all(kmock):
-    declare_resources(kmock)
     cluster, asked = Cluster(kmock), []
 
     def refused(request) -> bool:

@@ -27,7 +27,7 @@ from rlkube_operator.reconcile import Reconciler, Settings
 
 from tests.fixtures import processes
 from tests.fixtures.inference import free_port
-from tests.operator.cluster import NS, Cluster, declare_resources
+from tests.operator.cluster import NS, Cluster
 from tests.operator.hostile import serve_status_pods
 from tests.operator.test_helm import operator_args, render
 from tests.operator.test_operator_kmock import rlrun
@@ -128,7 +128,6 @@ class Replica:
 @pytest.fixture
 async def replicas(kmock, orchestrator_status):
     """Makes replicas; stops those still running at the end."""
-    declare_resources(kmock)
     cluster, made = Cluster(kmock), []
 
     def make(name: str, lease: str = LEASE, **timing) -> Replica:
@@ -407,7 +406,6 @@ async def test_the_leader_renews_while_every_reconcile_worker_reads_a_trickling_
     byte every 0.2 s (no socket read ever waits long): every worker is held by a pod. The Lease
     is renewed on time all along, each read ends at its deadline, and each run says why its
     progress cannot be read."""
-    declare_resources(kmock)
     cluster = Cluster(kmock)
     names = [f"trickle-{i}" for i in range(3)]
     async with serve_status_pods(trickle_every=0.2) as pods:

@@ -543,6 +543,7 @@ async def test_env_workers_run_beside_the_orchestrator_suspend_with_it_and_go_on
                         what="env workers, orchestrator and inference deleted")
 
 
+@pytest.mark.usefixtures("crd_rules_off")
 async def test_invalid_spec_is_refused_with_the_field_and_an_event(cluster):
     bad = rlrun()
     bad["spec"]["config"]["orchestrator"]["batch_size"] = 30  # not a multiple of group_size 8
@@ -561,6 +562,7 @@ async def test_invalid_spec_is_refused_with_the_field_and_an_event(cluster):
     await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer after fix")
 
 
+@pytest.mark.usefixtures("crd_rules_off")
 async def test_changes_that_cannot_apply_live_are_refused_with_a_condition(cluster):
     await cluster.create(rlrun())
     await start_everything(cluster)
@@ -684,6 +686,7 @@ async def test_storage_scheduling_and_rendezvous_reach_the_running_children(clus
     assert "nodeSelector" not in orchestrator["spec"]["template"]["spec"]
 
 
+@pytest.mark.usefixtures("crd_rules_off")
 async def test_pod_settings_that_override_the_operators_env_are_refused_naming_the_field(cluster):
     run = rlrun()
     run["spec"]["trainer"]["pod"] = {"env": [{"name": "MASTER_ADDR", "value": "elsewhere"}]}

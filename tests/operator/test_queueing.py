@@ -238,7 +238,8 @@ async def test_a_workload_holding_quota_is_not_replaced_until_kueue_releases_it(
     await admit(cluster)
     await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="the admitted run's trainer Job")
 
-    await cluster.patch("RLRun", "rt", {"spec": {"suspend": True, "teacher": None}})
+    await cluster.patch("RLRun", "rt", {"spec": {"suspend": True}})
+    await cluster.patch("RLRun", "rt", {"spec": {"teacher": None}})  # the CRD allows it once suspended
     await cluster.until(lambda: cluster.get("Workload", "rt-workload")["spec"]["active"] is False, what="inactive")
     await asyncio.sleep(1)  # several passes of the test operator
     wl = cluster.get("Workload", "rt-workload")
@@ -352,8 +353,8 @@ async def test_the_pods_land_on_the_flavours_kueue_assigned_and_get_the_users_sc
     await admit(cluster, {"clusterQueue": "gpus", "podSetAssignments": [
         {"name": pod_set, "flavors": {"nvidia.com/gpu" if zone == "b" else "cpu": zone}, "count": 1}
         for pod_set, zone in on.items()]})
-    await cluster.until(lambda: cluster.get("Job", "rt-trainer-1") and not cluster.get("Job", "rt-trainer-1")["spec"]["suspend"],
-                        what="the admitted run's trainer Job running")
+    await cluster.until(lambda: cluster.get("Job", "rt-trainer-1") and not cluster.get("Job", "rt-trainer-1")["spec"]["suspend"]
+                        and not cluster.get("Job", "rt-trainer-0"), what="the admitted run's trainer Job running alone")
     b = ({"pool": "gpu"} | ZONES["b"]["nodeLabels"], [USER_TOLERATION, *ZONES["b"]["tolerations"]])
     assert _scheduling(cluster) == {"rt-inference": b, "rt-trainer-1": b, "rt-orchestrator": (ZONES["a"]["nodeLabels"], [])}
     record = cluster.get("Workload", "rt-workload")["metadata"]["annotations"][queueing.PLACEMENT_ANNOTATION]

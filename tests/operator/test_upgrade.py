@@ -231,18 +231,15 @@ async def test_a_suspended_run_takes_new_resources_on_resume_and_a_running_one_r
     stored = json.loads(cluster.get("ConfigMap", "rt-config")["data"][builders.APPLIED_SPEC_KEY])
     assert stored["config"] == example("rlrun.yaml")["spec"]["config"]  # as given: no defaults
 
-    # Running: refused, the run keeps its resources.
-    await cluster.patch("RLRun", "rt", {"spec": RESIZED})
-    status = await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), "SpecAccepted")["status"] == "False"
-                                 and cluster.status("RLRun", "rt"), what="refused while running")
-    assert "spec.trainer.resources" in condition(status, "SpecAccepted")["message"]
-    inference = cluster.get("StatefulSet", "rt-inference")["spec"]
-    assert inference["replicas"] == 2, "inference replicas apply live all the same (kubectl scale)"
-    assert inference["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] != "4"
+    # Running: refused (by the CRD's transition rules, the whole patch), the run keeps its resources.
+    with pytest.raises(AssertionError, match="spec.trainer cannot change once the run is created"):
+        await cluster.patch("RLRun", "rt", {"spec": RESIZED})
+    assert cluster.get("StatefulSet", "rt-inference")["spec"]["replicas"] == 1
 
     # Suspended: accepted, applied when it resumes.
     await cluster.patch("RLRun", "rt", {"spec": {"suspend": True}})
     await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Suspended", what="Suspended")
+    await cluster.patch("RLRun", "rt", {"spec": RESIZED})
     await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), "SpecAccepted")["status"] == "True",
                         what="the new sizes accepted while suspended")
     await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
@@ -258,10 +255,9 @@ async def test_a_suspended_run_takes_new_resources_on_resume_and_a_running_one_r
     stored = json.loads(cluster.get("ConfigMap", "rt-config")["data"][builders.APPLIED_SPEC_KEY])
     assert stored["trainer"]["resources"] == RESIZED["trainer"]["resources"] and stored["suspend"] is False
 
-    # Running again: the trainer's world size stays, as does everything else.
-    await cluster.patch("RLRun", "rt", {"spec": {"trainer": {"resources": {"requests": {"cpu": "1"}}}}})
-    await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), "SpecAccepted")["status"] == "False",
-                        what="refused again once running")
+    # Running again: refused again.
+    with pytest.raises(AssertionError, match="spec.trainer cannot change once the run is created"):
+        await cluster.patch("RLRun", "rt", {"spec": {"trainer": {"resources": {"requests": {"cpu": "1"}}}}})
 
 
 # An operator whose RLConfig has another default for one field.

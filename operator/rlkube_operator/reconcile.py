@@ -382,9 +382,10 @@ class Reconciler:
             conditions.set(f"{comp.capitalize()}Ready", h.ready, h.reason, h.message)
         if "teacher" not in health:
             conditions.drop("TeacherReady")  # a teacher dropped while suspended
-        if "inference" in workload.components:
+        if "inference" in workload.components:  # desired: none while stopped (suspended, queued, ended)
+            desired = 0 if terminal or spec.suspend or hold else spec.inference.replicas
             status["inference"] = observe.replicas_status(
-                run, [p for p in pods if _component(p) == "inference"], spec.inference.replicas)
+                run, [p for p in pods if _component(p) == "inference"], desired)
         self._read_progress(run, workload, spec, health, status, conditions)
         was_running = status.get("phase") == "Running"
         phase, message, degraded = self._phase(spec, health, terminal, why, was_running, hold)

@@ -18,7 +18,7 @@ heads (16 query, 8 KV, 128 dims) for each of `--layers` layers; forward and back
 forward only on a CPU (FlexAttention has no backward there; the CPU trainer attends with SDPA
 tiles and compiles nothing). The second step packs other samples (other lengths, the same row
 shape): its `recompiles` (graphs Dynamo compiled in it) should be 0. Prints the first and second
-step of each process, and restart / cold.
+step of each process, where its first step's compilation went (`PHASES`), and restart / cold.
 """
 
 import argparse
@@ -31,6 +31,17 @@ import time
 from pathlib import Path
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
+PHASES = {"dynamo": "_compile.compile_inner", "tracing": "bytecode_tracing",
+          "backend": "OutputGraph.call_user_compiler", "guards": "build_guards"}
+"""Torch's own timers (`torch._dynamo.utils.compile_times`) of the first step's compilation:
+all of Dynamo's work on a frame, of which tracing the bytecode, AOTAutograd and Inductor (on a
+cache hit: loading the cached graph and its kernels), and building the guards."""
+
+
+def phase_seconds() -> dict[str, float]:
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return {name: sum(compilation_time_metrics.get(timer, [])) for name, timer in PHASES.items()}
 
 
 def first_step(output_dir: Path, store: str, device: str, seq_len: int, layers: int) -> dict:
@@ -62,12 +73,12 @@ def first_step(output_dir: Path, store: str, device: str, seq_len: int, layers: 
 
     start = time.perf_counter()
     step(0)
-    first, compiled = time.perf_counter() - start, compiled_graphs()
+    first, compiled, phases = time.perf_counter() - start, compiled_graphs(), phase_seconds()
     start = time.perf_counter()
     step(1)
     second = time.perf_counter() - start
     cache.save_if_compiled()
-    return {"first_s": first, "second_s": second, "recompiles": compiled_graphs() - compiled,
+    return {"first_s": first, "second_s": second, "recompiles": compiled_graphs() - compiled, "phases": phases,
             "hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"]}
 
 
@@ -115,6 +126,9 @@ def main() -> None:
     for name, r in runs.items():
         print(f"{name:10} {r['first_s']:10.2f}s {r['second_s']:11.3f}s {r['recompiles']:11d} {r['hits']:11d} "
               f"{r['misses']:7d}")
+    print("the first step's compilation (torch's timers): Dynamo in all, of which tracing, AOTAutograd+Inductor, guards")
+    for name, r in runs.items():
+        print(f"{name:10} " + " ".join(f"{phase} {r['phases'][phase]:6.2f}s" for phase in PHASES))
     cold = runs["cold"]["first_s"]
     for name in runs:
         if name != "cold":

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from rlkube.inference.moe_reload import prepacked_on_reload
 from rlkube.trainer.lora import merged_weights, scaling_of
 from rlkube.transport.weights_grpc import fetch_snapshot
 from rlkube.transport.weights_snapshot import ADAPTER_CONFIG, ADAPTER_WEIGHTS, iter_safetensors
@@ -71,18 +72,24 @@ class WeightLoaderExtension:
             if ADAPTER_CONFIG in files:
                 self._load_adapter(files)
             else:
-                self.reload_weights(weights_iterator=iter_safetensors(files))
+                self._reload(weights_iterator=iter_safetensors(files))
             size = sum(map(len, files.values()))
         else:
             with local_snapshot(location, float(timeout)) as path:
                 if (Path(path) / ADAPTER_CONFIG).is_file():
                     self._load_adapter({name: (Path(path) / name).read_bytes() for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)})
                 else:
-                    self.reload_weights(weights_path=path)
+                    self._reload(weights_path=path)
             size = None
         took = time.perf_counter() - start
         logger.info("loaded weights of step %s from %s in %.2fs", step, location, took)
         return f"step {step} from {location} in {took:.3f}s" + (f" ({size} bytes)" if size else "")
+
+    def _reload(self, **weights) -> None:
+        """vLLM's in-place `reload_weights`, MoE experts prepacked again for its CPU kernel
+        (rlkube.inference.moe_reload)."""
+        with prepacked_on_reload(self.model_runner.get_model()):
+            self.reload_weights(**weights)
 
     def _remember_served_model(self) -> None:
         """The model directory vLLM started with, taken before any load: a load from a path
@@ -96,7 +103,7 @@ class WeightLoaderExtension:
         base = self._lora_base_weights(tuple(config["target_modules"]))
         merged = merged_weights(base, dict(iter_safetensors({ADAPTER_WEIGHTS: files[ADAPTER_WEIGHTS]})), scaling_of(config))
         with _partial_reload_quietly():
-            self.reload_weights(weights_iterator=iter({**base, **merged}.items()))
+            self._reload(weights_iterator=iter({**base, **merged}.items()))
 
     def _lora_base_weights(self, targets: tuple[str, ...]) -> dict[str, torch.Tensor]:
         """The served model's original tensors of the modules `targets` name, plus those fused

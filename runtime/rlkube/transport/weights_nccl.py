@@ -82,6 +82,24 @@ def _world_size(base_url: str, timeout: float) -> int:
     return int(response.json()["world_size"])
 
 
+def current_state_dict(publisher):
+    """vLLM's weight source over `publisher.state_dict`, the snapshot being published: its
+    `metadata()` is the names, dtypes and shapes the workers are told to receive, each name then
+    going through the served model's `load_weights` as a storage or gRPC snapshot's does."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class CurrentStateDict(WeightSource):
+        def metadata(self):
+            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in publisher.state_dict.items()]
+
+        def __iter__(self):
+            device = torch.device("cuda", torch.cuda.current_device())
+            for name, tensor in publisher.state_dict.items():
+                yield name, tensor.to(device, non_blocking=True)
+
+    return CurrentStateDict()
+
+
 class NcclPublisher(WeightPublisher):
     def __init__(self, config: WeightTransferConfig):
         if not config.inference_urls:
@@ -94,22 +112,10 @@ class NcclPublisher(WeightPublisher):
         self.engine = None
 
     def _connect(self):
-        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
         from vllm.distributed.weight_transfer.nccl_engine import (
             NCCLTrainerInitInfo,
             NCCLTrainerWeightTransferEngine,
         )
-
-        publisher = self
-
-        class CurrentStateDict(WeightSource):
-            def metadata(self):
-                return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in publisher.state_dict.items()]
-
-            def __iter__(self):
-                device = torch.device("cuda", torch.cuda.current_device())
-                for name, tensor in publisher.state_dict.items():
-                    yield name, tensor.to(device, non_blocking=True)
 
         urls, timeout = self.config.inference_urls, self.config.timeout_s
         world_sizes = [_world_size(url, timeout) for url in urls]
@@ -118,7 +124,7 @@ class NcclPublisher(WeightPublisher):
             rank=0, master_address=self.config.grpc_host, master_port=self.config.nccl_port,
             world_size=1 + sum(world_sizes),
         )
-        return NCCLTrainerWeightTransferEngine.trainer_init(init_info, client=self.replicas, source=CurrentStateDict())
+        return NCCLTrainerWeightTransferEngine.trainer_init(init_info, client=self.replicas, source=current_state_dict(self))
 
     def publish(self, state_dict, step):
         """Pause, transfer, reset the prefix cache, tag version `step`, resume: each on every

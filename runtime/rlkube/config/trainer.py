@@ -173,6 +173,12 @@ class LossConfig(Config):
     the student's own samples; 0 is off. With `opd` it is the whole loss (besides `kl_tau`);
     with the other types it is added to theirs (RL mixed with distillation)."""
 
+    router_replay: bool = False
+    """Mixture-of-experts models: the trainer routes each token to the experts inference chose
+    for it (their gate weights recomputed by the trainer's router), instead of its own top-k;
+    removes the mismatch that near-tied router logits cause. The batch must carry inference's
+    choices (`routed_experts`); see rlkube.trainer.rl.router."""
+
     @property
     def uses_teacher(self) -> bool:
         """Whether the loss needs the teacher's log-probs of the sampled tokens."""

@@ -14,7 +14,7 @@ a checkpoint every `ckpt.interval` steps, metrics.
 import logging
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,6 +27,7 @@ from rlkube.trainer.perf import Throughput, peak_flops
 from rlkube.trainer.publish import PolicyPublishing, wire_dtype
 from rlkube.trainer.rl.loss import LossInputs, compute_loss, resolve_loss_fn
 from rlkube.trainer.rl.packed import policy_logprobs
+from rlkube.trainer.rl.router import RouterProbe
 
 if TYPE_CHECKING:
     from rlkube.trainer.rl.setup import TrainingEnv
@@ -47,6 +48,7 @@ class RLTrainer:
         self.checkpointer = checkpointer
         self.metrics = metrics
         self.loss_fn = resolve_loss_fn(config.loss)
+        self.router = RouterProbe.attach(self.model, config.loss.router_replay)  # None: a dense model
         self.publishing = PolicyPublishing(
             publisher, client, wire_dtype(config.weights.dtype, resolve_dtype(config.model.dtype, env.device)),
             is_main=env.rank == 0, overlap=config.weights.overlap, barrier=env.barrier,
@@ -121,17 +123,20 @@ class RLTrainer:
         tokens = 0
         for micro_batch in micro_batches:
             batch = {k: v.to(self.env.device) if torch.is_tensor(v) else v for k, v in micro_batch.items()}
-            loss, stats = self.micro_batch_loss(batch)
-            # FSDP averages gradients over ranks; the loss is already a share of the GLOBAL mean,
-            # so scale by the world size to make the reduction a sum.
-            (loss * self.env.world_size).backward()
+            with self.router.micro_batch(batch) if self.router else nullcontext():
+                loss, stats = self.micro_batch_loss(batch)
+                # FSDP averages gradients over ranks; the loss is already a share of the GLOBAL
+                # mean, so scale by the world size to make the reduction a sum.
+                (loss * self.env.world_size).backward()
             for name, value in stats.items():
                 sums[name] = torch.maximum(sums[name], value) if name in MAX_STATS else sums[name] + value
             tokens += int((batch["sample_ids"] >= 0).sum())
-        return self.reduce_stats(dict(sums)), self.reduce_count(tokens)
+        stats = self.reduce_stats(dict(sums))
+        return (self.router.summarize(stats) if self.router else stats), self.reduce_count(tokens)
 
     def micro_batch_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Recompute log-probs with each token's sampling temperature, then the loss."""
+        """Recompute log-probs with each token's sampling temperature, then the loss (and, for
+        an MoE model, the routing statistics: rlkube.trainer.rl.router)."""
         logprobs, entropy = policy_logprobs(self.model, batch)
         inputs = LossInputs(
             logprobs=logprobs,
@@ -141,7 +146,10 @@ class RLTrainer:
             sample_ids=batch["sample_ids"],
             teacher_logprobs=batch.get("teacher_logprobs"),
         )
-        return compute_loss(inputs, self.config.loss, batch["global_loss_tokens"], self.loss_fn, entropy)
+        loss, stats = compute_loss(inputs, self.config.loss, batch["global_loss_tokens"], self.loss_fn, entropy)
+        if self.router:
+            stats |= self.router.stats(batch["global_loss_tokens"])
+        return loss, stats
 
     def reduce_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, float]:
         if self.env.world_size > 1:

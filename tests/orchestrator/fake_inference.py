@@ -10,7 +10,8 @@ Like vLLM it keeps a pause state and a weight version (`/pause`, `/resume`, `/is
 version it ran under is recorded in `generated_versions`, the model it named in
 `requested_models`. `restart()` is what a restarted `rlkube inference` looks like: version
 "default", paused (`inference.start_paused`), no LoRA adapter. `hang` makes generate requests
-wait for ever (an engine about to die), `unavailable` answers the next generate requests 503 (a
+wait for ever (an engine about to die), until `shut_down` answers them with a 500 (an engine
+stopping on SIGTERM), `unavailable` answers the next generate requests 503 (a
 server still starting behind its Service).
 
 Like `rlkube inference` with `max_lora_rank`, `/rlkube/load_lora_adapter` (query: location,
@@ -43,6 +44,7 @@ class FakeInference:
         self.adapter: str | None = None
         """The location of the loaded LoRA adapter."""
         self.hang = False
+        self.shut_down = asyncio.Event()
         self.unavailable = 0
 
     def restart(self, start_paused: bool = True) -> None:
@@ -69,7 +71,8 @@ class FakeInference:
             self.unavailable -= 1
             return web.json_response({"error": "the server is starting"}, status=503)
         if self.hang:
-            await asyncio.Event().wait()
+            await self.shut_down.wait()
+            return web.json_response({"error": "EngineDeadError: the engine is shutting down"}, status=500)
         await self.resumed.wait()
         if body.get("model") == POLICY_ADAPTER and self.adapter is None:
             return web.json_response({"error": {"message": f"LoRA adapter {POLICY_ADAPTER} does not exist"}}, status=404)

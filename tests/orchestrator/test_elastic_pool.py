@@ -1,8 +1,9 @@
 """A pool whose replicas change while it runs (`client.base_urls_file`, what `kubectl scale
 rlrun` changes through the operator's ConfigMap): fake engines over real HTTP, real verifiers
 rollouts. A new replica gets no request before it serves the current policy; one no longer
-listed gets no new request, and a rollout in flight on it when its server goes comes back lost
-and is re-issued on the others, so its group is whole, once."""
+listed gets no new request, and a rollout in flight on it that fails as its server stops (vLLM
+answers what it holds with a 500 on SIGTERM) comes back lost and is re-issued on the others,
+so its group is whole, once."""
 
 import asyncio
 
@@ -57,9 +58,9 @@ def test_replicas_join_on_the_policy_and_leave_draining(tiny_model, tmp_path):
                 await pool.sync(POLICY, 60)
                 assert pool.base_urls == urls[:1] and pool.draining == {urls[1]}
                 assert pool.replica_for(runner.name, example_id) == urls[0], "no new request to a leaving replica"
-                await asyncio.to_thread(servers[1].__exit__)  # its pod is deleted
-                await pool.sync(POLICY, 60)
+                servers[1].call(fakes[1].shut_down.set)  # its pod is deleted: the engine fails what it holds
                 done = await group
+                await pool.sync(POLICY, 60)
                 assert pool.draining == set() and pool.metrics()["inference/replicas"] == 1
                 return done, reissuer.reissued
 

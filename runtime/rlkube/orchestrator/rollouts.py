@@ -176,7 +176,10 @@ async def run_group(runner, pool, example_id: str, task: Any, size: int, tempera
         if rollout is None:  # abandoned: the replica stopped answering
             return Rollout(runner.name, example_id, 0.0, [], policy_version(), policy_version(),
                            error=f"{REPLICA_LOST}: {replica}: abandoned, the replica stopped answering")
-        if lost_its_replica(rollout.error, pool.down_since(replica, started)):
+        if lost_its_replica(rollout.error, pool.down_since(replica, started)) or (
+                rollout.error is not None and replica not in pool.base_urls):
+            # Unreachable, or it left the pool meanwhile (scaled down: a stopping engine fails
+            # what it still had in flight, with a 500 vLLM's shutdown sends): re-issued.
             pool.mark_down(replica)
             rollout.error = f"{REPLICA_LOST}: {replica}: {rollout.error}"
         else:

@@ -211,7 +211,7 @@ class ApiServer(kmock.KubernetesEmulator):
 
     def __attrs_post_init__(self) -> None:
         # Not kmock's: it would register its own fallback answers, and these are ours.
-        served = resources.BUILTIN + list(self.extra_kinds) + resources.crd_kinds(self.crd_dir)
+        served = [*resources.BUILTIN, *self.extra_kinds, *resources.crd_kinds(self.crd_dir)]
         self.kinds = {(k.group, k.version, k.plural): k for k in served}
         for k in self.kinds.values():  # for kmock's DSL, which resolves `v1/pods` against these
             self.resources[k.url().strip("/").removeprefix("apis/").removeprefix("api/")] = kmock.ResourceInfo(

@@ -12,7 +12,7 @@ from e2e.localcluster import resources
 class Api:
     def __init__(self, url: str):
         self.url = url.rstrip("/")
-        self.kinds = resources.BUILTIN + resources.crd_kinds()
+        self.kinds = [*resources.BUILTIN, *resources.crd_kinds()]
         self.session: aiohttp.ClientSession | None = None
 
     def kind(self, api_version: str, kind: str) -> resources.Kind | None:

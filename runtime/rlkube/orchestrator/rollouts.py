@@ -179,7 +179,7 @@ async def run_group(runner, pool, example_id: str, task: Any, size: int, tempera
         if lost_its_replica(rollout.error, pool.down_since(replica, started)) or (
                 rollout.error is not None and replica not in pool.base_urls):
             # Unreachable, or it left the pool meanwhile (scaled down: a stopping engine fails
-            # what it still had in flight, with a 500 vLLM's shutdown sends): re-issued.
+            # what it still had in flight, vLLM with an engine error): re-issued.
             pool.mark_down(replica)
             rollout.error = f"{REPLICA_LOST}: {replica}: {rollout.error}"
         else:

@@ -3,7 +3,9 @@ cluster's API server (cluster.ApiServer), and a fake orchestrator GET /status: o
 the tests' `cluster` fixture and benchmarks/operator_api.py."""
 
 import asyncio
+import concurrent.futures
 import contextlib
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -75,34 +77,46 @@ async def api_server() -> AsyncIterator[ApiServer]:
 async def running_operator(server: ApiServer, status_url: str, *, settings: dict | None = None,
                            **registry_options) -> AsyncIterator[Cluster]:
     """The operator watching `NS` on `server`, reading progress from `status_url`; yields the
-    caller's handle on the cluster. `registry_options` go to `build_registry` (`interval`, …)."""
+    caller's handle on the cluster. `registry_options` go to `build_registry` (`interval`, …).
+
+    The operator runs in a thread with an event loop of its own, as in its own process: on
+    stopping, kopf waits 5 s for every task of its loop begun after it started, and in the test's
+    loop those include the API server's handlers of idle keep-alive connections."""
     url = str(server.url).rstrip("/")
 
     def login(**_):
         return kopf.ConnectionInfo(server=url, insecure=True, default_namespace=NS)
 
-    reconciler = Reconciler(Kube(api_client(url)), Settings(status_url_template=status_url, **(settings or {})))
-    registry = build_registry(reconciler, login=login, **registry_options)
     kopf_settings = kopf.OperatorSettings()
     kopf_settings.watching.reconnect_backoff = 0.2
     # The emulator sends no BOOKMARKs: kopf's idle-watch reconnect (70 s) lists every object again
     # and would then wake every run, which a real API server (bookmarks keep a quiet watch's
     # resourceVersion fresh) never does.
     kopf_settings.watching.inactivity_timeout = 3600
-    stop, ready = asyncio.Event(), asyncio.Event()
     liveness = f"http://127.0.0.1:{free_port()}/healthz"
-    task = asyncio.create_task(
-        kopf.operator(registry=registry, settings=kopf_settings, standalone=True, namespaces=[NS],
-                      stop_flag=stop, ready_flag=ready, liveness_endpoint=liveness)
-    )
-    await asyncio.wait_for(ready.wait(), 20)
+    ready = threading.Event()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    async def operate():
+        reconciler = Reconciler(Kube(api_client(url)), Settings(status_url_template=status_url, **(settings or {})))
+        registry = build_registry(reconciler, login=login, **registry_options)
+        await kopf.operator(registry=registry, settings=kopf_settings, standalone=True, namespaces=[NS],
+                            stop_flag=stop, ready_flag=ready, liveness_endpoint=liveness)
+
+    operator = concurrent.futures.Future()
+    thread = threading.Thread(target=lambda: _run_into(loop, operate(), operator), name="operator", daemon=True)
+    thread.start()
+    await asyncio.to_thread(ready.wait, 20)
+    if not ready.is_set():
+        raise TimeoutError("the embedded operator did not start in 20 s")
 
     async def stop_operator():
-        stop.set()
-        # kopf ends the operator task by cancelling it once the stop flag is seen (after the
-        # passes in flight: slow with hundreds of runs on a busy machine).
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 120)
+        if not operator.done():
+            loop.call_soon_threadsafe(stop.set)
+        # kopf ends the operator once the stop flag is seen (after the passes in flight: slow with
+        # hundreds of runs on a busy machine).
+        await asyncio.wait_for(asyncio.wrap_future(operator), 120)
 
     cluster = Cluster(server)
     cluster.liveness_url = liveness
@@ -111,6 +125,19 @@ async def running_operator(server: ApiServer, status_url: str, *, settings: dict
         yield cluster
     finally:
         await stop_operator()
+        thread.join(10)
+
+
+def _run_into(loop: asyncio.AbstractEventLoop, main, result: concurrent.futures.Future) -> None:
+    """Run `main` on `loop` in this thread and settle `result` with how it ended."""
+    try:
+        result.set_result(loop.run_until_complete(main))
+    except asyncio.CancelledError:
+        result.set_result(None)  # kopf's way of ending on the stop flag
+    except Exception as exc:  # noqa: BLE001 - the test's side raises it
+        result.set_exception(exc)
+    finally:
+        loop.close()
 
 
 def operator_requests(server: ApiServer, since: int = 0) -> Counter:

@@ -36,7 +36,9 @@ def test_stale_crds_are_detected(tmp_path, monkeypatch):
 def test_crd_is_a_valid_customresourcedefinition(name):
     kubernetes_validate.validate(CRDS[name], "1.37.0", strict=True)
     version = CRDS[name]["spec"]["versions"][0]
-    assert version["subresources"] == {"status": {}}
+    scale = {"scale": {"specReplicasPath": ".spec.inference.replicas", "statusReplicasPath": ".status.inference.replicas",
+                       "labelSelectorPath": ".status.inference.selector"}}
+    assert version["subresources"] == {"status": {}} | (scale if name == "rlkube.dev_rlruns.yaml" else {})
     assert CRDS[name]["spec"]["names"]["shortNames"]
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert {"Phase", "Step", "Reward", "Age"} <= set(columns)

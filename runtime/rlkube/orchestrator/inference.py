@@ -182,25 +182,26 @@ class InferencePool:
     def _listed(self) -> list[str]:
         return listed_urls(self.config.base_urls_file) if self.config.base_urls_file else []
 
-    def refresh(self) -> list[str]:
+    def refresh(self) -> tuple[list[str], list[str]]:
         """Read `client.base_urls_file` again: replicas it no longer lists leave the routing at
-        once (those with rollouts in flight drain, `settle_draining`); returns the listed ones
-        not routed yet, which the caller adds (`_join`) once they serve the policy."""
+        once (those with rollouts in flight drain, `settle_draining`); returns the listing and
+        the listed replicas not routed yet, which the caller adds (`_join`, in the listing's
+        order) once they serve the policy."""
         listed = self._listed()
         if not listed or not any(u in listed for u in self.base_urls):
-            return []  # routing keeps its replicas until a listed one has joined
+            return listed, []  # routing keeps its replicas until a listed one has joined
         for url in [u for u in self.base_urls if u not in listed]:
             self.base_urls.remove(url)
             self.down.pop(url, None)
             logger.info("inference replica %s left the pool (%d in flight drain)", url, len(self.calls.get(url, ())))
             if self.calls.get(url):
                 self.draining.add(url)
-        return [url for url in listed if url not in self.base_urls]
+        return listed, [url for url in listed if url not in self.base_urls]
 
-    def _join(self, url: str) -> None:
-        """Route requests to `url` too, in the order the file lists the replicas."""
-        listed = self._listed()
-        self.base_urls = [u for u in listed if u in self.base_urls or u == url] or self.base_urls + [url]
+    def _join(self, url: str, listed: list[str]) -> None:
+        """Route requests to `url` too, in the order of `listed` (what `refresh` read, which
+        lists every routed replica and `url`)."""
+        self.base_urls = [u for u in listed if u in self.base_urls or u == url]
         self.joined.add(url)
         logger.info("inference replica %s joined the pool: %d replica(s)", url, len(self.base_urls))
 
@@ -278,7 +279,7 @@ class InferencePool:
         unpaused: only the orchestrator's `sync` resumes a new replica, after loading the policy."""
         while True:
             await asyncio.sleep(self.config.resync_interval_s)
-            joining = self.refresh()
+            listed, joining = self.refresh()
             urls = self.base_urls + joining
             states = await asyncio.gather(*(self._state(url) for url in urls))
             for url, state in zip(urls, states):
@@ -287,7 +288,7 @@ class InferencePool:
                 if url in joining:
                     if state[1] or state[0] in (None, "default"):
                         continue
-                    self._join(url)
+                    self._join(url, listed)
                 self.mark_up(url)
             await self.settle_draining()
 
@@ -344,7 +345,7 @@ class InferencePool:
         abandoned attempt, or of an earlier run on a server kept running) reloads the model's own
         weights."""
         async with self.updating:
-            joining = self.refresh()
+            listed, joining = self.refresh()
             step, location = max(policy, self.loaded, key=lambda p: p[0])
             urls = self.base_urls + joining
             states = await asyncio.gather(*(self._state(url) for url in urls))
@@ -374,7 +375,7 @@ class InferencePool:
                     synced.append(url)
             for url in current + synced:
                 if url in joining:  # it serves the policy: from now on it gets requests
-                    self._join(url)
+                    self._join(url, listed)
                 self.mark_up(url)
             await self.settle_draining()
         return synced

@@ -1,6 +1,8 @@
 """The local cluster's own client of its API server, over HTTP: the calls the controllers and
 the kubelet make. Answers a caller can live with (a pod deleted meanwhile, a create that
-already happened) are given as `ok` statuses and come back as None."""
+already happened) are given as `ok` statuses and come back as None. The tests' helpers
+(tests/cluster/conftest.py, tests/operator/cluster.py) are built on it too, through `request`:
+any status comes back, for them to judge."""
 
 import json
 
@@ -9,10 +11,22 @@ import aiohttp
 from e2e.localcluster import resources
 
 
+class ApiError(aiohttp.ClientError):
+    """A refusal the caller did not expect: its status and the API server's Status body."""
+
+    def __init__(self, method: str, path: str, status: int, body):
+        super().__init__(f"{method} {path}: {status} {body}")
+
+
 class Api:
-    def __init__(self, url: str):
+    """`kinds`: those it can address (default: the built-in ones and the CRDs'; a live view of
+    an API server's own where that serves more); `agent`: its User-Agent, by which a test tells
+    its own requests from the operator's."""
+
+    def __init__(self, url: str, kinds=None, agent: str | None = None):
         self.url = url.rstrip("/")
-        self.kinds = [*resources.BUILTIN, *resources.crd_kinds()]
+        self.kinds = [*resources.BUILTIN, *resources.crd_kinds()] if kinds is None else kinds
+        self.headers = {"User-Agent": agent} if agent else None
         self.session: aiohttp.ClientSession | None = None
 
     def kind(self, api_version: str, kind: str) -> resources.Kind | None:
@@ -28,18 +42,24 @@ class Api:
             return obj_or_kind
         return self.kind(obj_or_kind["apiVersion"], obj_or_kind["kind"])
 
-    async def _call(self, method: str, path: str, body=None, content_type: str = "application/json", ok=(),
-                    params: dict | None = None):
+    async def request(self, method: str, path: str, body=None, content_type: str = "application/json",
+                      params: dict | None = None) -> tuple[int, dict | None]:
+        """The answer's status and JSON body, whatever the status."""
         if self.session is None:
-            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), headers=self.headers)
         data = None if body is None else json.dumps(body)
         async with self.session.request(method, self.url + path, data=data, params=params,
                                         headers={"Content-Type": content_type}) as r:
-            if r.status in ok:
-                return None
-            if r.status >= 300:
-                raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message=await r.text())
-            return await r.json()
+            return r.status, await r.json(content_type=None)
+
+    async def _call(self, method: str, path: str, body=None, content_type: str = "application/json", ok=(),
+                    params: dict | None = None):
+        status, answer = await self.request(method, path, body, content_type, params)
+        if status in ok:
+            return None
+        if status >= 300:
+            raise ApiError(method, path, status, answer)
+        return answer
 
     async def list(self, kind: resources.Kind) -> list[dict]:
         return (await self._call("GET", kind.url()))["items"] or []

@@ -65,8 +65,7 @@ def log(message: str) -> None:
 async def failover(timing: dict, crash: bool) -> dict:
     """One failover: (seconds to the new holder, seconds to the deleted child made again,
     lease requests per minute of the leader and the standby before it)."""
-    async with api_server() as server, serve_status() as status:
-        cluster = Cluster(server)
+    async with api_server() as server, serve_status() as status, Cluster(server) as cluster:
         a = Replica("operator-a", cluster, status.url, **timing).start()
         await cluster.until(lambda: holder(cluster) == "operator-a", what="a leads")
         b = Replica("operator-b", cluster, status.url, **timing).start()
@@ -168,8 +167,7 @@ async def start_runs(cluster: Cluster, pods: StatusPods, operator: subprocess.Po
 
 
 async def hostile_tenants(args: argparse.Namespace, timing: dict, checkout: str | None) -> dict:
-    async with api_server() as server, serve_status_pods() as pods:
-        cluster = Cluster(server)
+    async with api_server() as server, serve_status_pods() as pods, Cluster(server) as cluster:
         with operator_process(cluster, pods.url, args, timing, checkout) as operator:
             await cluster.until(lambda: holder(cluster) == "operator-a", timeout=60, what="the operator leads")
             healthy, hostile = run_names(args.runs, args.hostile, args.huge)

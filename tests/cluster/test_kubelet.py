@@ -37,10 +37,10 @@ async def cluster(kmock, tmp_path):
     await asyncio.wait({task, ready}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
     if task.done():
         task.result()
-    cluster = Cluster(kmock)
-    cluster.kubelet = kubelet
-    cluster.logs = lambda pod, c="main": _read(log_path(tmp_path, NS, pod, c))
-    yield cluster
+    async with Cluster(kmock) as cluster:
+        cluster.kubelet = kubelet
+        cluster.logs = lambda pod, c="main": _read(log_path(tmp_path, NS, pod, c))
+        yield cluster
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -156,8 +156,7 @@ async def test_volumes_and_env_and_cleanup(cluster, tmp_path):
                           "data": {"run.toml": "steps = 3\n", "unused": "x"}})
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": NS},
               "data": {"ACCESS_KEY": base64.b64encode(b"key-1").decode()}}
-    async with cluster.server.post(f"/api/v1/namespaces/{NS}/secrets", json=secret) as response:
-        assert response.status < 300
+    await cluster.create(secret)
     await cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "shared"},
                           "spec": {"accessModes": ["ReadWriteOnce"]}})
     volumes = [

@@ -6,8 +6,10 @@ import asyncio
 import contextvars
 import copy
 import sys
+from typing import Self
 
 from e2e.localcluster import apiserver
+from e2e.localcluster.client import Api
 from e2e.localcluster.resources import Kind
 
 NS = "team-a"
@@ -30,6 +32,7 @@ PATHS = {
     "volcano PodGroup": "scheduling.volcano.sh/v1beta1/podgroups",
     "coscheduling PodGroup": "scheduling.x-k8s.io/v1alpha1/podgroups",
 }
+AGENT = "rlkube-tests"  # the User-Agent of a test's own requests, left out where the operator's are counted
 _SERVING: contextvars.ContextVar = contextvars.ContextVar("the request being served", default=None)
 
 
@@ -73,10 +76,18 @@ class ApiServer(apiserver.ApiServer):
 
 
 class Cluster:
-    """What a test does to the cluster, through the API server's HTTP API (so watches fire)."""
+    """What a test does to the cluster, through the API server's HTTP API (so watches fire) with
+    the local cluster's own client; what it reads, from the server's store."""
 
     def __init__(self, server: ApiServer):
         self.server = server
+        self.api = Api(str(server.url), kinds=server.kinds.values(), agent=AGENT)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.api.close()
 
     def kind(self, kind: str) -> Kind:
         group_version, plural = PATHS[kind].rsplit("/", 1)
@@ -87,15 +98,15 @@ class Cluster:
         return self.kind(kind).url(namespace, name)
 
     async def _call(self, method: str, path: str, body) -> dict:
-        async with self.server.request(method, path, json=body) as response:
-            assert response.status < 300, await response.text()
-            return await response.json()
+        content_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
+        status, answer = await self.api.request(method, path, body, content_type)
+        assert status < 300, answer
+        return answer
 
     async def create(self, obj: dict) -> dict:
         """Create `obj`; a `status` in it is then written as its controller would (to `/status`)."""
         obj = copy.deepcopy(obj)
-        kind = next(k for k in self.server.kinds.values()
-                    if (k.api_version, k.kind) == (obj["apiVersion"], obj["kind"]))
+        kind = self.api.kind(obj["apiVersion"], obj["kind"])
         namespace = obj["metadata"].setdefault("namespace", NS) if kind.namespaced else None
         created = await self._call("POST", kind.url(namespace), obj)
         if obj.get("status") and "status" in kind.subresources:

@@ -16,7 +16,7 @@ from rlkube_operator.main import build_registry
 from rlkube_operator.reconcile import Reconciler, Settings
 
 from tests.fixtures.inference import free_port
-from tests.operator.cluster import NS, ApiServer, Cluster
+from tests.operator.cluster import AGENT, NS, ApiServer, Cluster
 
 READS = ("get", "list", "watch")
 WRITES = ("create", "patch", "delete")
@@ -118,14 +118,14 @@ async def running_operator(server: ApiServer, status_url: str, *, settings: dict
         # hundreds of runs on a busy machine).
         await asyncio.wait_for(asyncio.wrap_future(operator), 120)
 
-    cluster = Cluster(server)
-    cluster.liveness_url = liveness
-    cluster.stop_operator = stop_operator
-    try:
-        yield cluster
-    finally:
-        await stop_operator()
-        thread.join(10)
+    async with Cluster(server) as cluster:
+        cluster.liveness_url = liveness
+        cluster.stop_operator = stop_operator
+        try:
+            yield cluster
+        finally:
+            await stop_operator()
+            thread.join(10)
 
 
 def _run_into(loop: asyncio.AbstractEventLoop, main, result: concurrent.futures.Future) -> None:
@@ -142,12 +142,12 @@ def _run_into(loop: asyncio.AbstractEventLoop, main, result: concurrent.futures.
 
 def operator_requests(server: ApiServer, since: int = 0) -> Counter:
     """The operator's API requests served since request number `since`, by (verb, kind path),
-    e.g. ("patch", "rlruns/status"). The test's own requests (kmock's client) are left out."""
+    e.g. ("patch", "rlruns/status"). The test's own requests (its `Cluster`'s) are left out."""
     counts = Counter()
     for request in list(server)[since:]:
         if request.resource is None or request.resource.plural is None:
             continue  # discovery
-        if request.headers.get("User-Agent", "").startswith("kmock"):
+        if request.headers.get("User-Agent") == AGENT:
             continue
         resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
         counts[VERBS[request.action.value], resource] += 1

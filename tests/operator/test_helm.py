@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.operator.cluster import pod_creating, pod_failed
+from tests.operator.cluster import AGENT, pod_creating, pod_failed
 from tests.operator.test_operator_kmock import rlrun, start_everything
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "rlkube"
@@ -151,7 +151,7 @@ def operator_requests(cluster) -> set[tuple[str, str, str]]:
     for request in cluster.server:  # kmock iterates over the requests it served
         if request.resource is None or request.resource.plural is None:
             continue  # discovery
-        if request.headers.get("User-Agent", "").startswith("kmock"):
+        if request.headers.get("User-Agent") == AGENT:
             continue  # the test itself
         resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
         used.add((request.resource.group, resource.replace("sftruns", "rlruns"), VERBS[request.action.value]))

@@ -128,18 +128,19 @@ class Replica:
 @pytest.fixture
 async def replicas(kmock, orchestrator_status):
     """Makes replicas; stops those still running at the end."""
-    cluster, made = Cluster(kmock), []
+    made = []
+    async with Cluster(kmock) as cluster:
 
-    def make(name: str, lease: str = LEASE, **timing) -> Replica:
-        replica = Replica(name, cluster, orchestrator_status.url, lease, **(timing or FAST))
-        made.append(replica)
-        return replica.start()
+        def make(name: str, lease: str = LEASE, **timing) -> Replica:
+            replica = Replica(name, cluster, orchestrator_status.url, lease, **(timing or FAST))
+            made.append(replica)
+            return replica.start()
 
-    make.cluster = cluster
-    yield make
-    for replica in made:
-        if replica._thread.is_alive():
-            await replica.stop()
+        make.cluster = cluster
+        yield make
+        for replica in made:
+            if replica._thread.is_alive():
+                await replica.stop()
 
 
 def holder(cluster: Cluster) -> str | None:
@@ -406,9 +407,8 @@ async def test_the_leader_renews_while_every_reconcile_worker_reads_a_trickling_
     byte every 0.2 s (no socket read ever waits long): every worker is held by a pod. The Lease
     is renewed on time all along, each read ends at its deadline, and each run says why its
     progress cannot be read."""
-    cluster = Cluster(kmock)
     names = [f"trickle-{i}" for i in range(3)]
-    async with serve_status_pods(trickle_every=0.2) as pods:
+    async with Cluster(kmock) as cluster, serve_status_pods(trickle_every=0.2) as pods:
         a = Replica("operator-a", cluster, pods.url, workers=2, **FAST).start()
         await cluster.until(lambda: holder(cluster) == "operator-a", what="a holds the lease")
         for name in names:

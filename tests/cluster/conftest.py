@@ -2,21 +2,30 @@
 (`python -m e2e.localcluster up --no-kubelet`), driven over HTTP and with `kubectl`. Tests play
 the kubelet themselves by writing pod status."""
 
+import asyncio
 import uuid
 from pathlib import Path
 
 import pytest
-import requests
 
+from e2e.localcluster.client import Api
 from e2e.scenarios.harness import LocalCluster, kubectl, kubectl_missing, require
 from tests.fixtures.polling import wait_until
 
 
 class LocalApi:
+    """Calls by path, each run to its end with the local cluster's own client (the tests here
+    are synchronous: the cluster is another process), and kubectl against the same cluster."""
+
     def __init__(self, url: str, kubeconfig: Path):
         self.url = url
         self.kubeconfig = kubeconfig
-        self.http = requests.Session()
+        self.api = Api(url)
+        self.runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
+
+    def close(self) -> None:
+        self.runner.run(self.api.close())
+        self.runner.close()
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         """Its output; unchecked, stdout and stderr (a refusal's message) together."""
@@ -24,27 +33,33 @@ class LocalApi:
         done = kubectl(self.kubeconfig, *args, input=input, check=check)
         return done.stdout if check else done.stdout + done.stderr
 
-    def request(self, method: str, path: str, body=None, ok=(200, 201), **kwargs) -> requests.Response:
-        headers = {"Content-Type": kwargs.pop("content_type", "application/merge-patch+json")}
-        response = self.http.request(method, self.url + path, json=body, headers=headers, timeout=30, **kwargs)
-        assert response.status_code in ok, f"{method} {path}: {response.status_code} {response.text}"
-        return response
+    def _send(self, method: str, path: str, body=None, content_type: str = "application/merge-patch+json",
+             params: dict | None = None) -> tuple[int, dict]:
+        """The answer's status and body."""
+        return self.runner.run(self.api.request(method, path, body, content_type, params))
+
+    def request(self, method: str, path: str, body=None, ok=(200, 201), **options) -> dict:
+        """The answer's body, its status one of `ok`."""
+        status, answer = self._send(method, path, body, **options)
+        assert status in ok, f"{method} {path}: {status} {answer}"
+        return answer
 
     def get(self, path: str) -> dict | None:
-        response = self.request("GET", path, ok=(200, 404))
-        return response.json() if response.status_code == 200 else None
+        status, answer = self._send("GET", path)
+        assert status in (200, 404), f"GET {path}: {status} {answer}"
+        return answer if status == 200 else None
 
     def create(self, path: str, obj: dict) -> dict:
-        return self.request("POST", path, obj).json()
+        return self.request("POST", path, obj)
 
     def patch(self, path: str, patch, content_type: str = "application/merge-patch+json") -> dict:
-        return self.request("PATCH", path, patch, content_type=content_type).json()
+        return self.request("PATCH", path, patch, content_type=content_type)
 
-    def delete(self, path: str, ok=(200,), **options) -> requests.Response:
+    def delete(self, path: str, ok=(200,), **options) -> dict:
         return self.request("DELETE", path, options or None, ok=ok)
 
     def items(self, path: str, **params) -> list[dict]:
-        return self.request("GET", path, params=params).json()["items"]
+        return self.request("GET", path, params=params)["items"]
 
     def until(self, predicate, what: str, timeout: float = 30.0):
         """Poll until predicate() is truthy and return its value."""
@@ -63,9 +78,11 @@ class LocalApi:
 @pytest.fixture(scope="module")
 def local_api(tmp_path_factory):
     cluster = LocalCluster(tmp_path_factory.mktemp("localapi"), "default", kubelet=False).start()
+    api = LocalApi(cluster.info["api_url"], cluster.kubeconfig)
     try:
-        yield LocalApi(cluster.info["api_url"], cluster.kubeconfig)
+        yield api
     finally:
+        api.close()
         cluster.stop()
 
 

@@ -2,6 +2,8 @@
 
 import json
 import threading
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -34,7 +36,7 @@ def test_kubectl_apply_get_describe_delete_an_rlrun(local_api, ns):
     row = local_api.kubectl("get", "rlr", "reverse-text", "-n", ns, "--no-headers").split()
     assert row[:5] == ["reverse-text", "Running", "7", "0.625", "<none>"]
     assert "Phase:" in local_api.kubectl("describe", "rlrun", "reverse-text", "-n", ns)
-    listed = local_api.request("GET", rlrun_path(ns)).json()
+    listed = local_api.request("GET", rlrun_path(ns))
     assert (listed["kind"], listed["apiVersion"]) == ("RLRunList", "rlkube.dev/v1alpha1")
 
     # A second apply patches: the spec change bumps the generation, the status stays.
@@ -86,8 +88,8 @@ def test_status_subresource_generation_and_conflicts(local_api, ns):
     unchanged = local_api.patch(rlrun_path(ns, "r") + "/status", {"status": {"phase": "Running"}})
     assert unchanged["metadata"]["resourceVersion"] == status["metadata"]["resourceVersion"]
     stale = {"metadata": {"resourceVersion": run["metadata"]["resourceVersion"]}, "spec": {"suspend": False}}
-    response = local_api.request("PATCH", rlrun_path(ns, "r"), stale, ok=(409,))
-    assert response.json()["reason"] == "Conflict"
+    refused = local_api.request("PATCH", rlrun_path(ns, "r"), stale, ok=(409,))
+    assert refused["reason"] == "Conflict"
     local_api.request("POST", "/api/v1/namespaces/nowhere/configmaps", {"metadata": {"name": "x"}}, ok=(404,))
 
 
@@ -96,17 +98,17 @@ def test_cel_rules_of_the_crd_are_enforced(local_api, ns):
     out = local_api.kubectl("apply", "-n", ns, "-f", "-", input=too_long, check=False)
     assert "metadata.name must be at most 40 characters" in out
     local_api.create(rlrun_path(ns), rlrun("r"))
-    response = local_api.request("PATCH", rlrun_path(ns, "r"), {"spec": {"config": {"inference": {"replicas": 3}}}}, ok=(422,))
-    assert "config.inference.replicas must equal inference.replicas" in response.json()["message"]
+    refused = local_api.request("PATCH", rlrun_path(ns, "r"), {"spec": {"config": {"inference": {"replicas": 3}}}}, ok=(422,))
+    assert "config.inference.replicas must equal inference.replicas" in refused["message"]
 
 
 def test_transition_rules_of_the_crd_are_enforced_on_updates(local_api, ns):
     """The CRD's `oldSelf` rules: a started run's image and storage cannot change, its suspend can."""
     local_api.create(rlrun_path(ns), rlrun("r"))
-    response = local_api.request("PATCH", rlrun_path(ns, "r"), {"spec": {"image": "other:1"}}, ok=(422,))
-    assert "spec.image: spec.image cannot change once the run is created" in response.json()["message"]
+    refused = local_api.request("PATCH", rlrun_path(ns, "r"), {"spec": {"image": "other:1"}}, ok=(422,))
+    assert "spec.image: spec.image cannot change once the run is created" in refused["message"]
     claim = {"spec": {"storage": {"pvc": {"claimName": "elsewhere"}}}}
-    assert "spec.storage cannot change" in local_api.request("PATCH", rlrun_path(ns, "r"), claim, ok=(422,)).json()["message"]
+    assert "spec.storage cannot change" in local_api.request("PATCH", rlrun_path(ns, "r"), claim, ok=(422,))["message"]
     out = local_api.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(rlrun("r") | {"spec": {
         **rlrun("r")["spec"], "image": "other:1"}}), check=False)
     assert "spec.image cannot change" in out, out
@@ -125,7 +127,7 @@ def test_immutable_fields_of_built_in_kinds_are_refused(local_api, ns):
     local_api.create(jobs, _job("running"))
     image = {"spec": {"template": {"spec": {"containers": [{"name": "main", "image": "y"}]}}}}
     refused = local_api.request("PATCH", f"{jobs}/running", image, content_type="application/strategic-merge-patch+json",
-                                ok=(422,)).json()["message"]
+                                ok=(422,))["message"]
     assert refused.startswith('Job.batch "running" is invalid: spec.template: field is immutable'), refused
     assert local_api.patch(f"{jobs}/running", {"spec": {"suspend": True, "activeDeadlineSeconds": 9}})["spec"]["suspend"]
     # A suspended Job that never started takes scheduling directives (Kueue's flavours), only those.
@@ -140,7 +142,7 @@ def test_immutable_fields_of_built_in_kinds_are_refused(local_api, ns):
                                                "template": {"metadata": {"labels": {"a": "s"}}, "spec": {}}}}
     local_api.create(sets, sts)
     assert local_api.patch(f"{sets}/s", {"spec": {"replicas": 0}})["spec"]["replicas"] == 0
-    refused = local_api.request("PATCH", f"{sets}/s", {"spec": {"serviceName": "t"}}, ok=(422,)).json()["message"]
+    refused = local_api.request("PATCH", f"{sets}/s", {"spec": {"serviceName": "t"}}, ok=(422,))["message"]
     assert "updates to statefulset spec for fields other than" in refused
     deployments = f"/apis/apps/v1/namespaces/{ns}/deployments"
     local_api.create(deployments, sts | {"spec": {k: v for k, v in sts["spec"].items() if k != "serviceName"}})
@@ -212,13 +214,13 @@ def test_selectors_tables_and_watches(local_api, ns):
     assert table[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
     assert table[1].split()[1:4] == ["1/1", "Running", "0"]
 
-    since = local_api.request("GET", pods).json()["metadata"]["resourceVersion"]
+    since = local_api.request("GET", pods)["metadata"]["resourceVersion"]
     events = []
 
     def watch():
         params = {"watch": "true", "resourceVersion": since, "labelSelector": "app=x", "timeoutSeconds": "5"}
-        with local_api.http.get(local_api.url + pods, params=params, stream=True, timeout=30) as response:
-            for line in response.iter_lines():
+        with urllib.request.urlopen(f"{local_api.url}{pods}?{urllib.parse.urlencode(params)}", timeout=30) as response:
+            for line in response:
                 events.append(json.loads(line))
                 if events[-1]["type"] == "DELETED":
                     return

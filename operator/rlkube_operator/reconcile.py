@@ -140,11 +140,20 @@ def _frozen(spec: dict, suspended: bool, live_components: bool = False) -> dict:
     `ELASTIC_FIELDS` too), and while it is suspended, all but the resumable ones
     (`SUSPENDED_FIELDS`, `SUSPENDED_BLOCKS`) too."""
     out = {k: v for k, v in spec.items() if k not in LIVE_FIELDS and not (suspended and k in SUSPENDED_BLOCKS)}
-    for component in SUSPENDED_FIELDS.keys() | ELASTIC_FIELDS.keys():
-        fields = (SUSPENDED_FIELDS.get(component, ()) if suspended else ()) + (
-            ELASTIC_FIELDS.get(component, ()) if live_components else ())
-        if fields and isinstance(out.get(component), dict):
-            out[component] = {k: v for k, v in out[component].items() if k not in fields}
+    if suspended:
+        out = _without(out, SUSPENDED_FIELDS)
+    if live_components:
+        out = _without(out, ELASTIC_FIELDS)
+    return out
+
+
+def _without(spec: dict, fields: dict[str, tuple[str, ...]]) -> dict:
+    """`spec` less the `fields` of its components (component -> field names); the given
+    dicts are left as they are."""
+    out = dict(spec)
+    for component, names in fields.items():
+        if isinstance(out.get(component), dict):
+            out[component] = {k: v for k, v in out[component].items() if k not in names}
     return out
 
 
@@ -205,8 +214,10 @@ class Reconciler:
         live = {k: v for k, v in new.items() if k in LIVE_FIELDS}
         applied = workload.spec_model.model_validate(_frozen(old, False) | live)
         if live_components:  # the elastic fields apply all the same
-            applied = applied.model_copy(update={c: getattr(applied, c).model_copy(
-                update={f: getattr(getattr(desired, c), f) for f in fields}) for c, fields in ELASTIC_FIELDS.items()})
+            for component, names in ELASTIC_FIELDS.items():
+                requested = {name: getattr(getattr(desired, component), name) for name in names}
+                section = getattr(applied, component).model_copy(update=requested)
+                applied = applied.model_copy(update={component: section})
         shown = ", ".join(changed[:5]) + (" …" if len(changed) > 5 else "")
         return applied, (
             f"changes to {shown} cannot apply to a started run; only {', '.join(_live(live_components))} do, and "

@@ -126,7 +126,11 @@ def teacher_config(spec: RLRunSpec) -> InferenceConfig:
 
 def rl_tomls(run: RunRef, spec: RLRunSpec) -> dict[str, str]:
     """`{inference,orchestrator,trainer}.toml` → text, and `teacher.toml` for a run with a teacher."""
-    configs = rl_config(run, spec).process_configs(exclude_unset=True)
+    return _rl_tomls(rl_config(run, spec), spec)
+
+
+def _rl_tomls(rl: RLConfig, spec: RLRunSpec) -> dict[str, str]:
+    configs = rl.process_configs(exclude_unset=True)
     configs["orchestrator"].rollouts.host = ANY_ADDRESS  # where it serves batches
     if spec.teacher is not None:
         configs["teacher"] = teacher_config(spec)
@@ -134,9 +138,11 @@ def rl_tomls(run: RunRef, spec: RLRunSpec) -> dict[str, str]:
 
 
 def rl_files(run: RunRef, spec: RLRunSpec) -> dict[str, str]:
-    """The RLRun's ConfigMap data: `rl_tomls` and `INFERENCE_URLS`."""
-    urls = server_urls(run, "inference", spec.inference.replicas, spec.config.inference.port)
-    return rl_tomls(run, spec) | {INFERENCE_URLS: "".join(f"{url}\n" for url in urls)}
+    """The RLRun's ConfigMap data: `rl_tomls` and `INFERENCE_URLS`, the replicas the
+    orchestrator's `client.base_urls` lists (one source, so the two never disagree)."""
+    rl = rl_config(run, spec)
+    urls = rl.orchestrator.client.base_urls
+    return _rl_tomls(rl, spec) | {INFERENCE_URLS: "".join(f"{url}\n" for url in urls)}
 
 
 def sft_tomls(run: RunRef, spec: SFTRunSpec) -> dict[str, str]:

@@ -22,7 +22,7 @@ from rlkube.transport.weights_nccl import current_state_dict
 from rlkube.transport.weights_snapshot import iter_safetensors
 
 from tests.fixtures.inference import free_port
-from tests.inference.test_server import PROMPT_IDS, generate, load
+from tests.inference.test_server import hf_logprobs, load, served
 
 pytestmark = pytest.mark.slow
 
@@ -43,20 +43,6 @@ def hf_model(model_dir, expert_noise_seed: int | None = None, scale: float = 0.5
                 if ".mlp.experts." in name:
                     param += scale * torch.randn(param.shape, generator=generator)
     return model
-
-
-def hf_logprobs(model, tokens: list[int]) -> list[float]:
-    """transformers' log-probabilities of `tokens` after `PROMPT_IDS`."""
-    with torch.no_grad():
-        logits = model(torch.tensor([PROMPT_IDS + tokens])).logits[0]
-    logprobs = logits.log_softmax(-1)
-    return [logprobs[len(PROMPT_IDS) - 1 + i, token].item() for i, token in enumerate(tokens)]
-
-
-async def served(base_url: str) -> tuple[list[int], list[float]]:
-    """Greedy tokens after `PROMPT_IDS` and their log-probabilities, as the server computes them."""
-    choice = (await generate(base_url))["choices"][0]
-    return choice["token_ids"], [entry["logprob"] for entry in choice["logprobs"]["content"]]
 
 
 def checkpoint_layout(model, tmp_path) -> dict[str, torch.Tensor]:

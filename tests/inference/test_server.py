@@ -5,12 +5,13 @@ import asyncio
 
 import httpx
 import pytest
+import torch
 from rlkube import auth
 from rlkube.inference import client
 from rlkube.transport.weights import GrpcPublisher, StoragePublisher
 
 from tests.fixtures.inference import S3_BUCKET, S3_ENV, free_port
-from tests.inference.weights import perturbed_state_dict
+from tests.inference.weights import original_state_dict, perturbed_state_dict
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +34,20 @@ async def generate(base_url: str, token_ids=PROMPT_IDS, max_tokens: int = 12, **
 
 async def greedy_ids(base_url: str) -> list[int]:
     return (await generate(base_url))["choices"][0]["token_ids"]
+
+
+def hf_logprobs(model, tokens: list[int]) -> list[float]:
+    """transformers' log-probabilities of `tokens` after `PROMPT_IDS`."""
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT_IDS + tokens])).logits[0]
+    logprobs = logits.log_softmax(-1)
+    return [logprobs[len(PROMPT_IDS) - 1 + i, token].item() for i, token in enumerate(tokens)]
+
+
+async def served(base_url: str) -> tuple[list[int], list[float]]:
+    """Greedy tokens after `PROMPT_IDS` and their log-probabilities, as the server computes them."""
+    choice = (await generate(base_url))["choices"][0]
+    return choice["token_ids"], [entry["logprob"] for entry in choice["logprobs"]["content"]]
 
 
 async def load(base_url: str, step: int, location: str) -> None:
@@ -137,6 +152,30 @@ async def test_reload_over_grpc(inference_server):
         publisher.close()
         await load(base_url, 0, inference_server.original_weights)
     assert await greedy_ids(base_url) == before
+
+
+async def test_a_snapshot_without_the_tied_head_moves_the_head_with_the_embedding(inference_server, tmp_path):
+    """`save_pretrained` leaves a tied `lm_head.weight` out of a checkpoint. Loaded, its
+    embedding must reach the logits too: on CPU vLLM computes them through a packed copy of
+    the head that a reload of the embedding alone left as it was."""
+    from transformers import AutoModelForCausalLM
+
+    base_url, model_dir = inference_server.base_url, inference_server.model
+    before = await served(base_url)
+    weights = original_state_dict(model_dir)
+    assert "lm_head.weight" not in weights
+    generator = torch.Generator().manual_seed(4)
+    weights["model.embed_tokens.weight"] += 0.5 * torch.randn(weights["model.embed_tokens.weight"].shape, generator=generator)
+    publisher = StoragePublisher(str(tmp_path / "weights"), str(model_dir), keep_last=None)
+    try:
+        await load(base_url, 8, publisher.publish(weights, step=8))
+        tokens, logprobs = await served(base_url)
+    finally:
+        await load(base_url, 0, inference_server.original_weights)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.load_state_dict(weights, strict=False)  # the head is the embedding: tied
+    assert logprobs == pytest.approx(hf_logprobs(model, tokens), abs=1e-3)
+    assert await served(base_url) == before
 
 
 async def test_incomplete_snapshot_is_refused(inference_server, tmp_path):

@@ -1,6 +1,7 @@
 """The mapping from InferenceConfig to vLLM's arguments and environment (no vLLM started)."""
 
 from rlkube.config import InferenceConfig
+from rlkube.inference.generate_mode import CAPTURE_ROUTING_ENV
 from rlkube.inference.server import WORKER_EXTENSION, vllm_command
 from rlkube.inference.vllm_plugin import SPIN_ENV
 
@@ -43,6 +44,30 @@ def test_gpu_and_extra_args():
     assert "--enable-chunked-prefill" in args and value(args, "--x-list") == "[1]"
     assert "VLLM_CPU_KVCACHE_SPACE" not in command.env
     assert SPIN_ENV not in command.env  # vLLM's own spin on GPU unless asked
+
+
+def test_routed_experts_come_from_vllm_on_gpu_and_from_rlkube_on_cpu():
+    """vLLM returns them only from its Model Runner V2 (needs Triton: GPU); on CPU rlkube's
+    worker captures them, eagerly and without a prefix cache (rlkube.inference.routing_capture)."""
+    config = InferenceConfig.model_validate({"return_routed_experts": True})
+    gpu, cpu = vllm_command(config, on_cpu=False), vllm_command(config, on_cpu=True)
+    assert "--enable-return-routed-experts" in gpu.args and gpu.env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert "--enable-prefix-caching" in gpu.args and CAPTURE_ROUTING_ENV not in gpu.env
+    assert "--enable-return-routed-experts" not in cpu.args and "VLLM_USE_V2_MODEL_RUNNER" not in cpu.env
+    assert "--enforce-eager" in cpu.args and "--no-enable-prefix-caching" in cpu.args
+    assert cpu.env[CAPTURE_ROUTING_ENV] == "1"
+    plain = vllm_command(InferenceConfig(), on_cpu=True)
+    assert CAPTURE_ROUTING_ENV not in plain.env and "--enforce-eager" not in plain.args
+
+
+def test_router_replay_asks_inference_for_routed_experts():
+    from rlkube.config import RLConfig
+
+    def served(**loss) -> bool:
+        config = RLConfig.model_validate({"trainer": {"loss": loss}})
+        return config.process_configs()["inference"].return_routed_experts
+
+    assert served(router_replay=True) and not served()
 
 
 def test_shm_spin_is_configurable_on_both():

@@ -39,6 +39,13 @@ class InferenceServerConfig(Config):
     enable_prefix_caching: bool = True
     """Reuse KV cache across requests sharing a prefix."""
 
+    return_routed_experts: bool = False
+    """Mixture-of-experts models: answer each generate request with the experts every token was
+    routed to in every MoE layer, for the trainer's router metrics and router replay. On GPU,
+    vLLM's `--enable-return-routed-experts` (its Model Runner V2; needs prefix caching); on CPU,
+    rlkube's capture, which runs the model eagerly and without prefix caching
+    (rlkube.inference.routing_capture). `rlkube rl` turns it on with `trainer.loss.router_replay`."""
+
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
     """Which logprobs vLLM returns: `processed_logprobs` are taken after temperature scaling
     (what the trainer recomputes with per-token temperatures); `raw_logprobs` before it."""

@@ -198,6 +198,7 @@ class RLConfig(RunConfig):
             dump(self.inference, exclude={"replicas", "gpus"})
             | {key: shared[key] for key in ("model", "seed", "log") if key in shared}
             | ({"max_lora_rank": lora.rank} if serves_adapter else {})
+            | ({"return_routed_experts": True} if self.trainer.loss.router_replay else {})
         )
         configs = {"inference": inference, "orchestrator": orchestrator, "trainer": trainer}
         if self.teacher:  # served as it is: no orchestrator brings it to a policy version

@@ -5,7 +5,10 @@ This is vLLM's own server (`vllm serve`), not a wrapper around a generate loop. 
   `/collective_rpc`, `/reset_prefix_cache`, `/update_weight_version`, `/weight_info`, and the
   weight-transfer routes (`/init_weight_transfer_engine`, `/update_weights`, ...) the NCCL path
   uses;
-- the token-in/token-out route `/inference/v1/generate` (`--enable-scale-out`);
+- the token-in/token-out route `/inference/v1/generate` (`--enable-scale-out`), answering as
+  verifiers' training client expects (`rlkube.inference.generate_mode`); with
+  `inference.return_routed_experts`, with each token's routed experts (MoE models: vLLM's own
+  capture on GPU, rlkube's on CPU, `rlkube.inference.routing_capture`);
 - rlkube's worker extension (`rlkube.inference.worker.WeightLoaderExtension`), which loads
   published snapshots from storage or gRPC;
 - with `inference.max_lora_rank`, vLLM's LoRA support and rlkube's route that loads a LoRA run's
@@ -31,13 +34,14 @@ import os
 from dataclasses import dataclass
 
 from rlkube.config import InferenceConfig
+from rlkube.inference.generate_mode import CAPTURE_ROUTING_ENV
 from rlkube.inference.vllm_plugin import SPIN_ENV
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The adapter ranks vLLM 0.32 can be configured for (`--max-lora-rank`)."""
 
 WORKER_EXTENSION = "rlkube.inference.worker.WeightLoaderExtension"
-GENERATE_MIDDLEWARE = "rlkube.inference.generate_mode.GenerateTextMode"
+GENERATE_MIDDLEWARE = "rlkube.inference.generate_mode.GenerateForRenderers"
 START_PAUSED_MIDDLEWARE = "rlkube.inference.start_paused.StartPaused"
 LORA_MIDDLEWARE = "rlkube.inference.lora_serving.LoadLoraAdapter"
 AUTH_MIDDLEWARE = "rlkube.auth.RequireToken"
@@ -68,6 +72,7 @@ def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
     if dtype == "auto":
         # fp32 on CPU so the trainer (fp32 on CPU) and the sampler agree numerically.
         dtype = "float32" if on_cpu else "bfloat16"
+    captures_routing = config.return_routed_experts and on_cpu  # rlkube's capture: eager, no prefix cache
     args = [
         "--model", config.model.name,
         "--host", config.host,
@@ -87,7 +92,7 @@ def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
         # top_k 20, top_p 0.95) to every request that leaves them unset: the sampled tokens and
         # their logprobs would come from a truncated distribution the trainer does not model.
         "--generation-config", "vllm",
-        "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching",
+        "--enable-prefix-caching" if config.enable_prefix_caching and not captures_routing else "--no-enable-prefix-caching",
     ]
     if config.start_paused:
         args += ["--middleware", START_PAUSED_MIDDLEWARE]
@@ -97,7 +102,9 @@ def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
         # One adapter, the policy's: a batch never mixes two (rlkube.inference.lora_serving).
         rank = min(r for r in VLLM_LORA_RANKS if r >= config.max_lora_rank)
         args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "1", "--middleware", LORA_MIDDLEWARE]
-    if config.enforce_eager:
+    if config.return_routed_experts and not on_cpu:
+        args.append("--enable-return-routed-experts")
+    if config.enforce_eager or captures_routing:
         args.append("--enforce-eager")
     if config.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
@@ -113,6 +120,10 @@ def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
         "VLLM_SERVER_DEV_MODE": "1",
         "VLLM_LOGGING_LEVEL": config.log.level.upper(),
     }
+    if config.return_routed_experts and not on_cpu:  # vLLM captures routing only in its Model Runner V2
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    if captures_routing:
+        env[CAPTURE_ROUTING_ENV] = "1"
     if on_cpu and config.kv_cache_space_gb is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_space_gb)
     spin_ms = CPU_SHM_SPIN_MS if config.shm_spin_ms is None and on_cpu else config.shm_spin_ms

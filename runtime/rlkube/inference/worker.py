@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from rlkube.inference.moe_reload import prepacked_on_reload
+from rlkube.inference.routing_capture import RoutingCaptureExtension
 from rlkube.trainer.lora import merged_weights, scaling_of
 from rlkube.transport.weights_grpc import fetch_snapshot
 from rlkube.transport.weights_snapshot import ADAPTER_CONFIG, ADAPTER_WEIGHTS, iter_safetensors
@@ -73,8 +74,9 @@ def _repack_tied_head(model: torch.nn.Module) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
-class WeightLoaderExtension:
-    """Methods added to vLLM's worker; `self` is the worker (it has `reload_weights`)."""
+class WeightLoaderExtension(RoutingCaptureExtension):
+    """Methods added to vLLM's worker; `self` is the worker (it has `reload_weights`). With
+    them, the capture of routed experts on CPU (rlkube.inference.routing_capture)."""
 
     def rlkube_load_weights(self, location: str, step: str = "-1", timeout: str = "600") -> str:
         """Load the snapshot at `location` into the running model. Arguments arrive as strings

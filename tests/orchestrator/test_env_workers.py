@@ -14,6 +14,7 @@ import threading
 import time
 
 import grpc
+import numpy as np
 import pytest
 from rlkube import auth
 from rlkube.config import OrchestratorConfig, write_toml
@@ -74,6 +75,9 @@ def test_a_rollout_crosses_the_wire_unchanged():
     assert from_message(to_message(rollout), 3, 4) == rollout
     rollout.error = "ProviderError: engine unreachable"
     assert from_message(to_message(rollout), 3, 4) == rollout
+    assert from_message(to_message(rollout), 3, 4).samples[0].routed_experts is None
+    sample.routed_experts = np.array([[[0, 3]], [[2, 1]], [[1, 3]]], dtype=np.int16)  # MoE: 1 layer, top-2
+    assert np.array_equal(from_message(to_message(rollout), 3, 4).samples[0].routed_experts, sample.routed_experts)
 
 
 def test_a_lost_workers_groups_are_reissued_once_and_its_late_answers_discarded():

@@ -1,9 +1,12 @@
+import json
+
+import numpy as np
 import pytest
 import torch
 from rlkube.orchestrator.packing import pack_batch, pack_rows
-from rlkube.orchestrator.types import Sample
+from rlkube.orchestrator.types import Rollout, Sample
 
-from tests.orchestrator.helpers import make_sample
+from tests.orchestrator.helpers import make_rollout, make_sample
 
 
 def test_first_fit_decreasing_rows():
@@ -148,3 +151,38 @@ def test_teacher_logprobs_only_when_every_sample_has_them():
     assert "teacher_logprobs" not in rank0[0]
     with pytest.raises(ValueError, match="some samples of the step have teacher_logprobs"):
         pack_batch([make_sample(2, 2), teacher_scored(make_sample(2, 3), 100)], seq_len=8, world_size=1)
+
+
+def routed(sample: Sample, first_token: int) -> Sample:
+    """`sample` renumbered from `first_token`, each token routed to experts (token, token + 1)
+    in both of 2 MoE layers, as inference would report."""
+    sample.token_ids = list(range(first_token, first_token + len(sample.token_ids)))
+    ids = np.array(sample.token_ids, dtype=np.int16)
+    sample.routed_experts = np.stack([ids, ids + 1], axis=-1)[:, None, :].repeat(2, axis=1)
+    return sample
+
+
+def test_routed_experts_travel_with_their_tokens_and_are_unknown_elsewhere():
+    """A group sharing one prompt copy, a sample cut to seq_len and one whose engine answer
+    had no routing: every token keeps its own experts; padding and the routing-less sample
+    get -1 (the trainer's own routing)."""
+    group = [routed(make_sample(3, 2), 100), routed(make_sample(3, 4), 100)]
+    group[1].token_ids[3:] = [200, 201, 202, 203]
+    group[1].routed_experts[3:] = np.array([[t, t + 1] for t in range(200, 204)])[:, None, :]
+    long, plain = routed(make_sample(2, 20), 300), make_sample(1, 2)
+    plain.token_ids = [1, 2, 3]  # ids below 100: routing unknown
+    (rank0,) = pack_batch([*group, long, plain], seq_len=12, world_size=1, micro_batch_rows=4)
+    experts = torch.cat([mb["routed_experts"] for mb in rank0])
+    tokens, segments = torch.cat([mb["input_ids"] for mb in rank0]), torch.cat([mb["sample_ids"] for mb in rank0])
+    assert experts.dtype == torch.int16 and experts.shape == (*tokens.shape, 2, 2)
+    known = tokens >= 100
+    assert torch.equal(experts[known][:, 0, 0].long(), tokens[known]) and torch.equal(experts[known][:, 1, 1].long(), tokens[known] + 1)
+    assert (experts[~known] == -1).all() and (experts[segments < 0] == -1).all()
+
+
+def test_routed_experts_survive_the_orchestrator_checkpoint():
+    rollout = make_rollout(1.0)
+    rollout.samples = [routed(rollout.samples[0], 100), make_sample(1, 1)]
+    back = Rollout.from_dict(json.loads(json.dumps(rollout.to_dict())))
+    assert np.array_equal(back.samples[0].routed_experts, rollout.samples[0].routed_experts)
+    assert back.samples[0].routed_experts.dtype == np.int16 and back.samples[1].routed_experts is None

@@ -22,3 +22,10 @@ def test_teacher_logprobs_round_trip_bit_exact():
 
 def test_a_micro_batch_without_a_teacher_has_no_teacher_logprobs():
     assert "teacher_logprobs" not in round_trip(random_micro_batch(2, 16, seed=0))
+
+
+def test_routed_experts_round_trip_bit_exact():
+    micro_batch = random_micro_batch(2, 16, seed=0)
+    micro_batch["routed_experts"] = torch.randint(-1, 128, (2, 16, 3, 2), dtype=torch.int16)
+    assert torch.equal(round_trip(micro_batch)["routed_experts"], micro_batch["routed_experts"])
+    assert "routed_experts" not in round_trip(random_micro_batch(2, 16, seed=0))

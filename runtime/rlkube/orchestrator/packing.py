@@ -105,6 +105,7 @@ def _truncate(sample: Sample, seq_len: int) -> Sample:
         temperature=sample.temperature,
         advantage=sample.advantage,
         teacher_logprobs=None if sample.teacher_logprobs is None else sample.teacher_logprobs[:seq_len],
+        routed_experts=None if sample.routed_experts is None else sample.routed_experts[:seq_len],
     )
 
 
@@ -136,11 +137,22 @@ def teacher_scored(samples: list[Sample]) -> bool:
     return scored == {True}
 
 
+def routing_shape(samples: list[Sample]) -> tuple[int, int] | None:
+    """(moe_layers, top_k) of the step's routed experts; None when no sample carries any. A
+    sample without them (its engine answer had none) gets -1, the trainer's own routing."""
+    shapes = {s.routed_experts.shape[1:] for s in samples if s.routed_experts is not None}
+    if len(shapes) > 1:
+        raise ValueError(f"the step's samples carry routed_experts of different shapes: {sorted(shapes)}")
+    return shapes.pop() if shapes else None
+
+
 def rows_to_tensors(
-    rows: list[Row], seq_len: int, segments: dict[int, int], with_teacher: bool = False
+    rows: list[Row], seq_len: int, segments: dict[int, int], with_teacher: bool = False,
+    routing: tuple[int, int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """`[len(rows), seq_len]` tensors; `segments` maps id(sample) to its index in the step and
-    id(block) to its shared prompt's segment index. `with_teacher` adds `teacher_logprobs`."""
+    id(block) to its shared prompt's segment index. `with_teacher` adds `teacher_logprobs`,
+    `routing` (moe_layers, top_k) adds `routed_experts`."""
     shape = (len(rows), seq_len)
     out = {
         "input_ids": torch.zeros(shape, dtype=torch.int64),
@@ -154,6 +166,8 @@ def rows_to_tensors(
     }
     if with_teacher:
         out["teacher_logprobs"] = torch.zeros(shape, dtype=torch.float32)
+    if routing is not None:
+        out["routed_experts"] = torch.full((*shape, *routing), -1, dtype=torch.int16)
 
     def write(r: int, start: int, sample: Sample, begin: int, end: int, segment: int, prefix: int) -> int:
         """Tokens `begin:end` of `sample` at `start` of row `r`; returns where they end."""
@@ -169,6 +183,8 @@ def rows_to_tensors(
         out["temperatures"][r, span] = sample.temperature
         if with_teacher:
             out["teacher_logprobs"][r, span] = torch.tensor(sample.teacher_logprobs[begin:end], dtype=torch.float32)
+        if routing is not None and sample.routed_experts is not None:
+            out["routed_experts"][r, span] = torch.from_numpy(sample.routed_experts[begin:end])
         return span.stop
 
     for r, row in enumerate(rows):
@@ -198,12 +214,12 @@ def pack_batch(
     shared = [block for block in blocks if block.prefix_len]
     segments |= {id(block): len(packed) + i for i, block in enumerate(shared)}
     global_loss_tokens = sum(s.num_loss_tokens for s in packed)
-    with_teacher = teacher_scored(packed)
+    with_teacher, routing = teacher_scored(packed), routing_shape(packed)
     per_rank = []
     for rank_rows in assign_rows(rows, world_size):
         micro_batches = []
         for i in range(0, len(rank_rows), micro_batch_rows):
-            tensors = rows_to_tensors(rank_rows[i : i + micro_batch_rows], seq_len, segments, with_teacher)
+            tensors = rows_to_tensors(rank_rows[i : i + micro_batch_rows], seq_len, segments, with_teacher, routing)
             micro_batches.append(tensors | {"global_loss_tokens": global_loss_tokens})
         per_rank.append(micro_batches)
     return per_rank

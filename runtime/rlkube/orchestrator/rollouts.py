@@ -16,6 +16,8 @@ import time
 import zlib
 from typing import Any
 
+import numpy as np
+
 from rlkube.config import EnvConfig
 from rlkube.envs.in_process import ENGINE_LOST, recording_served_versions, resolve_path, serving
 from rlkube.orchestrator.types import Rollout, Sample
@@ -64,6 +66,7 @@ def episode_to_rollout(episode: Any, env_name: str, example_id: str, temperature
             loss_mask=list(branch.sampled_mask),
             logprobs=list(branch.logprobs),
             temperature=temperature,
+            routed_experts=None if (routing := branch.routed_experts) is None else routing.astype(np.int16),
         )
         for trace in traces
         if trace.agent.trainable

@@ -1,10 +1,15 @@
 """What the orchestrator moves around: samples, rollouts, groups and batches.
 
 Plain dataclasses of Python lists (no torch): they are built on the event loop, checkpointed
-as JSON, and only become tensors when packed for the trainer.
+as JSON, and only become tensors when packed for the trainer. The one array, an MoE sample's
+routing (a few hundred ids per token in a large model), stays a numpy array: as lists it would
+cost tens of bytes per id; in JSON it is base64.
 """
 
+import base64
 from dataclasses import asdict, dataclass, field
+
+import numpy as np
 
 
 @dataclass
@@ -23,6 +28,11 @@ class Sample:
     teacher_logprobs: list[float] | None = None
     """On-policy distillation: the teacher's logprob of each sampled token, 0.0 elsewhere
     (`rlkube.orchestrator.teacher`); None without a teacher."""
+    routed_experts: np.ndarray | None = field(default=None, compare=False)
+    """Mixture-of-experts models served with `inference.return_routed_experts`: int16
+    [tokens, moe_layers, top_k], the experts inference routed each token to, aligned to
+    `token_ids` (the last token's row repeats the one before: no forward pass follows it);
+    None otherwise. For the trainer's router metrics and router replay."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -82,13 +92,30 @@ class Rollout:
         return self.error is None and not self.is_empty
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        for sample in data["samples"]:
+            sample["routed_experts"] = _routing_to_json(sample["routed_experts"])
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "Rollout":
         data = dict(data)
-        data["samples"] = [Sample(**s) for s in data["samples"]]
+        data["samples"] = [
+            Sample(**s | {"routed_experts": _routing_from_json(s.get("routed_experts"))}) for s in data["samples"]
+        ]
         return cls(**data)
+
+
+def _routing_to_json(routing: np.ndarray | None) -> dict | None:
+    if routing is None:
+        return None
+    return {"shape": list(routing.shape), "data": base64.b64encode(routing.astype("<i2").tobytes()).decode()}
+
+
+def _routing_from_json(routing: dict | None) -> np.ndarray | None:
+    if routing is None:
+        return None
+    return np.frombuffer(base64.b64decode(routing["data"]), dtype="<i2").reshape(routing["shape"]).astype(np.int16)
 
 
 @dataclass

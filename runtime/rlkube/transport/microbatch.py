@@ -19,8 +19,10 @@ TENSOR_FIELDS = {
 
 OPTIONAL_TENSOR_FIELDS = {
     "teacher_logprobs": torch.float32,
+    "routed_experts": torch.int16,
 }
-"""`[rows, seq_len]` tensors a micro-batch carries only in some runs (with a teacher)."""
+"""Tensors a micro-batch carries only in some runs: `[rows, seq_len]` teacher log-probs (with a
+teacher), `[rows, seq_len, moe_layers, top_k]` routed experts (MoE, routing returned)."""
 
 
 def to_message(micro_batch: dict, step: int, rank: int, index: int, count: int) -> pb.MicroBatch:

@@ -17,7 +17,7 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class MicroBatch(_message.Message):
-    __slots__ = ("step", "rank", "index", "count", "input_ids", "position_ids", "sample_ids", "loss_mask", "advantages", "inference_logprobs", "temperatures", "global_loss_tokens", "prefix_ids", "teacher_logprobs")
+    __slots__ = ("step", "rank", "index", "count", "input_ids", "position_ids", "sample_ids", "loss_mask", "advantages", "inference_logprobs", "temperatures", "global_loss_tokens", "prefix_ids", "teacher_logprobs", "routed_experts")
     STEP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class MicroBatch(_message.Message):
     GLOBAL_LOSS_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_IDS_FIELD_NUMBER: _ClassVar[int]
     TEACHER_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     step: int
     rank: int
     index: int
@@ -46,7 +47,8 @@ class MicroBatch(_message.Message):
     global_loss_tokens: int
     prefix_ids: Tensor
     teacher_logprobs: Tensor
-    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., input_ids: _Optional[_Union[Tensor, _Mapping]] = ..., position_ids: _Optional[_Union[Tensor, _Mapping]] = ..., sample_ids: _Optional[_Union[Tensor, _Mapping]] = ..., loss_mask: _Optional[_Union[Tensor, _Mapping]] = ..., advantages: _Optional[_Union[Tensor, _Mapping]] = ..., inference_logprobs: _Optional[_Union[Tensor, _Mapping]] = ..., temperatures: _Optional[_Union[Tensor, _Mapping]] = ..., global_loss_tokens: _Optional[int] = ..., prefix_ids: _Optional[_Union[Tensor, _Mapping]] = ..., teacher_logprobs: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    routed_experts: Tensor
+    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., input_ids: _Optional[_Union[Tensor, _Mapping]] = ..., position_ids: _Optional[_Union[Tensor, _Mapping]] = ..., sample_ids: _Optional[_Union[Tensor, _Mapping]] = ..., loss_mask: _Optional[_Union[Tensor, _Mapping]] = ..., advantages: _Optional[_Union[Tensor, _Mapping]] = ..., inference_logprobs: _Optional[_Union[Tensor, _Mapping]] = ..., temperatures: _Optional[_Union[Tensor, _Mapping]] = ..., global_loss_tokens: _Optional[int] = ..., prefix_ids: _Optional[_Union[Tensor, _Mapping]] = ..., teacher_logprobs: _Optional[_Union[Tensor, _Mapping]] = ..., routed_experts: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
     __slots__ = ("step", "rank", "world_size", "micro_batch_rows")
@@ -113,16 +115,18 @@ class WeightsChunk(_message.Message):
     def __init__(self, step: _Optional[int] = ..., file: _Optional[str] = ..., data: _Optional[bytes] = ..., last_of_file: _Optional[bool] = ...) -> None: ...
 
 class RolloutSample(_message.Message):
-    __slots__ = ("token_ids", "loss_mask", "logprobs", "temperature")
+    __slots__ = ("token_ids", "loss_mask", "logprobs", "temperature", "routed_experts")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     loss_mask: _containers.RepeatedScalarFieldContainer[bool]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     temperature: float
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[bool]] = ..., logprobs: _Optional[_Iterable[float]] = ..., temperature: _Optional[float] = ...) -> None: ...
+    routed_experts: Tensor
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[bool]] = ..., logprobs: _Optional[_Iterable[float]] = ..., temperature: _Optional[float] = ..., routed_experts: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class RolloutResult(_message.Message):
     __slots__ = ("env", "example_id", "reward", "samples", "num_turns", "is_truncated", "error", "metrics", "served_versions")

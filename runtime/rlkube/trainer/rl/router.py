@@ -12,9 +12,10 @@ The routers are the modules the model itself declares as producing router logits
 (transformers' `_can_record_outputs["router_logits"]`: Qwen3-MoE's `Qwen3MoeTopKRouter`,
 returning `(logits, top-k weights, top-k indices)` of a softmax top-k), hooked in model order.
 
-Inference's choices arrive per micro-batch as `routed_experts`, int [rows, seq_len,
-moe_layers, top_k] aligned with `input_ids` (the experts vLLM used at each position, as its
-`routed_experts` output returns them), -1 where it has none (padding, the last sampled token).
+Inference's choices arrive per micro-batch as `routed_experts`, int16 [rows, seq_len,
+moe_layers, top_k] aligned with `input_ids` (the experts vLLM used at each position, returned
+with `inference.return_routed_experts` and carried by the orchestrator's samples), -1 where it
+has none (padding, a sample whose answer carried none).
 
 Each step logs, over the positions of the tokens trained on, all MoE layers together:
 `router/load/expert_<e>` (the fraction of routed token slots that went to expert e),
@@ -86,7 +87,7 @@ class RouterProbe:
                 return output
             logits, weights, chosen = output
             given = self.batch.get("routed_experts")
-            given = None if given is None else given[..., index, :].reshape(-1, self.top_k).to(chosen.device)
+            given = None if given is None else given[..., index, :].reshape(-1, self.top_k).to(chosen.device, chosen.dtype)
             own = chosen
             if self.replay:
                 keep = (given >= 0).all(-1, keepdim=True)

@@ -176,8 +176,9 @@ class LossConfig(Config):
     router_replay: bool = False
     """Mixture-of-experts models: the trainer routes each token to the experts inference chose
     for it (their gate weights recomputed by the trainer's router), instead of its own top-k;
-    removes the mismatch that near-tied router logits cause. The batch must carry inference's
-    choices (`routed_experts`); see rlkube.trainer.rl.router."""
+    removes the mismatch that near-tied router logits cause. `rlkube rl` (and the operator) then
+    start inference with `return_routed_experts`; with servers of your own
+    (`orchestrator.client.base_urls`), start them with it. See rlkube.trainer.rl.router."""
 
     @property
     def uses_teacher(self) -> bool:

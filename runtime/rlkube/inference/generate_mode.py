@@ -10,7 +10,7 @@ this middleware, added with vLLM's own `--middleware` option (no patching of vLL
   by rlkube inference) the entries are exactly what the client expects; token ids are the same in
   both modes. Requests that name an `output_mode` are left alone.
 - **Routed experts** (`inference.return_routed_experts`, MoE models). vLLM returns a choice's
-  routing as one string, a base64 `.npy` file of `[positions, moe_layers, top_k]` expert ids
+  routing as one string, a base64 `.npy` file of `[positions, layers, top_k]` expert ids
   from `sampling_params.routed_experts_prompt_start` on. The client expects an object `{"data":
   base64 of the raw array, "shape", "dtype", "start"}` and gives it to verifiers, which
   attributes the rows to the trace's tokens (`Branch.routed_experts`). Without the rewrite the

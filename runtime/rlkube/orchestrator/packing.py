@@ -138,7 +138,7 @@ def teacher_scored(samples: list[Sample]) -> bool:
 
 
 def routing_shape(samples: list[Sample]) -> tuple[int, int] | None:
-    """(moe_layers, top_k) of the step's routed experts; None when no sample carries any. A
+    """(layers, top_k) of the step's routed experts; None when no sample carries any. A
     sample without them (its engine answer had none) gets -1, the trainer's own routing."""
     shapes = {s.routed_experts.shape[1:] for s in samples if s.routed_experts is not None}
     if len(shapes) > 1:
@@ -152,7 +152,7 @@ def rows_to_tensors(
 ) -> dict[str, torch.Tensor]:
     """`[len(rows), seq_len]` tensors; `segments` maps id(sample) to its index in the step and
     id(block) to its shared prompt's segment index. `with_teacher` adds `teacher_logprobs`,
-    `routing` (moe_layers, top_k) adds `routed_experts`."""
+    `routing` (layers, top_k) adds `routed_experts`."""
     shape = (len(rows), seq_len)
     out = {
         "input_ids": torch.zeros(shape, dtype=torch.int64),

@@ -30,7 +30,7 @@ class Sample:
     (`rlkube.orchestrator.teacher`); None without a teacher."""
     routed_experts: np.ndarray | None = field(default=None, compare=False)
     """Mixture-of-experts models served with `inference.return_routed_experts`: int16
-    [tokens, moe_layers, top_k], the experts inference routed each token to, aligned to
+    [tokens, layers, top_k], the experts inference routed each token to, aligned to
     `token_ids` (the last token's row repeats the one before: no forward pass follows it);
     None otherwise. For the trainer's router metrics and router replay."""
 

@@ -22,7 +22,7 @@ OPTIONAL_TENSOR_FIELDS = {
     "routed_experts": torch.int16,
 }
 """Tensors a micro-batch carries only in some runs: `[rows, seq_len]` teacher log-probs (with a
-teacher), `[rows, seq_len, moe_layers, top_k]` routed experts (MoE, routing returned)."""
+teacher), `[rows, seq_len, layers, top_k]` routed experts (MoE, routing returned)."""
 
 
 def to_message(micro_batch: dict, step: int, rank: int, index: int, count: int) -> pb.MicroBatch:

@@ -99,3 +99,27 @@ def test_router_replay_routes_each_token_to_the_experts_it_is_given(env):
 
     with pytest.raises(ValueError, match="carries no routed_experts"), probe.micro_batch(batch):
         pass
+
+
+def test_routing_is_read_by_decoder_layer_when_dense_layers_sit_between_moe_layers():
+    """vLLM returns a row for every decoder layer; with layer 1 dense the routers are those of
+    layers 0, 2 and 3, and replay reads those rows (the dense layer's row is never read)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=32, moe_intermediate_size=16,
+                            num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                            num_experts=EXPERTS, num_experts_per_tok=TOP_K, mlp_only_layers=[1])
+    model = Qwen3MoeForCausalLM(config).eval()
+    probe = RouterProbe.attach(model, replay=True)
+    assert len(probe.routers) == 3
+    input_ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        free = model(input_ids=input_ids, output_router_logits=True)
+    own = [lg.topk(TOP_K).indices for lg in free.router_logits]
+    given = torch.stack([own[0], torch.full_like(own[0], 7), own[1], own[2]], dim=1).unsqueeze(0)
+    batch = {"routed_experts": given, "loss_mask": torch.ones(1, 12, dtype=torch.bool)}
+    with torch.no_grad(), probe.micro_batch(batch):
+        replayed = model(input_ids=input_ids).logits
+        stats = probe.stats(global_loss_tokens=12)
+    assert torch.equal(replayed, free.logits)
+    assert float(stats["router/mismatch/fraction"]) == 0.0

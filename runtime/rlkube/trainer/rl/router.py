@@ -13,7 +13,7 @@ The routers are the modules the model itself declares as producing router logits
 returning `(logits, top-k weights, top-k indices)` of a softmax top-k), hooked in model order.
 
 Inference's choices arrive per micro-batch as `routed_experts`, int16 [rows, seq_len,
-moe_layers, top_k] aligned with `input_ids` (the experts vLLM used at each position, returned
+decoder layers, top_k] aligned with `input_ids` (the experts vLLM used at each position, returned
 with `inference.return_routed_experts` and carried by the orchestrator's samples), -1 where it
 has none (padding, a sample whose answer carried none).
 
@@ -28,6 +28,7 @@ inference's).
 """
 
 import math
+import re
 from contextlib import contextmanager
 
 import torch
@@ -38,26 +39,36 @@ _PROB = "router/prob/expert_"
 ranks, then folded into `router/aux_loss`."""
 
 
-def find_routers(model: nn.Module) -> list[nn.Module]:
-    """The model's MoE routers in layer order; empty for a dense model."""
+def find_routers(model: nn.Module) -> dict[int, nn.Module]:
+    """The model's MoE routers by the index of their decoder layer, in layer order; empty for a
+    dense model. Inference's routing has a row per decoder layer, dense ones included (zeros
+    there): a model with dense layers between its MoE layers (`mlp_only_layers`) is read by
+    layer index, not by router count."""
     recorder = getattr(model, "_can_record_outputs", None) or {}
     router_class = getattr(recorder.get("router_logits"), "target_class", None)
     if router_class is None:
-        return []
-    return [module for module in model.modules() if isinstance(module, router_class)]
+        return {}
+    routers = [(name, module) for name, module in model.named_modules() if isinstance(module, router_class)]
+    layers = [_LAYER.search(name) for name, _ in routers]
+    if not all(layers):  # no `layers.N` in the names: one router per layer, in order
+        return dict(enumerate(module for _, module in routers))
+    return {int(layer.group(1)): module for layer, (_, module) in zip(layers, routers, strict=True)}
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 class RouterProbe:
     """Forward hooks on every router: replay inference's experts (optional) and record each
     micro-batch's routing statistics. Outside `micro_batch` the hooks change nothing."""
 
-    def __init__(self, routers: list[nn.Module], replay: bool):
-        self.routers, self.replay = routers, replay
+    def __init__(self, routers: dict[int, nn.Module], replay: bool):
+        self.routers, self.replay = list(routers.values()), replay
         self.num_experts, self.top_k = routers[0].num_experts, routers[0].top_k
         self.batch: dict | None = None
         self.records: dict[int, dict[str, Tensor]] = {}
-        for index, router in enumerate(routers):
-            router.register_forward_hook(self._hook(index))
+        for layer, router in routers.items():
+            router.register_forward_hook(self._hook(layer))
 
     @classmethod
     def attach(cls, model: nn.Module, replay: bool) -> "RouterProbe | None":
@@ -81,13 +92,13 @@ class RouterProbe:
         finally:
             self.batch = None
 
-    def _hook(self, index: int):
+    def _hook(self, layer: int):
         def hook(module: nn.Module, args, output):
             if self.batch is None:
                 return output
             logits, weights, chosen = output
             given = self.batch.get("routed_experts")
-            given = None if given is None else given[..., index, :].reshape(-1, self.top_k).to(chosen.device, chosen.dtype)
+            given = None if given is None else given[..., layer, :].reshape(-1, self.top_k).to(chosen.device, chosen.dtype)
             own = chosen
             if self.replay:
                 keep = (given >= 0).all(-1, keepdim=True)
@@ -96,7 +107,7 @@ class RouterProbe:
                 if getattr(module, "norm_topk_prob", False):
                     weights = weights / weights.sum(-1, keepdim=True)
                 weights = weights.to(logits.dtype)
-            self.records[index] = self._record(logits.detach(), chosen, own, given)
+            self.records[layer] = self._record(logits.detach(), chosen, own, given)
             return logits, weights, chosen
 
         return hook

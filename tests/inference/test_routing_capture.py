@@ -1,11 +1,18 @@
 """rlkube's capture of routed experts on CPU: each request's rows, step by step, as vLLM's V1
-runner lays the batch out (requests in batch order, `num_scheduled_tokens` each)."""
+runner lays the batch out (requests in batch order, `num_scheduled_tokens` each), and what the
+real server answers with it."""
 
+import base64
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 from rlkube.inference.routing_capture import KEPT_FINISHED, RequestRouting
+
+from tests.inference.test_server import PROMPT_IDS, generate
+
+LAYERS, TOP_K = 4, 2
 
 
 class Capturer:
@@ -71,3 +78,33 @@ def test_routing_nobody_takes_is_dropped_after_enough_finished_requests():
     for i in range(KEPT_FINISHED):
         step(routing, capturer, [], finished={f"r{i}-x"})
     assert routing.take("old") is None
+
+
+@pytest.mark.slow
+async def test_the_server_returns_the_routing_transformers_computes(moe_inference_server):
+    """The session's MoE engine (it returns routing): one row per forwarded position, each the
+    top-k experts transformers' router picks at that position in every layer (near ties
+    aside), and a later `routed_experts_prompt_start` gives the same rows from there on."""
+    from transformers import AutoModelForCausalLM
+
+    base_url = moe_inference_server.base_url
+    full = (await generate(base_url, max_tokens=6))["choices"][0]
+    routing = decoded(full["routed_experts"])
+    tokens = PROMPT_IDS + full["token_ids"]
+    assert routing.shape == (len(tokens) - 1, LAYERS, TOP_K)
+    model = AutoModelForCausalLM.from_pretrained(moe_inference_server.model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens[:-1]]), output_router_logits=True).router_logits
+    expected = torch.stack([layer.topk(TOP_K).indices.sort(-1).values for layer in logits], dim=1).numpy()
+    agree = (np.sort(routing, -1) == expected).all(-1).mean()
+    assert agree >= 0.9, f"{agree:.3f} of token-layer pairs routed as transformers routes them"
+
+    later = (await generate(base_url, max_tokens=6, routed_experts_prompt_start=5))["choices"][0]
+    assert later["token_ids"] == full["token_ids"] and later["routed_experts"]["start"] == 5
+    assert np.array_equal(decoded(later["routed_experts"]), routing[5:])
+
+
+def decoded(payload: dict) -> np.ndarray:
+    """A choice's routing as verifiers decodes it."""
+    data = np.frombuffer(base64.b64decode(payload["data"]), dtype=np.dtype(payload["dtype"]))
+    return data.reshape(payload["shape"])

@@ -81,7 +81,7 @@ class GenerateForRenderers:
                 return
             answer = b"".join(chunks)
             if self.captures_routing:
-                answer = await with_captured_routing(answer, scope["app"].state.engine_client)
+                answer = await with_captured_routing(answer, start, scope["app"].state.engine_client)
             answer = with_routed_experts_for_renderers(answer, start)
             await send(dict(held, headers=_with_length(held["headers"], len(answer))))
             await send({"type": "http.response.body", "body": answer, "more_body": False})
@@ -102,13 +102,14 @@ class GenerateForRenderers:
         return start_capture_then_send
 
 
-async def with_captured_routing(body: bytes, engine_client) -> bytes:
-    """A one-choice answer with the routing the worker captured for it (vLLM's format)."""
+async def with_captured_routing(body: bytes, start: int, engine_client) -> bytes:
+    """A one-choice answer with the routing the worker captured for it from position `start`
+    on (vLLM's format)."""
     answer = _json_object(body)
     choices = (answer or {}).get("choices") or ()
     if len(choices) != 1 or choices[0].get("routed_experts") is not None or not answer.get("request_id"):
         return body
-    routing = (await engine_client.collective_rpc(TAKE_ROUTING, args=(answer["request_id"],)))[0]  # rank 0 of a replica
+    routing = (await engine_client.collective_rpc(TAKE_ROUTING, args=(answer["request_id"], start)))[0]  # rank 0
     if routing is None:
         return body
     choices[0]["routed_experts"] = routing

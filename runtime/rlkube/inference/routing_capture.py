@@ -103,9 +103,10 @@ class RoutingCaptureExtension:
         logger.info("capturing routed experts: %d layers, top-%d", *capturer.shape_per_token)
         return "capturing"
 
-    def rlkube_take_routing(self, request_id: str) -> str | None:
-        """The request's routing as vLLM's generate route would answer it (base64 `.npy`)."""
+    def rlkube_take_routing(self, request_id: str, start: int = 0) -> str | None:
+        """The request's routing from position `start` on (its `routed_experts_prompt_start`),
+        as vLLM's generate route would answer it (base64 `.npy`)."""
         from vllm.utils.serial_utils import numpy2base64
 
         rows = self._rlkube_routing.take(request_id)
-        return None if rows is None else numpy2base64(rows)
+        return None if rows is None else numpy2base64(rows[start:])

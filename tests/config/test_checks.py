@@ -18,6 +18,7 @@ def refusal(capsys, main, argv) -> str:
 @pytest.fixture
 def model_dir(tmp_path):
     (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
     return str(tmp_path / "model")
 
 
@@ -73,6 +74,14 @@ def test_a_missing_local_model_directory_is_refused(capsys, tmp_path, monkeypatc
     (tmp_path / "outputs").mkdir()  # `outputs/...` reads as a local path once outputs/ exists
     err = refusal(capsys, eval_main, ["--model.name", name, "--output-dir", str(tmp_path / "eval")])
     assert f"model.name: '{name}' does not exist" in err
+
+
+def test_a_directory_without_a_model_config_is_refused(capsys, tmp_path):
+    """An empty directory (a volume mounted but never filled, the wrong subdirectory) is refused
+    here, exit code 2, not by a trainer that would crash on it with 1 and be restarted."""
+    (tmp_path / "weights").mkdir()
+    err = refusal(capsys, eval_main, ["--model.name", str(tmp_path / "weights"), "--output-dir", str(tmp_path / "eval")])
+    assert f"model.name: '{tmp_path / 'weights'}' has no config.json" in err
 
 
 @pytest.mark.parametrize("name", ["Qwen/Qwen3-0.6B", "gpt2", "outputs/tiny-model"])

@@ -79,6 +79,7 @@ def test_shm_spin_is_configurable_on_both():
 def test_dry_run_prints_resolved_config(capsys, tmp_path):
     from rlkube.entrypoints.inference import main
 
+    (tmp_path / "config.json").write_text("{}")
     assert main(["--model.name", str(tmp_path), "--port", "9000", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert f'name = "{tmp_path}"' in out and "port = 9000" in out

@@ -55,6 +55,7 @@ def test_a_served_teacher_starts_with_inference_on_its_own_ports_before_the_orch
 
 
 def test_a_taken_teacher_port_is_refused_before_anything_starts(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")  # the teacher's model directory
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]

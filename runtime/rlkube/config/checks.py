@@ -57,7 +57,9 @@ def _problems(node, path: str, model: ModelConfig | None = None) -> Iterator[tup
 def model_path_problem(name: str) -> str | None:
     path = Path(name).expanduser()
     if path.is_dir():
-        return None
+        if (path / "config.json").is_file():
+            return None
+        return f"'{name}' has no config.json: not a model directory (an export or `rlkube model init --out DIR` writes one)"
     if path.exists():
         return f"'{name}' is a file, not a model directory"
     reads_as_path = (

@@ -1,4 +1,5 @@
-"""The eval runner: avg@k / pass@k arithmetic, and `rlkube eval` against the shared server."""
+"""The eval runner: avg@k / pass@k arithmetic, `rlkube eval` against the shared server, and the
+orchestrator's periodic eval against fake engines over real HTTP."""
 
 import json
 
@@ -59,7 +60,7 @@ def test_periodic_eval_asks_for_the_policy_the_replicas_serve(tiny_model, tmp_pa
             "eval": {"num_examples": 3, "sampling": {"max_tokens": 8}},
         })
         pool = InferencePool(config.client, config.model.name, config.model.name, config.sampling)
-        evaluate = periodic_eval(config, lambda: pool.request_model, lambda: pool.base_urls)
+        evaluate = periodic_eval(config, pool)
 
         async def steps():
             at_0 = await evaluate(0)
@@ -69,3 +70,45 @@ def test_periodic_eval_asks_for_the_policy_the_replicas_serve(tiny_model, tmp_pa
         metrics = asyncio.run(steps())
     assert all(m["eval/reverse_text/errored_rollouts"] == 0 for m in metrics)
     assert server.fake.requested_models == [str(tiny_model)] * 3 + [POLICY_ADAPTER] * 3
+
+
+def test_a_periodic_eval_rollout_that_loses_its_replica_runs_again_on_the_other(tiny_model, tmp_path):
+    """Replica 1 dies with eval requests in flight: they run again on replica 0 and score on
+    their merits, none as an error (scored as errors, they would lower the held-out reward of a
+    policy for a pod's restart)."""
+    import asyncio
+    import contextlib
+
+    from rlkube.config import OrchestratorConfig
+    from rlkube.envs import load_env
+    from rlkube.orchestrator.eval import periodic_eval
+    from rlkube.orchestrator.inference import InferencePool, pick_replica
+
+    from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
+
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(FakeInferenceThread(FakeInference(str(tiny_model), stop_token_id=3)))
+                   for _ in range(2)]
+        servers[1].fake.hang = True  # its requests hang until it dies
+        config = OrchestratorConfig.model_validate({
+            "output_dir": tmp_path, "model": {"name": str(tiny_model)},
+            "client": {"base_urls": [s.url for s in servers], "resync_interval_s": 60},
+            "eval": {"num_examples": 8, "rollouts_per_example": 2, "sampling": {"max_tokens": 8}},
+        })
+        tasks = list(load_env(config.eval.envs[0]).taskset)[:8]
+        on_replica_1 = 2 * sum(pick_replica("reverse_text", str(t.key), 2) == 1 for t in tasks)
+        assert 0 < on_replica_1 < 16, "the test needs tasks on both replicas"
+        pool = InferencePool(config.client, config.model.name, config.model.name, config.sampling)
+        evaluate = periodic_eval(config, pool)
+
+        async def eval_while_replica_1_dies():
+            running = asyncio.ensure_future(evaluate(0))
+            while servers[1].fake.generate_requests < on_replica_1 and not running.done():
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(servers[1].__exit__)
+            return await running
+
+        metrics = asyncio.run(eval_while_replica_1_dies())
+    assert metrics["eval/reverse_text/errored_rollouts"] == 0
+    assert metrics["eval/reverse_text/reissued_rollouts"] == on_replica_1
+    assert servers[0].fake.generate_requests == 16, "every rollout was answered by replica 0 in the end"

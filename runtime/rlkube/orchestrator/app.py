@@ -61,7 +61,7 @@ async def serve(config: OrchestratorConfig) -> None:
         sink.log(step, metrics)
         prometheus.update(metrics)
 
-    evaluate = periodic_eval(config, lambda: pool.request_model, lambda: pool.base_urls) if config.eval is not None else None
+    evaluate = periodic_eval(config, pool) if config.eval is not None else None
     orchestrator = Orchestrator(config, runners, pool, log_metrics, evaluate)
     host = config.rollouts.host
     logger.info("orchestrator instance %s", orchestrator.instance_id)

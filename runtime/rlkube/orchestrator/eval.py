@@ -10,13 +10,19 @@ of single rollouts that pass (pass@1 estimated from all k).
 
 With `keep_samples`, every rollout is also kept as a chat row (`chat_rows`): what `rlkube eval
 --save-samples` writes for SFT distillation from a served model.
+
+Where an eval rollout runs is the caller's `Place`: `rlkube eval` runs each once on its task's
+replica (`on_replicas`); the orchestrator runs it where its pool routes training's and runs it
+again when its replica was lost (`on_pool`), so that a replica restarting during an eval is not
+scored as the policy's errors.
 """
 
 import asyncio
+import itertools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +39,8 @@ class EvalResult:
     rewards: list[list[float]] = field(default_factory=list)
     """Per example, the rewards of its k rollouts."""
     errors: list[str] = field(default_factory=list)
+    reissued: int = 0
+    """Rollouts run again because their replica was lost (`on_pool`)."""
     seconds: float = 0.0
     samples: list[dict] = field(default_factory=list)
     """With `keep_samples`: every finished rollout's chat rows (`chat_rows`), in example order."""
@@ -63,6 +71,7 @@ class EvalResult:
             f"{prefix}/pass@{self.k}": self.pass_at_k,
             f"{prefix}/pass_rate": self.pass_rate,
             f"{prefix}/errored_rollouts": float(len(self.errors)),
+            f"{prefix}/reissued_rollouts": float(self.reissued),
             f"{prefix}/num_examples": float(self.num_examples),
             f"{prefix}/time_s": self.seconds,
         }
@@ -72,7 +81,7 @@ class EvalResult:
             "env": self.env, "k": self.k, "pass_threshold": self.pass_threshold,
             "num_examples": self.num_examples, "avg_at_k": self.avg_at_k,
             "pass_at_k": self.pass_at_k, "pass_rate": self.pass_rate,
-            "errors": self.errors, "seconds": self.seconds, "rewards": self.rewards,
+            "errors": self.errors, "reissued": self.reissued, "seconds": self.seconds, "rewards": self.rewards,
         }
 
 
@@ -110,6 +119,53 @@ class _Scored:
     reward: float
     error: str | None
     rows: list[dict]
+    reissues: int = 0
+
+
+Place = Callable[[str, Any, Callable[[Any], Awaitable[_Scored]]], Awaitable[_Scored]]
+"""`place(env_name, task, score)`: awaits `score(ctx)` with the `ModelContext` of the replica
+the task's rollout runs on, and returns what it scored."""
+
+
+def on_replicas(contexts: list) -> Place:
+    """Each rollout once, on its task's sticky replica of `contexts` (`rlkube eval`: nothing
+    would bring a lost replica back)."""
+    from rlkube.orchestrator.inference import pick_replica
+
+    async def place(env_name: str, task: Any, score) -> _Scored:
+        return await score(contexts[pick_replica(env_name, str(task.key), len(contexts))])
+
+    return place
+
+
+def on_pool(pool, sampling: SamplingConfig, timeout_s: float) -> Place:
+    """Each rollout where the orchestrator's `pool` routes its task (the sticky replica, or a
+    healthy one while that is down), requesting the model the pool requests, with the eval's
+    `sampling`. A rollout that lost its replica is run again as training's are (`Reissuer`):
+    the first time at once, later ones `client.resync_interval_s` apart, while the pool's watch
+    brings the replicas back on the policy."""
+    from rlkube.orchestrator.inference import model_contexts
+    from rlkube.orchestrator.rollouts import lost_on
+
+    contexts: dict[tuple[str, str], Any] = {}
+
+    def context(model: str, replica: str):
+        if (model, replica) not in contexts:
+            contexts[model, replica] = model_contexts([replica], model, pool.renderer_model, sampling, timeout_s)[0]
+        return contexts[model, replica]
+
+    async def place(env_name: str, task: Any, score) -> _Scored:
+        for attempt in itertools.count():
+            if attempt > 1:
+                await asyncio.sleep(pool.config.resync_interval_s)
+            replica, started = pool.replica_for(env_name, str(task.key)), time.monotonic()
+            scored = await pool.call_on(replica, score(context(pool.request_model, replica)))
+            if scored is not None and not lost_on(pool, replica, started, scored.error):
+                scored.reissues = attempt
+                return scored
+            pool.mark_down(replica)
+
+    return place
 
 
 async def _score(env: Any, task: Any, ctx: Any, keep_samples: bool) -> _Scored:
@@ -128,13 +184,11 @@ async def _score(env: Any, task: Any, ctx: Any, keep_samples: bool) -> _Scored:
 
 
 async def evaluate_env(
-    name: str, env: Any, contexts: list, *, num_examples: int | None, rollouts_per_example: int,
+    name: str, env: Any, place: Place, *, num_examples: int | None, rollouts_per_example: int,
     pass_threshold: float, max_concurrent: int = 64, keep_samples: bool = False,
 ) -> EvalResult:
     """k rollouts of each of the first `num_examples` tasks of `env` (an environment already
-    inside `env.serving()`), spread over the replicas' `contexts` by example."""
-    from rlkube.orchestrator.inference import pick_replica
-
+    inside `env.serving()`), each run where `place` puts it."""
     taskset = env.taskset
     if not taskset.bounded:
         raise ValueError(f"eval env '{name}': its taskset is infinite; bound it with num_examples in its args")
@@ -142,9 +196,8 @@ async def evaluate_env(
     slots = asyncio.Semaphore(max_concurrent)
 
     async def one(task: Any) -> _Scored:
-        ctx = contexts[pick_replica(name, str(task.key), len(contexts))]
         async with slots:
-            return await _score(env, task, ctx, keep_samples)
+            return await place(name, task, lambda ctx: _score(env, task, ctx, keep_samples))
 
     start = time.perf_counter()
     scored = await asyncio.gather(*(one(t) for t in tasks for _ in range(rollouts_per_example)))
@@ -153,56 +206,54 @@ async def evaluate_env(
         group = scored[i * rollouts_per_example : (i + 1) * rollouts_per_example]
         result.rewards.append([s.reward for s in group])
         result.errors += [s.error for s in group if s.error]
+        result.reissued += sum(s.reissues > 0 for s in group)
         result.samples += [row for s in group for row in s.rows]
     if result.errors:
         logger.warning("eval %s: %d of %d rollouts failed, e.g. %s", name, len(result.errors), len(scored), result.errors[0])
+    if result.reissued:
+        logger.warning("eval %s: %d rollout(s) lost their inference replica and ran again", name, result.reissued)
     return result
 
 
 async def evaluate(
-    envs: list[EnvConfig], base_urls: list[str], model: str, sampling: SamplingConfig, *,
-    num_examples: int | None, rollouts_per_example: int, pass_threshold: float = 1.0,
-    timeout_s: float = 600, max_concurrent: int = 64, loaded_envs: dict[str, Any] | None = None,
-    keep_samples: bool = False, renderer_model: str | None = None,
+    envs: list[EnvConfig], place: Place, *, num_examples: int | None, rollouts_per_example: int,
+    pass_threshold: float = 1.0, max_concurrent: int = 64, loaded_envs: dict[str, Any] | None = None,
+    keep_samples: bool = False,
 ) -> list[EvalResult]:
-    """Evaluate `model` served at `base_urls` on each environment of `envs`.
-    `loaded_envs` (name -> env) reuses environments built earlier (periodic eval);
-    `renderer_model`: whose tokenizer renders the prompts when `model` names no model of its own
-    (a LoRA adapter); `model` when None."""
+    """Evaluate each environment of `envs`, its rollouts run where `place` puts them.
+    `loaded_envs` (name -> env) reuses environments built earlier (periodic eval)."""
     from rlkube.envs import load_env
     from rlkube.envs.in_process import serving
-    from rlkube.orchestrator.inference import model_contexts
 
-    contexts = model_contexts(base_urls, model, renderer_model or model, sampling, timeout_s)
     results = []
     for env_config in envs:
         name = env_config.name or env_config.id
         env = (loaded_envs or {}).get(name) or load_env(env_config)
         async with serving(env, env_config.rollout_path, name):
             results.append(await evaluate_env(
-                name, env, contexts, num_examples=num_examples,
+                name, env, place, num_examples=num_examples,
                 rollouts_per_example=rollouts_per_example, pass_threshold=pass_threshold,
                 max_concurrent=max_concurrent, keep_samples=keep_samples,
             ))
     return results
 
 
-def periodic_eval(config, request_model: Callable[[], str], base_urls: Callable[[], list[str]]) -> Any:
+def periodic_eval(config, pool) -> Any:
     """The orchestrator's `evaluate(step) -> metrics` for `config.eval` (an OrchestratorConfig);
-    environments are built once. Requests name `request_model()` (`InferencePool.request_model`:
-    a LoRA run's adapter once a policy is served as one) and go to `base_urls()` (the pool's
-    replicas now: they change with `client.base_urls_file`)."""
+    environments are built once. Rollouts run on the replicas of the orchestrator's `pool`
+    (`on_pool`) and request the model it requests (`InferencePool.request_model`: a LoRA
+    run's adapter once a policy is served as one)."""
     from rlkube.envs import load_env
 
     eval_config = config.eval
     loaded = {(e.name or e.id): load_env(e) for e in eval_config.envs}
+    place = on_pool(pool, eval_config.sampling, config.client.timeout_s)
 
     async def run(step: int) -> dict[str, float]:
         results = await evaluate(
-            eval_config.envs, list(base_urls()), request_model(), eval_config.sampling,
-            num_examples=eval_config.num_examples, rollouts_per_example=eval_config.rollouts_per_example,
-            pass_threshold=eval_config.pass_threshold, timeout_s=config.client.timeout_s,
-            max_concurrent=config.client.max_concurrent, loaded_envs=loaded, renderer_model=config.model.name,
+            eval_config.envs, place, num_examples=eval_config.num_examples,
+            rollouts_per_example=eval_config.rollouts_per_example, pass_threshold=eval_config.pass_threshold,
+            max_concurrent=config.client.max_concurrent, loaded_envs=loaded,
         )
         logger.info("eval at step %d: %s", step, {r.env: round(r.avg_at_k, 4) for r in results})
         return {k: v for r in results for k, v in r.metrics().items()}

@@ -116,6 +116,15 @@ def lost_its_replica(error: str | None, marked_down: bool) -> bool:
     return message.startswith(UNREACHABLE) or (marked_down and message.startswith(TIMED_OUT))
 
 
+def lost_on(pool, replica: str, started: float, error: str | None) -> bool:
+    """Whether a call on the pool's `replica` begun at `started` (monotonic) that ended with
+    `error` lost its replica: unreachable or restarting (`lost_its_replica`), or it left the
+    pool meanwhile (scaled down: a stopping engine fails what it still had in flight, vLLM
+    with an engine error)."""
+    return lost_its_replica(error, pool.down_since(replica, started)) or (
+        error is not None and replica not in pool.base_urls)
+
+
 def replica_lost(rollout: Rollout) -> bool:
     """Whether the rollout was marked as lost with its replica (`REPLICA_LOST`)."""
     return (rollout.error or "").startswith(f"{REPLICA_LOST}: ")
@@ -179,10 +188,7 @@ async def run_group(runner, pool, example_id: str, task: Any, size: int, tempera
         if rollout is None:  # abandoned: the replica stopped answering
             return Rollout(runner.name, example_id, 0.0, [], policy_version(), policy_version(),
                            error=f"{REPLICA_LOST}: {replica}: abandoned, the replica stopped answering")
-        if lost_its_replica(rollout.error, pool.down_since(replica, started)) or (
-                rollout.error is not None and replica not in pool.base_urls):
-            # Unreachable, or it left the pool meanwhile (scaled down: a stopping engine fails
-            # what it still had in flight, vLLM with an engine error): re-issued.
+        if lost_on(pool, replica, started, rollout.error):
             pool.mark_down(replica)
             rollout.error = f"{REPLICA_LOST}: {replica}: {rollout.error}"
         else:

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -180,3 +181,28 @@ def test_a_child_exiting_2_is_never_restarted_and_its_error_stops_the_run(tmp_pa
     assert code == 2
     assert len((tmp_path / "logs" / "env-worker-0.log").read_text().splitlines()) == 1, "ran once"
     assert "env-worker-0 exited with code 2: rlkube env-worker: error: env.0.id: environment 'nope'" in caplog.text
+
+
+def test_a_killed_supervisor_leaves_no_child_running(tmp_path):
+    """The supervisor SIGKILLed (the OOM killer, `kill -9`) cannot stop its children: the
+    kernel SIGTERMs them for it instead of leaving them running (an engine holding its port and
+    memory, a trainer its GPU)."""
+    child = sleeper(tmp_path, "child")
+    script = (
+        "import sys; from pathlib import Path; from rlkube.launch.supervisor import ChildSpec, Supervisor;"
+        f"Supervisor().run([[ChildSpec('child', {child.argv!r}, Path(r'{child.log_path}'))]])"
+    )
+    supervisor = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        pid, _ = pids(tmp_path, "child")
+        assert alive(pid)
+        supervisor.kill()
+        supervisor.wait()
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(pid), "the child outlived its killed supervisor"
+    finally:
+        for p in pids(tmp_path, "child"):
+            if alive(p):
+                os.kill(p, signal.SIGKILL)

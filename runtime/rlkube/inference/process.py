@@ -7,7 +7,6 @@ killed parent never leaves an engine behind.
 """
 
 import asyncio
-import ctypes
 import os
 import signal
 import socket
@@ -18,11 +17,7 @@ from pathlib import Path
 from typing import Self
 
 from rlkube.config import InferenceConfig, write_toml
-
-
-def _die_with_parent() -> None:
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+from rlkube.launch.supervisor import die_with_parent
 
 
 def ensure_port_free(host: str, port: int, field: str = "inference.port") -> None:
@@ -60,7 +55,7 @@ class InferenceProcess:
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads yet at fork in callers)
+                start_new_session=True, preexec_fn=die_with_parent,  # noqa: PLW1509 (no threads yet at fork in callers)
             )
         return self
 

@@ -2,12 +2,16 @@
 
 Each child runs in its own session (process group), so stopping it reaches everything it
 spawned (vLLM's engine core, torchrun's workers), and a Ctrl-C in the terminal reaches only the
-supervisor, which then stops the children in order. If any child dies unexpectedly (SIGKILL
+supervisor, which then stops the children in order; a supervisor that is itself killed
+(SIGKILL: the OOM killer, `kill -9`) cannot, so the kernel SIGTERMs each child for it
+(`die_with_parent`) rather than leave a trainer or an engine holding its port, memory and
+GPU. If any child dies unexpectedly (SIGKILL
 included) the others are stopped and the supervisor reports failure within seconds, except a
 child declared restartable (an env worker, whose lost rollouts the orchestrator re-issues): it is
 started again after a backoff, like a Deployment's pod, up to its restart limit.
 """
 
+import ctypes
 import logging
 import os
 import signal
@@ -21,6 +25,16 @@ from pathlib import Path
 from rlkube.config.cli import EXIT_INVALID
 
 logger = logging.getLogger(__name__)
+
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """`preexec_fn` of a child: the kernel sends it SIGTERM when the thread that started it
+    ends (Linux `PR_SET_PDEATHSIG`), so start children from a thread that outlives them."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
 
 class ChildFailed(RuntimeError):
     """A child exited when it should not have; `detail`: the error it left in its log."""
@@ -62,6 +76,7 @@ class Child:
             stdin=subprocess.DEVNULL,
             env={**os.environ, **spec.env},
             start_new_session=True,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 (one prctl call, resolved before the fork)
         )
         logger.info("started %s (pid %d): %s", spec.name, self.process.pid, " ".join(spec.argv))
 

@@ -20,6 +20,7 @@ from rlkube import auth
 from rlkube.config import OrchestratorConfig, write_toml
 from rlkube.config.inference import POLICY_ADAPTER
 from rlkube.envs import load_env
+from rlkube.launch.supervisor import die_with_parent
 from rlkube.orchestrator.app import build_runners
 from rlkube.orchestrator.clock import PolicyClock
 from rlkube.orchestrator.inference import InferencePool
@@ -239,7 +240,8 @@ def worker_processes(config: OrchestratorConfig, tmp_path):
     try:
         for i in range(config.env_workers):
             with open(tmp_path / f"env-worker-{i}.log", "wb") as log:
-                processes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+                processes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                  preexec_fn=die_with_parent))  # noqa: PLW1509 (a killed test run leaves none)
         yield {p.pid: p for p in processes}
     finally:
         for process in processes:

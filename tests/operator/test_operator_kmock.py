@@ -1005,6 +1005,9 @@ async def test_inference_replicas_change_live_without_touching_the_trainer_or_or
     status = await cluster.until(lambda: cluster.status("RLRun", "rt")["inference"]["ready"] == "1/2"
                                  and cluster.status("RLRun", "rt"))
     assert condition(status, "SpecAccepted")["status"] == "True" and status["restarts"] == 0
+    refused = [e["message"] for e in cluster.events()
+               if e["reason"] == "ChangeRequiresRecreate" and e["involvedObject"]["name"] == "rt"]
+    assert not refused, "a scale is never refused, not even for one pass"
     assert cluster.get("Job", "rt-trainer-0")["metadata"]["uid"] == job["metadata"]["uid"]
     assert cluster.get("Deployment", "rt-orchestrator")["spec"]["template"] == orchestrator["spec"]["template"]
     mounted = orchestrator["spec"]["template"]["spec"]["volumes"][0]["configMap"]["items"]

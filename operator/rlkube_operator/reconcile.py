@@ -497,9 +497,10 @@ class Reconciler:
         try:
             data = progress.read_progress(url)
         except podread.Unreadable as e:
-            if health is None:  # the final read of a finished run: its orchestrator may be gone already
-                return
-            if conditions.set("ProgressReadable", False, e.reason, str(e)):
+            message = str(e)
+            if health is None:  # the final read of a finished run (its orchestrator may be gone already)
+                message = f"the run ended before its final {source} status was read ({e}): step and reward are the last read"
+            if conditions.set("ProgressReadable", False, e.reason, message):
                 log.warning("progress of %s %s/%s unreadable: %s", run.kind, run.namespace, run.name, e)
             return
         conditions.set("ProgressReadable", True, "Read", f"{source} status read from {url}")

@@ -186,6 +186,27 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
     assert cluster.status("RLRun", "rt")["phase"] == "Succeeded"
 
 
+async def test_a_run_that_ends_while_its_progress_is_unreadable_says_so(cluster, orchestrator_status):
+    """The final read of a finished run fails (its orchestrator already gone, the operator
+    restarting meanwhile): step and reward stay the last read, and the run says that they are
+    and why, instead of showing a stale STEP as final."""
+    orchestrator_status.body |= {"phase": "running", "step": 7, "reward": 0.42}
+    await cluster.create(rlrun())
+    await start_everything(cluster)
+    await cluster.until(lambda: cluster.status("RLRun", "rt").get("step") == 7, what="step 7")
+
+    orchestrator_status.body |= {"step": 9}
+    orchestrator_status.code = 503
+    await cluster.patch("Job", "rt-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Succeeded"
+                                 and cluster.status("RLRun", "rt"), what="Succeeded")
+    assert (status["step"], status["reward"]) == (7, 0.42)
+    unreadable = condition(status, "ProgressReadable")
+    assert unreadable["status"] == "False" and unreadable["message"].startswith(
+        "the run ended before its final orchestrator status was read (status from "), unreadable
+    assert unreadable["message"].endswith("step and reward are the last read"), unreadable
+
+
 async def test_inference_pods_have_a_disruption_budget_of_their_run(cluster):
     """A drain evicts one inference pod of a run at a time; the budget selects only this run's
     pods (not another run's, nor a recreated predecessor's) and goes with the GPUs at the end."""

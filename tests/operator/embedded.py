@@ -7,7 +7,8 @@ import concurrent.futures
 import contextlib
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import kopf
 from aiohttp import web
@@ -140,18 +141,21 @@ def _run_into(loop: asyncio.AbstractEventLoop, main, result: concurrent.futures.
         loop.close()
 
 
-def operator_requests(server: ApiServer, since: int = 0) -> Counter:
-    """The operator's API requests served since request number `since`, by (verb, kind path),
-    e.g. ("patch", "rlruns/status"). The test's own requests (its `Cluster`'s) are left out."""
-    counts = Counter()
+def operator_calls(server: ApiServer, since: int = 0) -> Iterator[tuple[Any, str]]:
+    """The operator's API requests served since request number `since` (kmock's), each with the
+    resource path it addressed, e.g. "rlruns/status". Discovery and the test's own requests
+    (its `Cluster`'s) are left out."""
     for request in list(server)[since:]:
         if request.resource is None or request.resource.plural is None:
             continue  # discovery
         if request.headers.get("User-Agent") == AGENT:
             continue
-        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
-        counts[VERBS[request.action.value], resource] += 1
-    return counts
+        yield request, request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+
+
+def operator_requests(server: ApiServer, since: int = 0) -> Counter:
+    """How many `operator_calls` by (verb, resource path), e.g. ("patch", "rlruns/status")."""
+    return Counter((VERBS[request.action.value], resource) for request, resource in operator_calls(server, since))
 
 
 def verbs(counts: Counter, wanted) -> int:

@@ -9,7 +9,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.operator.cluster import AGENT, pod_creating, pod_failed
+from tests.operator.cluster import pod_creating, pod_failed
+from tests.operator.embedded import VERBS, operator_calls
 from tests.operator.test_operator_kmock import rlrun, start_everything
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "rlkube"
@@ -136,9 +137,6 @@ def test_a_second_release_in_another_namespace_owns_nothing_the_first_owns():
     assert {kind for _, kind, _, _ in both[0] & both[1]} == {"CustomResourceDefinition"}
 
 
-VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", "UPDATE": "patch", "DELETE": "delete"}
-
-
 def _granted(values: dict) -> set[tuple[str, str, str]]:
     role = next(o for o in render(values) if o["kind"] == "Role" and for_runs(o))
     return {(group, res.replace("sftruns", "rlruns"), verb) for rule in role["rules"]
@@ -148,12 +146,7 @@ def _granted(values: dict) -> set[tuple[str, str, str]]:
 def operator_requests(cluster) -> set[tuple[str, str, str]]:
     """(group, resource, verb) of every request the operator made to the API emulator."""
     used = set()
-    for request in cluster.server:  # kmock iterates over the requests it served
-        if request.resource is None or request.resource.plural is None:
-            continue  # discovery
-        if request.headers.get("User-Agent") == AGENT:
-            continue  # the test itself
-        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+    for request, resource in operator_calls(cluster.server):
         used.add((request.resource.group, resource.replace("sftruns", "rlruns"), VERBS[request.action.value]))
         # What the API server checks besides the verb itself (OwnerReferencesPermissionEnforcement):
         # setting blockOwnerDeletion on an owner reference needs `update` on the owner's finalizers.

@@ -61,15 +61,25 @@ class Run:
         selector = f"rlkube.dev/run={self.name}"
         return {kind: self.cluster.names(kind.lower(), selector) for kind in CHILD_KINDS}
 
+    def wait_trained(self, step: int, timeout: float) -> None:
+        """Until the trainer's own metrics on the claim show `step`: sooner than `wait_step`,
+        which waits for the operator to read the step and write it into the status."""
+        self.cluster.wait(lambda: max(self.trainer_steps(), default=0) >= step, timeout,
+                          f"{self.name}'s trainer to train step {step}", interval=0.1)
+
     def recover(self, what: str, action, *, progress: int = 2, timeout: float = 600) -> int:
         """Do `action` at the current step, wait until the run has trained `progress` steps past
-        it, record the wall time in `timings[what]`; returns the step it was done at."""
+        it while Running (or trained past it and Succeeded: a fault near the end), record the
+        wall time in `timings[what]`; returns the step it was done at."""
         at = max(self.trainer_steps(), default=0)
         started = time.monotonic()
         action()
-        self.cluster.wait(lambda: max(self.trainer_steps(), default=0) >= at + progress
-                          and self.status().get("phase") == "Running",
-                          timeout, f"{self.name} to train {progress} steps past step {at} after: {what}")
+
+        def recovered() -> bool:
+            trained, phase = max(self.trainer_steps(), default=0), self.status().get("phase")
+            return (phase == "Running" and trained >= at + progress) or (phase == "Succeeded" and trained > at)
+
+        self.cluster.wait(recovered, timeout, f"{self.name} to train {progress} steps past step {at} after: {what}")
         self.timings[what] = time.monotonic() - started
         return at
 

@@ -1,6 +1,7 @@
 """`rlkube inference` starts with generation paused (real vLLM): requests wait until the
 orchestrator's pool has loaded the current policy, tagged its version and resumed it; a fresh
-run on a server that served another policy reloads the base model."""
+run on a server that served another policy reloads the base model; and SIGTERM stops it even
+while a request waits on something the stopped engine will never answer."""
 
 import asyncio
 
@@ -8,7 +9,7 @@ import pytest
 from rlkube.auth import http_headers
 from rlkube.config import ClientConfig, InferenceConfig, SamplingConfig
 from rlkube.http import async_client
-from rlkube.inference.client import is_paused, weight_version
+from rlkube.inference.client import is_paused, update_weights, weight_version
 from rlkube.inference.process import InferenceProcess
 from rlkube.orchestrator.inference import InferencePool
 from rlkube.transport.weights_snapshot import Snapshot
@@ -52,3 +53,28 @@ def test_a_server_starts_paused_until_the_pool_syncs_it(tiny_model, tmp_path):
     with InferenceProcess(config, tmp_path) as server:
         asyncio.run(server.wait_until_healthy())
         asyncio.run(scenario(server.base_url))
+        asyncio.run(_sigterm_with_a_request_waiting(server, str(tiny_model)))
+
+
+async def _sigterm_with_a_request_waiting(server: InferenceProcess, model: str) -> None:
+    """SIGTERM to the server alone (what a killed `rlkube rl` leaves it: `PR_SET_PDEATHSIG`,
+    nobody to SIGKILL it after a grace period) while a weight load waits on a trainer that
+    never answers, and the caller dies with the run: the server exits, instead of waiting in
+    uvicorn's shutdown, forever, for a request the stopped engine will never answer."""
+    import os
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as silent_trainer:
+        silent_trainer.bind(("127.0.0.1", 0))
+        silent_trainer.listen()
+        location = f"grpc://127.0.0.1:{silent_trainer.getsockname()[1]}"
+        loading = asyncio.ensure_future(update_weights(server.base_url, 2, location, timeout=120))
+        await asyncio.sleep(3)
+        assert not loading.done(), "the load waits on the silent trainer"
+        os.kill(server.process.pid, signal.SIGTERM)
+        loading.cancel()  # the orchestrator dies with the run
+        started = time.monotonic()
+        code = await asyncio.to_thread(server.process.wait, 60)
+    assert code is not None and time.monotonic() - started < 60

@@ -23,7 +23,8 @@ This is vLLM's own server (`vllm serve`), not a wrapper around a generate loop. 
   `/pause` and rlkube's `/rlkube/*` open to anyone who reaches the port. Without the variable
   the server is open and logs a warning at start.
 Health: `/health` answers 200 once the engine is up and 500 once it died (liveness and
-readiness probes both use it).
+readiness probes both use it). On SIGTERM the server stops its engine, then gives the requests
+still open `HTTP_SHUTDOWN_GRACE_S` seconds to finish before it exits.
 
 The mapping from config to vLLM arguments and environment is a pure function
 (`vllm_command`), tested without starting anything.
@@ -47,6 +48,11 @@ LORA_MIDDLEWARE = "rlkube.inference.lora_serving.LoadLoraAdapter"
 AUTH_MIDDLEWARE = "rlkube.auth.RequireToken"
 """Added last, so it runs first: no route, rlkube's own included, answers without the token."""
 CPU_SHM_SPIN_MS = 5.0
+HTTP_SHUTDOWN_GRACE_S = 5
+"""Seconds uvicorn waits, once the engine stopped, for requests still open before it cancels
+them and exits. Its default waits forever: a request waiting on a paused engine, which no
+resume will reach any more, held the server up after SIGTERM until someone SIGKILLed it, and
+after a killed `rlkube rl` nobody does."""
 
 
 @dataclass(frozen=True)
@@ -152,5 +158,5 @@ def serve(config: InferenceConfig) -> int:
     args = parser.parse_args(command.args)
     configure_logging_from_args(args)
     validate_parsed_serve_args(args)
-    uvloop.run(run_server(args))
+    uvloop.run(run_server(args, timeout_graceful_shutdown=HTTP_SHUTDOWN_GRACE_S))
     return 0

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -20,7 +19,6 @@ from rlkube import auth
 from rlkube.config import OrchestratorConfig, write_toml
 from rlkube.config.inference import POLICY_ADAPTER
 from rlkube.envs import load_env
-from rlkube.launch.supervisor import die_with_parent
 from rlkube.orchestrator.app import build_runners
 from rlkube.orchestrator.clock import PolicyClock
 from rlkube.orchestrator.inference import InferencePool
@@ -36,6 +34,7 @@ from rlkube.transport.server import start_server, stop_server
 
 from tests.fixtures.inference import free_port
 from tests.fixtures.network import VanishingPeerProxy
+from tests.fixtures.processes import spawn
 from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
 from tests.orchestrator.test_orchestrator import (
     FakePool,
@@ -239,9 +238,7 @@ def worker_processes(config: OrchestratorConfig, tmp_path):
     processes = []
     try:
         for i in range(config.env_workers):
-            with open(tmp_path / f"env-worker-{i}.log", "wb") as log:
-                processes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                                  preexec_fn=die_with_parent))  # noqa: PLW1509 (a killed test run leaves none)
+            processes.append(spawn(argv, log=tmp_path / f"env-worker-{i}.log"))
         yield {p.pid: p for p in processes}
     finally:
         for process in processes:

@@ -50,9 +50,9 @@ AUTH_MIDDLEWARE = "rlkube.auth.RequireToken"
 CPU_SHM_SPIN_MS = 5.0
 HTTP_SHUTDOWN_GRACE_S = 5
 """Seconds uvicorn waits, once the engine stopped, for requests still open before it cancels
-them and exits. Its default waits forever: a request waiting on a paused engine, which no
-resume will reach any more, held the server up after SIGTERM until someone SIGKILLed it, and
-after a killed `rlkube rl` nobody does."""
+them and exits. Its default waits forever: a request the stopped engine will never answer (a
+weight load from a trainer that died with the run) held the server up after SIGTERM until
+someone SIGKILLed it, and after a killed `rlkube rl` nobody does."""
 
 
 @dataclass(frozen=True)

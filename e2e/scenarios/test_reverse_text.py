@@ -19,20 +19,23 @@ SFT_STEPS = 80
 RL_STEPS = 24
 MIN_RISE = 0.03
 # A short RL with a visible learning signal on two cores: short strings (2-4 characters) and 8
-# new tokens per answer, 128 rollouts a step at temperature 1, a constant 5e-4 after 3 warm-up
-# steps. From the 80-step warm-up the mean training reward of the last third of the steps beat
-# the first third's by +0.09 and +0.10 in local runs (0.22 -> 0.31); per-step noise is ~0.04,
-# so a third's mean is within ~0.015. From a 30-step warm-up (reward ~0.08) the rise was
-# +0.01-0.05 and once negative; 1e-3 knocks the policy down (0.25 -> 0.03 at step 5) before it
-# recovers. At a constant 5e-4 the policy can also collapse late: once, after rising from 0.24
-# to 0.28 (steps 9-16), entropy fell 0.46 -> 0.25 over steps 17-19 and the reward dropped to
-# 0.21 for the last five steps. The rise is asserted as documented: the last third against the
-# first.
+# new tokens per answer, 128 rollouts a step at temperature 1, a constant 2.5e-4 after 3
+# warm-up steps, from the 80-step SFT warm-up. Measured with `rlkube rl` on this config (same
+# SFT weights, seeds 1-6): the last third's mean training reward beat the first third's by
+# +0.083 to +0.107 (0.23 -> 0.32), and no step's mismatch KL passed a mean of 0.05.
+# At 5e-4 (this scenario's lr before) the rise was the same when nothing went wrong (+0.07 to
+# +0.12), but 2 of 9 local runs and 1 of 3 cluster runs stayed under MIN_RISE: single Adam
+# steps moved a rare format token by 4-5 nats (an extra newline in the empty think block, seen
+# once with a positive advantage, from 2 % to 90 %), which broke the answers of the next one
+# or two batches (reward 0.30 -> 0.01) and once for ten steps. The trainer's mismatch KL shows
+# such a step (mean 0.25-0.85, max 14-116: the policy moved that far from the one that
+# sampled); at 2.5e-4 its worst step was 0.046 (max 4.0). 1e-3 knocked the policy down
+# within 5 steps. The rise is asserted as documented: the last third against the first.
 RL_CONFIG = {
     "orchestrator.batch_size": 128, "orchestrator.sampling.temperature": 1.0,
     "orchestrator.sampling.max_tokens": 8,
     "orchestrator.envs": [{"id": "reverse_text", "args": {"min_len": 2, "max_len": 4}}],
-    "trainer.optim": {"lr": 5e-4, "max_grad_norm": 1.0},
+    "trainer.optim": {"lr": 2.5e-4, "max_grad_norm": 1.0},
     "trainer.scheduler": {"type": "constant", "warmup_steps": 3},
 }
 
@@ -73,7 +76,10 @@ def test_reverse_text_sft_then_rl_on_the_cluster(cluster):
     third = RL_STEPS // 3
     first, middle, last = (sum(rewards[s] for s in range(i * third + 1, (i + 1) * third + 1)) / third for i in range(3))
     print(f"reward by thirds of the run: {first:.3f}, {middle:.3f}, {last:.3f}")
-    assert last >= first + MIN_RISE, f"the reward did not rise by {MIN_RISE} from the first third to the last: {rewards}"
+    mismatch = {r["step"]: round(r["mismatch_kl/mean"], 3) for r in run.metrics("trainer") if "mismatch_kl/mean" in r}
+    assert last >= first + MIN_RISE, (
+        f"the reward did not rise by {MIN_RISE} from the first third to the last: {rewards}; the trainer's "
+        f"mismatch KL by step (a step that knocked the policy shows there): {mismatch}")
     # On completion inference is torn down (GPUs freed); the trainer's weights stay on the claim.
     cluster.wait(lambda: not cluster.names("statefulsets", "rlkube.dev/run=reverse-text")
                  and not cluster.names("deployments", "rlkube.dev/run=reverse-text"), 120,

@@ -87,3 +87,37 @@ async def test_expert_updates_reach_the_fused_experts_from_storage_and_grpc(moe_
     declared = current_state_dict(SimpleNamespace(state_dict=stacked)).metadata()
     sent_over_grpc = {name: (tensor.dtype, tuple(tensor.shape)) for name, tensor in iter_safetensors(fetched)}
     assert {meta.name: (meta.dtype, meta.shape) for meta in declared} == sent_over_grpc
+
+
+async def test_an_adapter_merged_into_the_moe_leaves_its_experts_whole(moe_inference_server, tmp_path):
+    """A LoRA run on an MoE adapts attention only (rlkube.trainer.lora), whatever MLP names its
+    `target_modules` lists. Merged by the worker, the adapter must change the attention it
+    adapts and leave every expert as it is, also when the list names only some expert
+    projections (`gate_proj` here: reloading the fused experts' `w13` without `w2`)."""
+    from rlkube.config import LoraConfig
+    from rlkube.trainer.lora import PEFT_PREFIX, adapter_config, merged_weights
+
+    base_url, model_dir = moe_inference_server.base_url, moe_inference_server.model
+    lora = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "gate_proj"])
+    model = hf_model(model_dir)
+    generator = torch.Generator().manual_seed(0)
+    adapter = {}
+    for name, weight in model.state_dict().items():
+        module = name.removesuffix(".weight")
+        if module.rpartition(".")[2] in ("q_proj", "v_proj"):
+            out_features, in_features = weight.shape
+            adapter[f"{PEFT_PREFIX}{module}.lora_A.weight"] = 0.3 * torch.randn(lora.rank, in_features, generator=generator)
+            adapter[f"{PEFT_PREFIX}{module}.lora_B.weight"] = 0.3 * torch.randn(out_features, lora.rank, generator=generator)
+    with torch.no_grad():
+        model.load_state_dict(merged_weights(model.state_dict(), adapter, lora.scaling), strict=False)
+    before = await served(base_url)
+    publisher = StoragePublisher(str(tmp_path / "lora"), str(model_dir), keep_last=None,
+                                 adapter_config=adapter_config(lora, str(model_dir)))
+    try:
+        await load(base_url, 1, publisher.publish(adapter, 1))
+        tokens, logprobs = await served(base_url)
+    finally:
+        await load(base_url, 0, moe_inference_server.original_weights)
+    assert logprobs != pytest.approx(before[1], abs=0.1), "the adapted attention is served"
+    assert logprobs == pytest.approx(hf_logprobs(model, tokens), abs=LOGPROB_TOLERANCE)
+    assert await served(base_url) == before

@@ -13,11 +13,11 @@ Either way, a snapshot not published yet is waited for up to `timeout` seconds.
 
 A LoRA run's snapshot holds its adapters alone (PEFT layout, `adapter_config.json` present).
 Served with `trainer.lora.serving = "merge"`, they come here and are merged,
-`W = W_base + (alpha / r) * B @ A`, into the base weights of the targeted modules, which the
+`W = W_base + (alpha / r) * B @ A`, into the base weights of the modules they adapt, which the
 worker reads once from the served model's own safetensors files and keeps; only those merged
 tensors are reloaded. That keeps LoRA kernels off the decode path (on CPU, where vLLM's LoRA
 layers also give up torch.compile, it serves about twice as fast), at the cost of a host copy
-of every targeted base tensor per worker. With "adapter" (the default) they never reach this
+of every adapted base tensor per worker. With "adapter" (the default) they never reach this
 extension: `rlkube.inference.lora_serving` loads them with vLLM's LoRA support.
 """
 
@@ -32,7 +32,7 @@ import torch
 
 from rlkube.inference.moe_reload import prepacked_on_reload
 from rlkube.inference.routing_capture import RoutingCaptureExtension
-from rlkube.trainer.lora import merged_weights, scaling_of
+from rlkube.trainer.lora import adapted_modules, merged_weights, scaling_of
 from rlkube.transport.weights_grpc import fetch_snapshot
 from rlkube.transport.weights_snapshot import ADAPTER_CONFIG, ADAPTER_WEIGHTS, iter_safetensors
 from rlkube.transport.weights_storage import local_snapshot
@@ -118,28 +118,36 @@ class WeightLoaderExtension(RoutingCaptureExtension):
     def _load_adapter(self, files: dict[str, bytes | bytearray]) -> None:
         """Merge a PEFT adapter into the served model's own base weights and load the result."""
         config = json.loads(bytes(files[ADAPTER_CONFIG]))
-        base = self._lora_base_weights(tuple(config["target_modules"]))
-        merged = merged_weights(base, dict(iter_safetensors({ADAPTER_WEIGHTS: files[ADAPTER_WEIGHTS]})), scaling_of(config))
+        adapter = dict(iter_safetensors({ADAPTER_WEIGHTS: files[ADAPTER_WEIGHTS]}))
+        base = self._lora_base_weights(tuple(adapted_modules(adapter)))
+        merged = merged_weights(base, adapter, scaling_of(config))
         with _partial_reload_quietly():
             self._reload(weights_iterator=iter({**base, **merged}.items()))
 
-    def _lora_base_weights(self, targets: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        """The served model's original tensors of the modules `targets` name, plus those fused
-        with them inside vLLM (`qkv_proj`, `gate_up_proj`: a fused layer reloads only when
-        all its parts arrive), read once from its safetensors files and kept."""
+    def _lora_base_weights(self, modules: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """The served model's original tensors of the adapted `modules`, plus those fused with
+        them inside vLLM (`qkv_proj`, `gate_up_proj`: a fused layer reloads only when all its
+        parts arrive), read once from its safetensors files and kept. By the modules the
+        adapter holds, not the names in its `target_modules`: an MoE's experts match those
+        names in the checkpoint (`mlp.experts.3.gate_proj`) but are never adapted, and sending
+        some of an expert layer's tensors (`gate_proj` without `down_proj`) made vLLM serve
+        log-probs 1.3 nats off what the merged weights compute."""
         cached = getattr(self, "_rlkube_lora_base", None)
-        if cached is not None and cached[0] == targets:
+        if cached is not None and cached[0] == modules:
             return cached[1]
         from safetensors import safe_open
 
         from rlkube.trainer.model import checkpoint_dir
 
         fused = getattr(self.model_runner.get_model(), "packed_modules_mapping", {}).values()
-        modules = set(targets).union(*(parts for parts in fused if set(parts) & set(targets)))
+        wanted = set(modules)
+        for module in modules:
+            parent, _, leaf = module.rpartition(".")
+            wanted.update(f"{parent}.{part}" for parts in fused if leaf in parts for part in parts)
         tensors = {}
         for file in sorted(checkpoint_dir(self._rlkube_served_model).glob("*.safetensors")):
             with safe_open(file, "pt") as f:
                 names = f.keys()
-                tensors.update({key: f.get_tensor(key) for key in names if key.rsplit(".", 2)[-2] in modules})
-        self._rlkube_lora_base = (targets, tensors)
+                tensors.update({key: f.get_tensor(key) for key in names if key.rpartition(".")[0] in wanted})
+        self._rlkube_lora_base = (modules, tensors)
         return tensors

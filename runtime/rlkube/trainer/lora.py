@@ -143,14 +143,16 @@ def merged_weights(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tenso
     """`W + scaling * B @ A` for each adapted module's base weight `W` (in `base` under its
     model name, `adapter` in PEFT's names), in `W`'s dtype, computed in float32."""
     merged = {}
-    for key, a in adapter.items():
-        if not key.endswith(_A):
-            continue
-        module = key.removeprefix(PEFT_PREFIX).removesuffix(_A)
-        b = adapter[PEFT_PREFIX + module + _B]
+    for module in adapted_modules(adapter):
+        a, b = adapter[PEFT_PREFIX + module + _A], adapter[PEFT_PREFIX + module + _B]
         weight = base[f"{module}.weight"]
         merged[f"{module}.weight"] = (weight.float() + scaling * (b.float() @ a.float())).to(weight.dtype)
     return merged
+
+
+def adapted_modules(adapter: dict[str, torch.Tensor]) -> list[str]:
+    """The model names of the modules an adapter in PEFT's names adapts (`model.layers.0.self_attn.q_proj`)."""
+    return sorted(key.removeprefix(PEFT_PREFIX).removesuffix(_A) for key in adapter if key.endswith(_A))
 
 
 def merge_adapters(state_dict: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:

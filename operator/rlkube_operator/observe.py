@@ -6,7 +6,7 @@ image or crash-loops surfaces here with Kubernetes' own reason and the pod's mes
 
 from dataclasses import dataclass
 
-from rlkube.config.cli import EXIT_INVALID, VERSION_SKEW
+from rlkube.config.cli import EXIT_INVALID, VERSION_SKEW, read_finished_step
 
 from rlkube_operator.builders import ATTEMPT_ANNOTATION
 from rlkube_operator.names import RunRef
@@ -80,6 +80,17 @@ def invalid_exit(pods: list[dict]) -> tuple[str, str] | None:
                 message = _one_line(term.get("message") or "") or "no termination message"
                 reason = CONFIG_INCOMPATIBLE if VERSION_SKEW in message else INVALID_CONFIG
                 return reason, f"pod {pod['metadata']['name']} exited with code {EXIT_INVALID}: {message}"
+    return None
+
+
+def finished_step(pods: list[dict]) -> int | None:
+    """The last step the trainer of `pods` trained, from the termination message its rank 0
+    left as it exited 0 (`rlkube.config.cli.write_finished_step`); None without one (a runtime
+    older than that, or a pod already gone)."""
+    for pod in pods:
+        for term in _terminations(pod):
+            if term.get("exitCode") == 0 and (step := read_finished_step(term.get("message") or "")) is not None:
+                return step
     return None
 
 

@@ -375,8 +375,8 @@ class Reconciler:
             older.append(job)
 
         status.update(restarts=restarts, attempt=attempt)
-        if terminal == "Succeeded" and status.get("phase") != "Succeeded" and "orchestrator" in workload.components:
-            self._read_progress(run, workload, spec, None, status, conditions)  # the last step, before teardown
+        if terminal == "Succeeded" and status.get("phase") != "Succeeded":
+            self._read_final_progress(run, workload, spec, trainer_pods, status, conditions)  # before teardown
         if terminal:
             self.teardown(run, workload, spec)
             if queued is not None:
@@ -479,9 +479,25 @@ class Reconciler:
             return "Running", "training", None
         return "Initializing", "; ".join(f"{c}: {h.message}" for c, h in health.items() if not h.ready), None
 
+    def _read_final_progress(
+        self, run: RunRef, workload: Workload, spec: RLRunSpec | SFTRunSpec, trainer_pods: list[dict],
+        status: dict, conditions: Conditions,
+    ) -> None:
+        """The end of a run that Succeeded: the step from the trainer itself (its termination
+        message, `observe.finished_step`), reward and checkpoint from a last read of the
+        orchestrator's status (an RLRun). Neither status server outlives the run for long: an
+        SFTRun's goes with its trainer, and without the message STEP would stay the last one
+        read while it trained."""
+        finished = observe.finished_step(trainer_pods)
+        if "orchestrator" in workload.components:
+            self._read_progress(run, workload, spec, None, status, conditions, finished=finished)
+        if finished is not None:
+            status["step"] = finished
+
     def _read_progress(
         self, run: RunRef, workload: Workload, spec: RLRunSpec | SFTRunSpec,
         health: dict[str, observe.Health] | None, status: dict, conditions: Conditions,
+        finished: int | None = None,
     ) -> None:
         """Step, reward and checkpoint from the orchestrator (RLRun) or trainer pod 0 (SFTRun);
         `ProgressReadable` says whether the last read worked, and if not from where and why."""
@@ -499,7 +515,9 @@ class Reconciler:
         except podread.Unreadable as e:
             message = str(e)
             if health is None:  # the final read of a finished run (its orchestrator may be gone already)
-                message = f"the run ended before its final {source} status was read ({e}): step and reward are the last read"
+                last = "step and reward are the last read" if finished is None else \
+                    "the step is the trainer's own, reward and checkpoint the last read"
+                message = f"the run ended before its final {source} status was read ({e}): {last}"
             if conditions.set("ProgressReadable", False, e.reason, message):
                 log.warning("progress of %s %s/%s unreadable: %s", run.kind, run.namespace, run.name, e)
             return

@@ -5,6 +5,7 @@ the kubelet reporting their status) as each test needs them."""
 import asyncio
 import contextvars
 import copy
+import json
 import sys
 from typing import Self
 
@@ -225,6 +226,19 @@ def pod_failed(exit_code: int = 1, reason: str = "Error") -> dict:
         "containerStatuses": [
             {"name": "main", "restartCount": 0, "ready": False,
              "state": {"terminated": {"exitCode": exit_code, "reason": reason}}}
+        ],
+    }
+
+
+def pod_succeeded(finished_step: int) -> dict:
+    """Exited 0, its rank 0's `rlkube.config.cli.write_finished_step` as termination message."""
+    from rlkube.config.cli import FINISHED_STEP
+
+    return {
+        "phase": "Succeeded",
+        "containerStatuses": [
+            {"name": "main", "restartCount": 0, "ready": False, "state": {"terminated": {
+                "exitCode": 0, "reason": "Completed", "message": json.dumps({FINISHED_STEP: finished_step})}}}
         ],
     }
 

@@ -21,6 +21,7 @@ from tests.operator.cluster import (
     pod_disrupted,
     pod_failed,
     pod_running,
+    pod_succeeded,
     pod_unschedulable,
     pod_waiting,
 )
@@ -186,10 +187,12 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
     assert cluster.status("RLRun", "rt")["phase"] == "Succeeded"
 
 
-async def test_a_run_that_ends_while_its_progress_is_unreadable_says_so(cluster, orchestrator_status):
+@pytest.mark.parametrize("message", [False, True], ids=["no-termination-message", "trainer-says-its-step"])
+async def test_a_run_that_ends_while_its_progress_is_unreadable_says_so(cluster, orchestrator_status, message):
     """The final read of a finished run fails (its orchestrator already gone, the operator
-    restarting meanwhile): step and reward stay the last read, and the run says that they are
-    and why, instead of showing a stale STEP as final."""
+    restarting meanwhile): the step is the one the trainer left in its termination message
+    (`rlkube.config.cli.write_finished_step`), else the last read, like the reward, and the run
+    says which are the last read and why, instead of showing a stale STEP as final."""
     orchestrator_status.body |= {"phase": "running", "step": 7, "reward": 0.42}
     await cluster.create(rlrun())
     await start_everything(cluster)
@@ -197,14 +200,18 @@ async def test_a_run_that_ends_while_its_progress_is_unreadable_says_so(cluster,
 
     orchestrator_status.body |= {"step": 9}
     orchestrator_status.code = 503
+    if message:
+        await cluster.patch("Pod", "rt-trainer-0-0", {"status": pod_succeeded(finished_step=9)})
     await cluster.patch("Job", "rt-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
     status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Succeeded"
                                  and cluster.status("RLRun", "rt"), what="Succeeded")
-    assert (status["step"], status["reward"]) == (7, 0.42)
+    assert (status["step"], status["reward"]) == (9 if message else 7, 0.42)
     unreadable = condition(status, "ProgressReadable")
     assert unreadable["status"] == "False" and unreadable["message"].startswith(
         "the run ended before its final orchestrator status was read (status from "), unreadable
-    assert unreadable["message"].endswith("step and reward are the last read"), unreadable
+    last = "the step is the trainer's own, reward and checkpoint the last read" if message else \
+        "step and reward are the last read"
+    assert unreadable["message"].endswith(last), unreadable
 
 
 async def test_inference_pods_have_a_disruption_budget_of_their_run(cluster):
@@ -633,10 +640,14 @@ async def test_sftrun_runs_the_trainer_alone_and_succeeds(cluster, orchestrator_
                                  and cluster.status("SFTRun", "sft"))
     assert status["phase"] == "Running" and status["lastCheckpointStep"] == 10
     assert orchestrator_status.asked[-1] == ("sft-sft-trainer-master.team-a", "8080")
+    # Finished: its status server is gone with it; the final step is the one its rank 0 left in
+    # its termination message, not the last one read while it trained, nor max_steps restated.
+    orchestrator_status.code = 503
+    await cluster.patch("Pod", "sft-sft-trainer-0-0", {"status": pod_succeeded(finished_step=max_steps - 1)})
     await cluster.patch("Job", "sft-sft-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
     status = await cluster.until(lambda: cluster.status("SFTRun", "sft")["phase"] == "Succeeded"
                                  and cluster.status("SFTRun", "sft"))
-    assert status["step"] == 12 and max_steps != 12  # the last step it reported, not max_steps restated
+    assert status["step"] == max_steps - 1 and status["lastCheckpointStep"] == 10
 
 
 async def test_liveness_endpoint_and_operator_metrics(cluster):

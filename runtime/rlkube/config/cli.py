@@ -326,6 +326,27 @@ def parse_cli(model: type[Config], command: str, argv: list[str] | None = None) 
         sys.exit(EXIT_INVALID)
 
 
+FINISHED_STEP = "rlkube_finished_step"
+"""The key of the termination message a trainer leaves when it trained its last step."""
+
+
+def write_finished_step(step: int) -> None:
+    """A trainer's rank 0 that trained its last step says which in its termination message
+    (`{"rlkube_finished_step": N}`): the operator takes a finished run's final step from the
+    pod, where the status servers it reads while the run trains (the SFT trainer's own, the
+    orchestrator's) may be gone by the time it looks."""
+    write_termination_message(json.dumps({FINISHED_STEP: step}))
+
+
+def read_finished_step(message: str) -> int | None:
+    """The step a `write_finished_step` message holds; None for any other message."""
+    try:
+        step = json.loads(message).get(FINISHED_STEP)
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
 def write_termination_message(message: str) -> None:
     """In a Kubernetes container (the file exists there), the error becomes the container's
     termination message: the operator reads it from the pod's status."""

@@ -200,6 +200,7 @@ class RLTrainer:
 
 def run(config: TrainerConfig) -> None:
     """Build everything from the config, train to `max_steps`, clean up."""
+    from rlkube.config.cli import write_finished_step
     from rlkube.launch.checkpoints import checkpoint_root
     from rlkube.metrics import MetricsSink
     from rlkube.trainer.lora import adapter_config
@@ -228,6 +229,7 @@ def run(config: TrainerConfig) -> None:
         trainer.train()
         if main:
             wait_until_loaded(client, config.max_steps, config.weights.timeout_s)
+            write_finished_step(trainer.step)
     finally:
         try:
             if trainer is not None:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from rlkube.config import SFTConfig, write_toml
+from rlkube.config.cli import write_finished_step
 from rlkube.logs import get_logger, setup_logging
 from rlkube.metrics import MetricsSink
 from rlkube.trainer.ckpt import CheckpointManager
@@ -210,6 +211,8 @@ class SFTTrainer:
             if progress is not None:
                 progress.stop()
         self._report(phase="finished")
+        if self.dist.is_main:
+            write_finished_step(self.step)
         if c.bench and self.dist.is_main:
             rates = self.tokens_per_s[1:] or self.tokens_per_s
             print(f"bench: {sum(rates) / len(rates):,.0f} tokens/s over {len(rates)} steps "

@@ -96,6 +96,20 @@ def test_wandb_keeps_records_logged_out_of_step_order(tmp_path, monkeypatch):
     ]
 
 
+def test_rows_go_to_a_file_per_step_and_a_wandb_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "")
+    rows = [{"reward": 1.0, "completion": "ab<|im_end|>"}, {"reward": 0.0, "completion": "ba"}]
+    with MetricsSink(tmp_path, "orchestrator", console=False, wandb=WandbConfig(project="t")) as sink:
+        path = sink.log_rows(4, "samples", rows)
+    assert path == tmp_path / "samples" / "step_4.jsonl"
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows
+    (run_file,) = (tmp_path / "wandb").glob("offline-run-*/*.wandb")
+    (row,) = wait_for_history(run_file, 1)
+    assert row["step"] == 4 and row["samples/_type"] == "table-file" and row["samples/nrows"] == 2
+    (table,) = run_file.parent.glob("files/media/table/samples_*.table.json")
+    assert json.loads(table.read_text())["data"] == [[1.0, "ab<|im_end|>"], [0.0, "ba"]]
+
+
 def test_prometheus_scrapes_the_newest_value_of_each_metric_over_http(tmp_path):
     import urllib.request
 

@@ -131,6 +131,22 @@ class MetricsSink:
         if self.prometheus is not None:
             self.prometheus.update({**metrics, "step": step})
 
+    def log_rows(self, step: int, name: str, rows: list[dict[str, Any]]) -> Path | None:
+        """A table of `rows` (dicts with the same keys) at `step`: `<output_dir>/<name>/step_N.jsonl`
+        and, with W&B, a table under `name`. Returns the file (None when disabled)."""
+        if not self.enabled or not rows:
+            return None
+        path = self.path.parents[1] / name / f"step_{step}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        if self._wandb_run is not None:
+            import wandb
+
+            columns = list(rows[0])
+            table = wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])
+            self._wandb_run.log({name: table, "step": step})
+        return path
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()

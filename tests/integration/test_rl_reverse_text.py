@@ -10,6 +10,7 @@ The run attaches to the shared `inference_server` (given `base_urls`), so no sec
 engine starts; the server's original weights are put back afterwards.
 """
 
+import json
 import os
 import re
 import shutil
@@ -50,7 +51,7 @@ def rl_command(model: Path, out: Path, base_url: str, *extra: str) -> list[str]:
         "--orchestrator.client.base-urls", f'["{base_url}"]',
         "--orchestrator.http-port", str(free_port()), "--rollouts.port", str(free_port()),
         "--orchestrator.async-level", "0", "--orchestrator.max-off-policy-steps", "0",
-        "--ckpt.interval", "2",
+        "--ckpt.interval", "2", "--orchestrator.samples-interval", "2",
         *extra,
     ]
 
@@ -132,3 +133,12 @@ def test_rl_learns_survives_a_killed_trainer_and_resumes(inference_server, tmp_p
         if "reward/all/mean" in record:
             rewards[record["step"]] = record["reward/all/mean"]
     assert sorted(rewards) == list(range(1, MAX_STEPS + 1)), "every step's batch was generated"
+
+    # Every second step's batch as text (`orchestrator.samples_interval`): the rollouts the
+    # reward metric averaged, each decoded from its trained tokens.
+    assert sorted(p.name for p in (out / "samples").iterdir()) == ["step_2.jsonl", "step_4.jsonl", "step_6.jsonl"]
+    for step in (4, 6):
+        rows = [json.loads(line) for line in (out / "samples" / f"step_{step}.jsonl").read_text().splitlines()]
+        assert len(rows) == 16 and {r["step"] for r in rows} == {step}
+        assert sum(r["reward"] for r in rows) / len(rows) == pytest.approx(rewards[step])
+        assert all(r["prompt"].endswith("<|im_start|>assistant\n") and r["completion"] for r in rows), rows[0]

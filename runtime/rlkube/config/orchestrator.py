@@ -199,6 +199,11 @@ class OrchestratorSection(Config):
     eval: EvalConfig | None = None
     """Periodic evaluation; off unless given."""
 
+    samples_interval: int | None = Field(default=None, ge=1)
+    """Every this many steps, the step's batch as text: one row per sample (env, example,
+    reward, advantage, policy steps, prompt and completion decoded with their special tokens) in
+    `<output_dir>/samples/step_N.jsonl`, and a `samples` table in W&B; off when unset."""
+
     client: ClientConfig = ClientConfig()
     """Inference client."""
 

@@ -47,6 +47,7 @@ def resume_step_of(config: OrchestratorConfig) -> int | None:
 async def serve(config: OrchestratorConfig) -> None:
     from rlkube.metrics import MetricsSink
     from rlkube.orchestrator.eval import periodic_eval
+    from rlkube.orchestrator.samples import sample_logger
 
     resume_step = resume_step_of(config)
     runners = build_runners(config)
@@ -62,7 +63,9 @@ async def serve(config: OrchestratorConfig) -> None:
         prometheus.update(metrics)
 
     evaluate = periodic_eval(config, pool) if config.eval is not None else None
-    orchestrator = Orchestrator(config, runners, pool, log_metrics, evaluate)
+    log_samples = (sample_logger(config.model, config.samples_interval, sink.log_rows)
+                   if config.samples_interval is not None else None)
+    orchestrator = Orchestrator(config, runners, pool, log_metrics, evaluate, log_samples)
     host = config.rollouts.host
     logger.info("orchestrator instance %s", orchestrator.instance_id)
     grpc_server = await start_server(orchestrator, host, config.rollouts.port, workers=orchestrator.workers)

@@ -43,8 +43,11 @@ EvalFn = Callable[[int], Awaitable[dict[str, float]]]
 
 
 class Orchestrator:
-    def __init__(self, config: OrchestratorConfig, runners: list, pool, log_metrics: MetricsFn, evaluate: EvalFn | None = None):
+    def __init__(self, config: OrchestratorConfig, runners: list, pool, log_metrics: MetricsFn, evaluate: EvalFn | None = None,
+                 log_samples: Callable[[Batch], None] | None = None):
         self.config = config
+        self.log_samples = log_samples
+        """Every batch as text, where `orchestrator.samples_interval` asks for it (`rlkube.orchestrator.samples`)."""
         self.instance_id = uuid.uuid4().hex
         """Random per process; every answer to the trainer carries it, so a trainer that
         reaches a restarted orchestrator stops (`rlkube.transport.client.OrchestratorRestarted`)."""
@@ -116,6 +119,8 @@ class Orchestrator:
         metrics["time/batch"] = time.perf_counter() - self.batch_started
         self.batch_started = time.perf_counter()
         self.log_metrics(metrics, batch.step)
+        if self.log_samples is not None:
+            self.log_samples(batch)
 
     def store_batch(self, batch: Batch) -> dict[str, float]:
         metrics = batch_metrics(batch, self.config.drops_zero_advantage)

@@ -66,6 +66,9 @@ class InstantRunner:
         i = self.sampler.next()
         return str(i), i
 
+    def record(self, example_id, rewards):
+        pass
+
     async def rollout(self, task, example_id, ctx, temperature, policy_version):
         await asyncio.sleep(0)
         self.count += 1

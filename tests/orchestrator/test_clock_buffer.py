@@ -76,6 +76,9 @@ class FakeRunner:
         self.count += 1
         return str(self.count), None
 
+    def record(self, example_id, rewards):
+        pass
+
 
 async def run_loop(async_level: int, max_steps: int = 6, batch_size: int = 4, group_size: int = 2):
     """Scheduler + instant inference + a fake trainer that trains each batch and reports."""

@@ -31,6 +31,9 @@ class FakeRunner:
         i = self.sampler.next()
         return str(i), i
 
+    def record(self, example_id, rewards):
+        self.sampler.record(int(example_id), sum(rewards) / len(rewards))
+
     async def rollout(self, task, example_id, ctx, temperature, policy_version):
         start = policy_version()
         await asyncio.sleep(0)
@@ -158,6 +161,39 @@ def test_resume_restores_unconsumed_batches_and_samplers(tmp_path):
     assert not (abandoned / "COMPLETE").exists() and (abandoned / "state.json").exists(), "unmarked, kept"
     assert pool.loads[0] == (2, "/w/step_2"), "policy 2 is pushed to inference before generating"
     assert resumed_runner.sampler.state_dict()["cursor"] > runner.sampler.state_dict()["cursor"]
+
+
+class SolvedFirstTwo(FakeRunner):
+    """Six tasks; tasks 0 and 1 are always solved, the others score mixed groups."""
+
+    def __init__(self, difficulty):
+        super().__init__()
+        self.sampler = TaskSampler(6, seed=0, difficulty=difficulty)
+        self.launched = []
+
+    def next_task(self):
+        example_id, task = super().next_task()
+        self.launched.append(task)
+        return example_id, task
+
+    async def rollout(self, task, example_id, ctx, temperature, policy_version):
+        rollout = await super().rollout(task, example_id, ctx, temperature, policy_version)
+        rollout.reward = 1.0 if task < 2 else rollout.reward
+        return rollout
+
+
+def test_solved_tasks_stop_running_with_easy_keep_zero(tmp_path):
+    """`orchestrator.difficulty`: a task whose group all solved is labelled easy when the group
+    comes back and is skipped from then on; the others keep their turns, epoch after epoch."""
+    config = make_config(tmp_path, max_steps=12, difficulty={"easy_keep": 0.0})
+    runner, logged = SolvedFirstTwo(config.difficulty), []
+    orchestrator = Orchestrator(config, [runner], FakePool(), lambda m, s: logged.append(m))
+    asyncio.run(run_with_trainer(orchestrator, config))
+    counts = {task: runner.launched.count(task) for task in range(6)}
+    assert counts[0] == counts[1] == 1 and all(counts[t] >= 4 for t in range(2, 6)), counts
+    batches = [m for m in logged if "tasks/easy" in m]
+    assert len(batches) == 12 and batches[-1]["tasks/easy"] == 2 and batches[-1]["tasks/hard"] == 0
+    assert sum(m["tasks/skipped"] for m in batches) == runner.sampler.skipped >= 6
 
 
 class RefusingPool(FakePool):

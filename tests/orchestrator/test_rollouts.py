@@ -6,7 +6,7 @@ import asyncio
 import re
 
 import pytest
-from rlkube.config import ClientConfig, EnvConfig, SamplingConfig
+from rlkube.config import ClientConfig, DifficultyConfig, EnvConfig, SamplingConfig
 from rlkube.envs import load_env
 from rlkube.orchestrator.inference import InferencePool, pick_replica
 from rlkube.orchestrator.rollouts import EnvRunner, TaskSampler
@@ -92,6 +92,33 @@ def test_task_sampler_covers_every_task_each_epoch_and_resumes():
     resumed = TaskSampler(5, seed=1)
     resumed.load_state_dict(sampler.state_dict())
     assert [resumed.next() for _ in range(4)] == [sampler.next() for _ in range(4)]
+
+
+def test_easy_and_hard_tasks_run_at_their_keep_rate_and_come_back_when_relabelled():
+    difficulty = DifficultyConfig(easy_keep=0.0, hard_keep=0.5)
+    sampler = TaskSampler(10, seed=3, difficulty=difficulty)
+    sampler.record(2, 1.0)  # solved: easy
+    sampler.record(5, 0.0)  # never solved: hard
+    sampler.record(7, 0.5)  # in between: unlabelled
+    epochs = [[sampler.next() for _ in range(8)] for _ in range(200)]  # 8 = 10 tasks - 1 easy - ~half a hard
+    drawn = [t for epoch in epochs for t in epoch]
+    assert drawn.count(2) == 0, "an easy task with easy_keep 0 never runs again"
+    assert 0.35 < drawn.count(5) / drawn.count(7) < 0.65, (drawn.count(5), drawn.count(7))
+    assert 0.45 * len(drawn) / 9.5 < drawn.count(7), "unlabelled tasks run every turn"
+
+    resumed = TaskSampler(10, seed=3, difficulty=difficulty)
+    resumed.load_state_dict(sampler.state_dict())
+    assert [resumed.next() for _ in range(50)] == [sampler.next() for _ in range(50)], "the same skips"
+    sampler.record(2, 0.4)  # it became hard to solve again: back in the rotation
+    assert 2 in [sampler.next() for _ in range(10)]
+
+
+def test_a_pass_of_only_skipped_tasks_still_gives_a_task():
+    sampler = TaskSampler(3, seed=0, difficulty=DifficultyConfig(easy_keep=0.0))
+    for task in range(3):
+        sampler.record(task, 1.0)
+    assert all(0 <= sampler.next() < 3 for _ in range(3)), "a task, after a whole pass of skips"
+    assert sampler.skipped == 6
 
 
 @pytest.mark.slow

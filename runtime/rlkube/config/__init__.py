@@ -10,6 +10,7 @@ from rlkube.config.inference import InferenceConfig, InferenceSection, Inference
 from rlkube.config.orchestrator import (
     AdvantageConfig,
     ClientConfig,
+    DifficultyConfig,
     EnvConfig,
     EvalConfig,
     OrchestratorSection,
@@ -31,7 +32,7 @@ from rlkube.config.trainer import (
 from rlkube.config.weights import WeightTransferConfig
 
 __all__ = [
-    "AdvantageConfig", "CheckpointConfig", "ClientConfig", "Config", "ConfigError", "EnvConfig",
+    "AdvantageConfig", "CheckpointConfig", "ClientConfig", "Config", "ConfigError", "DifficultyConfig", "EnvConfig",
     "EvalConfig", "EvalRunConfig", "InferenceConfig", "InferenceSection", "InferenceServerConfig",
     "LogConfig", "LoraConfig", "LossConfig", "ModelConfig", "OptimizerConfig", "OrchestratorConfig",
     "OrchestratorSection", "ParallelConfig", "RLConfig", "RLTrainerSection", "RolloutServerConfig",

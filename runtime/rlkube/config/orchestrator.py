@@ -67,6 +67,29 @@ class AdvantageConfig(Config):
     """Import path `package.module:function` of a custom advantage function."""
 
 
+class DifficultyConfig(Config):
+    """Tasks the policy always solves (easy) or never solves (hard) teach GRPO nothing: their
+    groups have no reward spread. A task whose newest group's mean reward is at least
+    `easy_threshold` is easy, at most `hard_threshold` hard; when its turn comes in the epoch an
+    easy task runs with probability `easy_keep` and a hard one with `hard_keep`, and is skipped
+    otherwise. A task that runs again gets the label of its new group, so one that became
+    solvable (or was forgotten) comes back."""
+
+    easy_threshold: float = 1.0
+    hard_threshold: float = 0.0
+    easy_keep: float = Field(default=0.1, ge=0, le=1)
+    """Probability that an easy task runs when its turn comes (0: never again, unless every
+    task is skipped in a whole pass)."""
+    hard_keep: float = Field(default=0.5, ge=0, le=1)
+    """Probability that a hard task runs when its turn comes."""
+
+    @model_validator(mode="after")
+    def _hard_below_easy(self):
+        if self.hard_threshold >= self.easy_threshold:
+            raise ValueError(f"hard_threshold ({self.hard_threshold}) must be below easy_threshold ({self.easy_threshold})")
+        return self
+
+
 class EvalConfig(Config):
     envs: list[EnvConfig] = [EnvConfig(args={"split": "test"})]
     """Environments to evaluate on (their held-out split)."""
@@ -187,6 +210,9 @@ class OrchestratorSection(Config):
 
     advantage: AdvantageConfig = AdvantageConfig()
     """Advantage computation."""
+
+    difficulty: DifficultyConfig | None = None
+    """Sample tasks the policy always or never solves less often; every task alike when unset."""
 
     filter_zero_advantage: bool = True
     """Drop samples whose advantage is zero (all-pass or all-fail groups teach nothing). Not

@@ -24,7 +24,7 @@ FINISHED_LINGER_S = 3.0
 def build_runners(config: OrchestratorConfig) -> list[EnvRunner]:
     from rlkube.envs import load_env
 
-    runners = [EnvRunner(env, load_env(env), config.seed) for env in config.envs]
+    runners = [EnvRunner(env, load_env(env), config.seed, config.difficulty) for env in config.envs]
     names = [r.name for r in runners]
     if len(set(names)) != len(names):
         raise ValueError(f"orchestrator.envs: names must be unique (got {names}); set `name` on repeated ids")

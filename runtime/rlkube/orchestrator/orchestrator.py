@@ -70,6 +70,7 @@ class Orchestrator:
                                  config.client.resync_interval_s)
         """Rollouts that lost their inference replica run again, here or in the workers."""
         self.reissued_logged = 0
+        self.skipped_logged = 0
         run_group = self.reissuer
         self.scheduler = Scheduler(
             runners=runners,
@@ -114,6 +115,8 @@ class Orchestrator:
         metrics["rollouts/reissued"] = float(self.reissuer.reissued - self.reissued_logged)
         self.reissued_logged = self.reissuer.reissued
         metrics |= self.pool.metrics()
+        if self.config.difficulty is not None:
+            metrics |= self.difficulty_metrics()
         if self.workers is not None:
             metrics |= self.workers.metrics()
         metrics["time/batch"] = time.perf_counter() - self.batch_started
@@ -121,6 +124,17 @@ class Orchestrator:
         self.log_metrics(metrics, batch.step)
         if self.log_samples is not None:
             self.log_samples(batch)
+
+    def difficulty_metrics(self) -> dict[str, float]:
+        """`tasks/easy` and `tasks/hard`: the tasks labelled so now, over all envs;
+        `tasks/skipped`: turns skipped since the previous batch (`orchestrator.difficulty`)."""
+        samplers = [runner.sampler for runner in self.runners.values()]
+        labels = [label for sampler in samplers for label in sampler.labels.values()]
+        skipped = sum(sampler.skipped for sampler in samplers)
+        metrics = {"tasks/easy": float(labels.count("easy")), "tasks/hard": float(labels.count("hard")),
+                   "tasks/skipped": float(skipped - self.skipped_logged)}
+        self.skipped_logged = skipped
+        return metrics
 
     def store_batch(self, batch: Batch) -> dict[str, float]:
         metrics = batch_metrics(batch, self.config.drops_zero_advantage)

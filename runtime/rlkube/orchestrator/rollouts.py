@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rlkube.config import EnvConfig
+from rlkube.config import DifficultyConfig, EnvConfig
 from rlkube.envs.in_process import ENGINE_LOST, recording_served_versions, resolve_path, serving
 from rlkube.orchestrator.types import Rollout, Sample
 
@@ -26,33 +26,67 @@ logger = logging.getLogger(__name__)
 
 
 class TaskSampler:
-    """Cycles through a taskset in a fresh seeded order every epoch; resumable from its state."""
+    """Cycles through a taskset in a fresh seeded order every epoch; resumable from its state.
 
-    def __init__(self, num_tasks: int, seed: int):
+    With `difficulty` (`orchestrator.difficulty`), a task labelled easy or hard by its newest
+    group (`record`) runs when its turn comes only with the keep probability of its label, and
+    is skipped otherwise; a whole pass of skips returns the next task all the same. The draws
+    are seeded by position, so a resumed sampler skips what the uninterrupted one would."""
+
+    def __init__(self, num_tasks: int, seed: int, difficulty: DifficultyConfig | None = None):
         if num_tasks == 0:
             raise ValueError("the environment has no tasks")
-        self.num_tasks, self.seed = num_tasks, seed
+        self.num_tasks, self.seed, self.difficulty = num_tasks, seed, difficulty
         self.epoch, self.cursor = 0, 0
         self._order = self._shuffled(0)
+        self.labels: dict[int, str] = {}
+        """Task index -> "easy" or "hard", by its newest group; unlabelled tasks always run."""
+        self.skipped = 0
 
     def _shuffled(self, epoch: int) -> list[int]:
         order = list(range(self.num_tasks))
         random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
-    def next(self) -> int:
+    def _advance(self) -> int:
         if self.cursor == self.num_tasks:
             self.epoch, self.cursor = self.epoch + 1, 0
             self._order = self._shuffled(self.epoch)
         self.cursor += 1
         return self._order[self.cursor - 1]
 
+    def _runs(self, index: int) -> bool:
+        label = self.labels.get(index)
+        if label is None:
+            return True
+        keep = self.difficulty.easy_keep if label == "easy" else self.difficulty.hard_keep
+        return random.Random(hash((self.seed, self.epoch, self.cursor))).random() < keep
+
+    def next(self) -> int:
+        for _ in range(self.num_tasks - 1):
+            if self._runs(index := self._advance()):
+                return index
+            self.skipped += 1
+        return self._advance()
+
+    def record(self, index: int, mean_reward: float) -> None:
+        """Label task `index` by the mean reward of its newest group."""
+        if self.difficulty is None:
+            return
+        if mean_reward >= self.difficulty.easy_threshold:
+            self.labels[index] = "easy"
+        elif mean_reward <= self.difficulty.hard_threshold:
+            self.labels[index] = "hard"
+        else:
+            self.labels.pop(index, None)
+
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor}
+        return {"epoch": self.epoch, "cursor": self.cursor, "labels": {str(i): label for i, label in self.labels.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.cursor = state["epoch"], state["cursor"]
         self._order = self._shuffled(self.epoch)
+        self.labels = {int(i): label for i, label in state.get("labels", {}).items()}
 
 
 def episode_to_rollout(episode: Any, env_name: str, example_id: str, temperature: float, policy_min: int, policy_max: int) -> Rollout:
@@ -133,7 +167,7 @@ def replica_lost(rollout: Rollout) -> bool:
 class EnvRunner:
     """One verifiers environment, its tasks, and rollouts of them."""
 
-    def __init__(self, config: EnvConfig, env: Any, seed: int):
+    def __init__(self, config: EnvConfig, env: Any, seed: int, difficulty: DifficultyConfig | None = None):
         self.config = config
         self.name = config.name or config.id
         self.env = env
@@ -141,7 +175,8 @@ class EnvRunner:
         if not taskset.bounded:
             raise ValueError(f"environment '{self.name}': its taskset is infinite; bound it with its args")
         self.tasks = list(taskset)
-        self.sampler = TaskSampler(len(self.tasks), seed + zlib.crc32(self.name.encode()))
+        self.index_of = {str(task.key): i for i, task in enumerate(self.tasks)}
+        self.sampler = TaskSampler(len(self.tasks), seed + zlib.crc32(self.name.encode()), difficulty)
         self.rollout_path = resolve_path(env, config.rollout_path, self.name)
 
     def serving(self):
@@ -153,6 +188,10 @@ class EnvRunner:
         """(example id, task): the id is the task's stable key (sticky routing, metrics)."""
         task = self.tasks[self.sampler.next()]
         return str(task.key), task
+
+    def record(self, example_id: str, rewards: list[float]) -> None:
+        """The rewards of a finished group of the task (`orchestrator.difficulty`)."""
+        self.sampler.record(self.index_of[example_id], sum(rewards) / len(rewards))
 
     async def rollout(self, task: Any, example_id: str, ctx: Any, temperature: float, policy_version) -> Rollout:
         """`policy_version()` reads the clock: once before (the rollout's oldest version) and

@@ -63,6 +63,8 @@ class Scheduler:
         self.rng = random.Random(seed)
         self.next_step = next_step
         self.in_flight: set[asyncio.Task] = set()
+        self.launched: dict[asyncio.Task, tuple[object, str]] = {}
+        """Each group in flight's (runner, example id)."""
         self.waited_s = 0.0
 
     def allowed_rollouts(self) -> int:
@@ -81,7 +83,16 @@ class Scheduler:
         ):
             runner = self.rng.choices(self.runners, weights=self.ratios)[0]
             example_id, task = runner.next_task()
-            self.in_flight.add(asyncio.ensure_future(self.run_group(runner, example_id, task, self.group_size)))
+            group = asyncio.ensure_future(self.run_group(runner, example_id, task, self.group_size))
+            self.in_flight.add(group)
+            self.launched[group] = (runner, example_id)
+
+    @staticmethod
+    def _record(runner, example_id: str, group: list[Rollout]) -> None:
+        """The group's rewards to its env's task sampler (difficulty labels), over the rollouts
+        that count (an errored or lost one says nothing about the task)."""
+        if rewards := [r.reward for r in group if r.trainable]:
+            runner.record(example_id, rewards)
 
     def _cut_batches(self) -> None:
         while self.next_step <= self.max_steps and (batch := self.buffer.take_batch(self.next_step)):
@@ -103,13 +114,16 @@ class Scheduler:
                     self.waited_s += time.perf_counter() - idle_since
                 for task in done - {clock_changed}:
                     self.in_flight.discard(task)
-                    self.buffer.add_group(score_group(task.result(), self.advantage_fn))
+                    group = score_group(task.result(), self.advantage_fn)
+                    self._record(*self.launched.pop(task), group)
+                    self.buffer.add_group(group)
                 self._cut_batches()
         finally:
             for task in self.in_flight:
                 task.cancel()
             await asyncio.gather(*self.in_flight, return_exceptions=True)
             self.in_flight.clear()
+            self.launched.clear()
 
     def state_dict(self) -> dict:
         rng_state = self.rng.getstate()

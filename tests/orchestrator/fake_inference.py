@@ -10,8 +10,8 @@ Like vLLM it keeps a pause state and a weight version (`/pause`, `/resume`, `/is
 version it ran under is recorded in `generated_versions`, the model it named in
 `requested_models`. `restart()` is what a restarted `rlkube inference` looks like: version
 "default", paused (`inference.start_paused`), no LoRA adapter. `hang` makes generate requests
-wait for ever (an engine about to die), until `shut_down` answers them with a 500 (an engine
-stopping on SIGTERM), `unavailable` answers the next generate requests 503 (a
+wait for ever (an engine about to die), until `shut_down` answers them with vLLM's 500 (an
+engine stopping on SIGTERM; `die()` also fails `/health`), `unavailable` answers the next generate requests 503 (a
 server still starting behind its Service).
 
 Like `rlkube inference` with `max_lora_rank`, `/rlkube/load_lora_adapter` (query: location,
@@ -25,6 +25,11 @@ from aiohttp import web
 from rlkube.config.inference import POLICY_ADAPTER
 
 from tests.fixtures.inference import free_port
+
+ENGINE_DEAD = {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                         "type": "InternalServerError", "param": None, "code": 500}}
+"""vLLM 0.32's answer to the requests it holds when its engine dies (EngineDeadError), as when
+a SIGTERM stops it."""
 
 
 class FakeInference:
@@ -46,6 +51,13 @@ class FakeInference:
         self.hang = False
         self.shut_down = asyncio.Event()
         self.unavailable = 0
+        self.dead = False
+
+    def die(self) -> None:
+        """The engine dies with the server still listening: held requests are answered 500
+        (`ENGINE_DEAD`), `/health` 503 (call it on the server's loop)."""
+        self.dead = True
+        self.shut_down.set()
 
     def restart(self, start_paused: bool = True) -> None:
         """Forget the weights' version and pause, as a freshly started server (call it on the
@@ -58,7 +70,7 @@ class FakeInference:
         app = web.Application()
         app.router.add_post("/inference/v1/generate", self.generate)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", lambda r: web.json_response({}))
+        app.router.add_get("/health", lambda r: web.json_response({}, status=503 if self.dead else 200))
         app.router.add_get("/weight_info", lambda r: web.json_response({"weight_version": self.weight_version}))
         app.router.add_get("/is_paused", lambda r: web.json_response({"is_paused": not self.resumed.is_set()}))
         app.router.add_post("/{route:.*}", self.admin)
@@ -72,7 +84,7 @@ class FakeInference:
             return web.json_response({"error": "the server is starting"}, status=503)
         if self.hang:
             await self.shut_down.wait()
-            return web.json_response({"error": "EngineDeadError: the engine is shutting down"}, status=500)
+            return web.json_response(ENGINE_DEAD, status=500)
         await self.resumed.wait()
         if body.get("model") == POLICY_ADAPTER and self.adapter is None:
             return web.json_response({"error": {"message": f"LoRA adapter {POLICY_ADAPTER} does not exist"}}, status=404)

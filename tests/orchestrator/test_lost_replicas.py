@@ -36,12 +36,14 @@ def full_batches(logged: list[tuple[int, dict]], batch_size: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("env_workers", [0, 1], ids=["in-process", "env-worker"])
-@pytest.mark.parametrize("death", ["killed", "vanished"])
+@pytest.mark.parametrize("death", ["killed", "vanished", "engine-dead"])
 def test_rollouts_of_a_replica_that_dies_are_reissued_to_the_other(tiny_model, tmp_path, env_workers, death):
-    """Replica 1 dies with requests in flight: killed (its connections reset), or vanished (a
+    """Replica 1 dies with requests in flight: killed (its connections reset), vanished (a
     pod or node gone with its network: its connections go silent, nothing resets them, and
     only the pool's watch notices that it accepts no connection, long before
-    `client.timeout_s`). One group at a time
+    `client.timeout_s`), or its engine dead (vLLM answers what it holds with a 500 as a SIGTERM
+    stops it, and its health check fails, while the replica is still listed: a scale-down whose
+    new list the pool has not read yet). One group at a time
     (`max_concurrent` = `group_size`), so a group stuck on the dead replica would stall the
     run."""
     with contextlib.ExitStack() as stack:
@@ -64,6 +66,8 @@ def test_rollouts_of_a_replica_that_dies_are_reissued_to_the_other(tiny_model, t
                 if death == "vanished":  # open connections go silent, new ones find nobody
                     proxy.vanish_and_point_to(free_port())
                     proxy.listener.close()
+                elif death == "engine-dead":
+                    servers[1].call(servers[1].fake.die)
                 else:
                     await asyncio.to_thread(servers[1].__exit__)
 

@@ -135,7 +135,8 @@ UNREACHABLE = (ENGINE_LOST[0], "ClientPayloadError", "HTTP 502", "HTTP 503", "HT
 (`rlkube.envs.in_process.ENGINE_LOST`, a response cut off, "HTTP <status>") and verifiers' full
 path's (through the OpenAI SDK: "Connection error.", "Error code: <status>"). Refused or reset
 connections, failed name resolution, and the 5xx a restarting server or its proxy answers with
-(a 500 is the engine failing the request: an error)."""
+(a 500 is the engine failing the request: an error, unless the replica then fails its health
+check: `lost_with_its_engine`)."""
 TIMED_OUT = (ENGINE_LOST[1], "Request timed out")
 """A timeout is the replica's fault only if it was marked down meanwhile; otherwise it is the
 rollout's (a generation longer than `client.timeout_s`) and stays an error."""
@@ -157,6 +158,24 @@ def lost_on(pool, replica: str, started: float, error: str | None) -> bool:
     with an engine error)."""
     return lost_its_replica(error, pool.down_since(replica, started)) or (
         error is not None and replica not in pool.base_urls)
+
+
+SERVER_ERROR = ("HTTP 5", "Error code: 5")
+"""A model call the replica answered with a 5xx (`_EngineHTTP`'s and the OpenAI SDK's wording)."""
+HEALTH_PROBE_S = 5.0
+
+
+async def lost_with_its_engine(replica: str, error: str | None) -> bool:
+    """Whether a rollout that failed with a server error failed because the replica's engine
+    died: vLLM answers the requests it holds with a 500 (EngineDeadError) as a SIGTERM stops it,
+    for example in a scale-down before the pool has read the new replica list. Then the
+    replica no longer passes its health check; a 500 from a replica that does is the engine
+    failing that request, an error of the rollout."""
+    if not (error or "").removeprefix("ProviderError: ").startswith(SERVER_ERROR):
+        return False
+    from rlkube.inference.client import is_healthy
+
+    return not await is_healthy(replica, HEALTH_PROBE_S)
 
 
 def replica_lost(rollout: Rollout) -> bool:
@@ -227,7 +246,7 @@ async def run_group(runner, pool, example_id: str, task: Any, size: int, tempera
         if rollout is None:  # abandoned: the replica stopped answering
             return Rollout(runner.name, example_id, 0.0, [], policy_version(), policy_version(),
                            error=f"{REPLICA_LOST}: {replica}: abandoned, the replica stopped answering")
-        if lost_on(pool, replica, started, rollout.error):
+        if lost_on(pool, replica, started, rollout.error) or await lost_with_its_engine(replica, rollout.error):
             pool.mark_down(replica)
             rollout.error = f"{REPLICA_LOST}: {replica}: {rollout.error}"
         else:

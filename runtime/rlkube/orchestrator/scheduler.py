@@ -62,9 +62,8 @@ class Scheduler:
         self.on_batch = on_batch
         self.rng = random.Random(seed)
         self.next_step = next_step
-        self.in_flight: set[asyncio.Task] = set()
-        self.launched: dict[asyncio.Task, tuple[object, str]] = {}
-        """Each group in flight's (runner, example id)."""
+        self.in_flight: dict[asyncio.Task, tuple[object, str]] = {}
+        """Each group in flight, with its (runner, example id)."""
         self.waited_s = 0.0
 
     def allowed_rollouts(self) -> int:
@@ -84,8 +83,7 @@ class Scheduler:
             runner = self.rng.choices(self.runners, weights=self.ratios)[0]
             example_id, task = runner.next_task()
             group = asyncio.ensure_future(self.run_group(runner, example_id, task, self.group_size))
-            self.in_flight.add(group)
-            self.launched[group] = (runner, example_id)
+            self.in_flight[group] = (runner, example_id)
 
     @staticmethod
     def _record(runner, example_id: str, group: list[Rollout]) -> None:
@@ -108,14 +106,13 @@ class Scheduler:
                 self._launch()
                 clock_changed = asyncio.ensure_future(self.clock.wait_change())
                 idle_since = time.perf_counter() if not self.in_flight else None
-                done, _ = await asyncio.wait(self.in_flight | {clock_changed}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait({*self.in_flight, clock_changed}, return_when=asyncio.FIRST_COMPLETED)
                 clock_changed.cancel()
                 if idle_since is not None:
                     self.waited_s += time.perf_counter() - idle_since
                 for task in done - {clock_changed}:
-                    self.in_flight.discard(task)
                     group = score_group(task.result(), self.advantage_fn)
-                    self._record(*self.launched.pop(task), group)
+                    self._record(*self.in_flight.pop(task), group)
                     self.buffer.add_group(group)
                 self._cut_batches()
         finally:
@@ -123,7 +120,6 @@ class Scheduler:
                 task.cancel()
             await asyncio.gather(*self.in_flight, return_exceptions=True)
             self.in_flight.clear()
-            self.launched.clear()
 
     def state_dict(self) -> dict:
         rng_state = self.rng.getstate()

@@ -1,7 +1,7 @@
 """Tokens/s and MFU of the real RL trainer step, with its time split, on Qwen3-0.6B and -1.7B shapes.
 
-    python benchmarks/trainer_throughput.py [--models Qwen3-0.6B Qwen3-1.7B] [--steps 3]
-    python benchmarks/trainer_throughput.py --tiny      # seconds on a CPU: what CI runs
+    python benchmarks/trainer_throughput.py [--models Qwen3-0.6B Qwen3-1.7B] [--steps 3] [--before] [--restart]
+    python benchmarks/trainer_throughput.py --tiny --before --restart   # seconds on a CPU: what CI runs
 
 Each model is randomly initialised from its Qwen3 config (no download), written once in bf16,
 and trained by the real `RLTrainer.train_step` (FSDP2 over one rank, fp32 master weights, bf16
@@ -15,12 +15,18 @@ overlap) on a stub batch source that serves the same step every time: 4 micro-ba
   single-H100 Qwen3-0.6B RL figure at 16k: 11.9k tokens/s, MFU 11.1 %), so the comparison is
   like for like.
 
-The first step (compilation of FlexAttention and its block masks on CUDA; see
-`rlkube.trainer.compile_cache`, whose cache under `--output-dir` a second run reuses) is
-reported apart; the others give the medians of the step and its split (`time/*`: waiting for
-the batch, forward+backward, optimizer, the publish the step waits for) and the trainer's own
-`perf/tokens_per_s` and `perf/mfu` (rlkube.trainer.perf: prime-rl's FLOPs convention). Each
-model runs in its own process; peak memory is `torch.cuda.max_memory_allocated`.
+`--before` adds the GRPO rows with the publish as it was before it overlapped the next step
+(`weights.overlap = false`, float32 on the wire): before and after side by side, in one process.
+
+The first step of a model (compilation of FlexAttention and its block masks on CUDA; see
+`rlkube.trainer.compile_cache`, whose cache lives under `--output-dir`) is reported apart; the
+other steps give the medians of the step and its split (`time/*`: waiting for the batch,
+forward+backward, optimizer, the publish the step waits for) and the trainer's own
+`perf/tokens_per_s` and `perf/mfu` (rlkube.trainer.perf: prime-rl's FLOPs convention).
+`--restart` then starts the first model once more in a new process on the same output
+directory, as a restarted trainer does, and compares its first step with the cold one. Each
+model runs in its own process; peak memory is `torch.cuda.max_memory_allocated`; `--json`
+writes every figure.
 """
 
 import argparse
@@ -45,6 +51,16 @@ MODELS = {
 FULL = {"seq_len": 16384, "rows": 4, "prompt": 512, "completion": (768, 1280), "group_size": 8}
 TINY = {"seq_len": 256, "rows": 2, "prompt": 16, "completion": (24, 40), "group_size": 4}
 SHAPES = ("grpo", "prime-rl")
+BEFORE = {"overlap": False, "dtype": "float32"}
+"""`weights` as the publish was before it overlapped the next step: synchronous, float32."""
+
+
+def variants(before: bool, restart: bool) -> list[tuple[str, str, dict]]:
+    """(label, shape, `weights` overrides) of the rows one model process runs, in order."""
+    if restart:
+        return [("grpo, restarted", "grpo", {})]
+    rows = [(shape, shape, {}) for shape in SHAPES]
+    return rows + ([("grpo, publish before", "grpo", BEFORE)] if before else [])
 
 
 def step_batches(shape: str, size: dict, vocab: int, seed: int = 0) -> list[dict]:
@@ -109,8 +125,9 @@ def write_model(name: str, path: Path, device: str) -> Path:
     return path
 
 
-def run_model(name: str, device: str, steps: int, size: dict, output_dir: Path) -> dict:
-    """Every shape on one model in this process: the first step's time and the medians of the rest."""
+def run_model(name: str, device: str, steps: int, size: dict, output_dir: Path, rows: list) -> dict:
+    """`rows` (see `variants`) on one model in this process: each row's first step's time and
+    the medians of the `steps` after it."""
     import torch
     from rlkube.config import TrainerConfig
     from rlkube.trainer.rl.setup import build_training_env
@@ -119,14 +136,15 @@ def run_model(name: str, device: str, steps: int, size: dict, output_dir: Path) 
 
     with tempfile.TemporaryDirectory(prefix="rlkube-bench-throughput-") as tmp:
         model_dir = write_model(name, Path(tmp) / "model", device)
-        config = TrainerConfig(
+        base = TrainerConfig(
             output_dir=output_dir, model={"name": str(model_dir)}, device=device, max_steps=10**6,
             parallel={"activation_checkpointing": True}, weights={"type": "storage", "url": f"{tmp}/weights"},
         )
-        env = build_training_env(config)
+        env = build_training_env(base)
         results, step = {}, 0
         try:
-            for shape in SHAPES:
+            for label, shape, weights in rows:
+                config = base.model_copy(update={"weights": base.weights.model_copy(update=weights)})
                 batches = step_batches(shape, size, MODELS[name]["vocab_size"])
                 publisher = make_publisher(config.weights, output_dir, str(model_dir))
                 trainer = RLTrainer(config, env, StubSource(batches), publisher, None, Records())
@@ -136,6 +154,7 @@ def run_model(name: str, device: str, steps: int, size: dict, output_dir: Path) 
                     start = time.perf_counter()
                     trainer.train_step(step + 1)
                     first = time.perf_counter() - start
+                    print(f"{name} {label}: first step {first:.2f} s", file=sys.stderr, flush=True)
                     for n in range(step + 2, step + 2 + steps):
                         trainer.train_step(n)
                     trainer.close()
@@ -143,7 +162,7 @@ def run_model(name: str, device: str, steps: int, size: dict, output_dir: Path) 
                     publisher.close()
                 timed = [trainer.metrics.records[n] for n in range(step + 2, step + 2 + steps)]
                 step += steps + 1
-                results[shape] = {
+                results[label] = {
                     "first_step_s": first,
                     "tokens": int(sum((b["sample_ids"] >= 0).sum() for b in batches)),
                     "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
@@ -157,21 +176,38 @@ def run_model(name: str, device: str, steps: int, size: dict, output_dir: Path) 
         return results
 
 
+def run_child(name: str, args, output_dir: Path, restart: bool = False) -> dict:
+    """`run_model` in a process of its own (its stderr passes through: progress as it goes)."""
+    command = [sys.executable, __file__, "--device", args.device, "--steps", str(args.steps),
+               "--output-dir", str(output_dir), "--child", name]
+    command += [flag for flag, on in (("--tiny", args.tiny), ("--before", args.before), ("--restart", restart)) if on]
+    child = subprocess.run(command, check=False, stdout=subprocess.PIPE, text=True,
+                           env=os.environ | {"TRANSFORMERS_VERBOSITY": "error"})
+    if child.returncode:
+        sys.exit(f"{name} failed (exit {child.returncode})")
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=["Qwen3-0.6B", "Qwen3-1.7B"])
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per shape, after the first")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per row, after the first")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--output-dir", type=Path, default=None,
                         help="where the compile cache lives (default: a temporary directory: a cold start)")
+    parser.add_argument("--before", action="store_true", help="also the GRPO rows with the publish as before the overlap")
+    parser.add_argument("--restart", action="store_true",
+                        help="then the first model's first step again in a new process, on the compile cache")
+    parser.add_argument("--json", type=Path, help="write every figure here (after each model)")
     parser.add_argument("--tiny", action="store_true", help="a tiny model and rows on the CPU, in seconds")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.tiny:
-        args.models, args.device, args.steps = ["tiny"], "cpu", 2
+        args.models, args.device = ["tiny"], "cpu"
     size = TINY if args.tiny else FULL
     if args.child:
-        print(json.dumps(run_model(args.child, args.device, args.steps, size, args.output_dir)))
+        rows = variants(args.before, args.restart)
+        print(json.dumps(run_model(args.child, args.device, args.steps, size, args.output_dir, rows)))
         return
     if args.device == "cuda":
         import torch
@@ -182,15 +218,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rlkube-bench-out-") as default_out:
         output_dir = args.output_dir or Path(default_out)
         results = {}
-        for name in args.models:
-            child = subprocess.run(
-                [sys.executable, __file__, "--device", args.device, "--steps", str(args.steps),
-                 "--output-dir", str(output_dir), "--child", name] + (["--tiny"] if args.tiny else []),
-                check=False, capture_output=True, text=True, env=os.environ | {"TRANSFORMERS_VERBOSITY": "error"},
-            )
-            if child.returncode:
-                sys.exit(f"{name} failed (exit {child.returncode}):\n{child.stderr[-3000:]}")
-            results[name] = json.loads(child.stdout.strip().splitlines()[-1])
+        runs = [(name, False) for name in args.models] + ([(args.models[0], True)] if args.restart else [])
+        for name, restart in runs:
+            result = run_child(name, args, output_dir, restart)
+            results.setdefault(name, {"params": result.pop("params")}).update(result)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1))
     print_table(results, args, size)
 
 
@@ -204,18 +237,19 @@ def print_table(results: dict, args, size: dict) -> None:
         title=f"RL trainer step: {size['rows']} micro-batches of one {size['seq_len']:,}-token row, "
         f"medians of {args.steps} steps after the first",
         caption=f"{where}, torch {torch.__version__}; activation checkpointing; time/publish is what the step "
-        "waits for (the write overlaps the next step)",
+        "waits for; 'publish before': synchronous, float32 (weights.overlap = false)",
     )
     columns = ("model", "rows", "tokens", "first step", "step", "fwd+bwd", "optimizer", "publish", "batch wait",
                "tokens/s", "MFU", "recompiles", "peak mem")
     for column in columns:
         table.add_column(column, justify="right")
     for name, result in results.items():
-        for shape in SHAPES:
-            r = result[shape]
+        for label, r in result.items():
+            if label == "params":
+                continue
             mfu = r.get("perf/mfu")
             table.add_row(
-                f"{name} ({result['params'] / 1e6:.0f}M)", shape, f"{r['tokens']:,}", f"{r['first_step_s']:.2f} s",
+                f"{name} ({result['params'] / 1e6:.0f}M)", label, f"{r['tokens']:,}", f"{r['first_step_s']:.2f} s",
                 f"{r['time/step']:.3f} s", f"{r['time/forward_backward']:.3f} s", f"{r['time/optimizer']:.3f} s",
                 f"{r['time/publish_weights']:.3f} s", f"{r['time/wait_for_batch']:.4f} s",
                 f"{r['perf/tokens_per_s']:,.0f}", "-" if mfu is None else f"{100 * mfu:.1f} %",
@@ -223,9 +257,14 @@ def print_table(results: dict, args, size: dict) -> None:
             )
     Console(width=200).print(table)
     for name, result in results.items():
-        r = result["grpo"]
-        compute = r["time/forward_backward"] + r["time/optimizer"]
-        print(f"{name} grpo: step / (forward+backward+optimizer) = {r['time/step'] / compute:.2f}")
+        for label in ("grpo", "grpo, publish before"):
+            if label in result:
+                r = result[label]
+                compute = r["time/forward_backward"] + r["time/optimizer"]
+                print(f"{name} {label}: step / (forward+backward+optimizer) = {r['time/step'] / compute:.2f}")
+        if "grpo, restarted" in result:
+            ratio = result["grpo, restarted"]["first_step_s"] / result["grpo"]["first_step_s"]
+            print(f"{name}: restarted first step / cold first step = {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ TINY = {
     "publish_overlap.py": (["--tiny"], "RL trainer step"),
     "trainer_memory.py": (["--tiny", "--old-limit-gb", "0"], "new: step memory"),
     "trainer_packing.py": (["--seq-lens", "128", "--groups", "2", "--repeats", "1"], "vs first"),
-    "trainer_throughput.py": (["--tiny"], "tokens/s"),
+    "trainer_throughput.py": (["--tiny", "--before", "--restart"], "restarted first step / cold"),
 }
 NOT_RUN = {
     "fake_engine.py": "a stand-in vLLM server, not a benchmark: orchestrator.py runs it",

@@ -12,7 +12,8 @@ version it ran under is recorded in `generated_versions`, the model it named in
 "default", paused (`inference.start_paused`), no LoRA adapter. `hang` makes generate requests
 wait for ever (an engine about to die), until `shut_down` answers them with vLLM's 500 (an
 engine stopping on SIGTERM; `die()` also fails `/health`), `unavailable` answers the next generate requests 503 (a
-server still starting behind its Service).
+server still starting behind its Service), and the admin routes in `silent_routes` never
+answer.
 
 Like `rlkube inference` with `max_lora_rank`, `/rlkube/load_lora_adapter` (query: location,
 step) loads the adapter `rlkube-policy`; a request naming it before that is answered 404.
@@ -52,6 +53,8 @@ class FakeInference:
         self.shut_down = asyncio.Event()
         self.unavailable = 0
         self.dead = False
+        self.silent_routes: set[str] = set()
+        """Admin routes (e.g. "pause") recorded but never answered."""
 
     def die(self) -> None:
         """The engine dies with the server still listening: held requests are answered 500
@@ -114,6 +117,8 @@ class FakeInference:
         body = await request.json() if request.can_read_body else {}
         route = request.match_info["route"]
         self.calls.append((route, body))
+        if route in self.silent_routes:
+            await asyncio.Event().wait()
         if route == "pause":
             self.resumed.clear()
         elif route == "resume":

@@ -6,6 +6,7 @@ orchestrator re-issues it, tests/orchestrator/test_lost_replicas.py), never trai
 import asyncio
 import contextlib
 import socket
+import time
 
 import pytest
 from rlkube.config import ClientConfig, EnvConfig, SamplingConfig
@@ -16,6 +17,7 @@ from rlkube.orchestrator.inference import InferencePool, accepts_connections
 from rlkube.orchestrator.rollouts import EnvRunner, lost_its_replica, replica_lost, run_group
 
 from tests.fixtures.inference import free_port
+from tests.fixtures.network import VanishingPeerProxy
 from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
 
 SAMPLING = SamplingConfig(max_tokens=8)
@@ -164,6 +166,40 @@ def test_a_policy_update_passes_a_replica_that_is_down_and_fails_on_one_that_ref
             asyncio.run(pool.load_policy(3, "/w/step_3", 60))
         assert pool.loaded == (2, "/w/step_2")
         assert server.fake.resumed.is_set(), "a failed load still resumes generation"
+
+
+@pytest.mark.parametrize("update", ["load_policy", "sync"])
+def test_a_replica_that_vanishes_during_a_weight_update_is_lost_at_once(tiny_model, update):
+    """Replica 1 vanishes (its open connections go silent, new ones are refused) while its
+    `/pause` is in flight, in a policy update or in the `sync` of replicas that (re)started:
+    replica 0 gets the policy and the update ends, with replica 1 marked down, long before the
+    pause's 60 s timeout would have ended it."""
+    with replicas(tiny_model, 2, start_paused=False) as servers:
+        proxy = VanishingPeerProxy(servers[1].port)
+        silent_url = f"http://127.0.0.1:{proxy.port}"
+        servers[1].call(servers[1].fake.silent_routes.add, "pause")
+        pool = make_pool(tiny_model, [servers[0].url, silent_url])
+
+        async def go():
+            started = time.monotonic()
+            task = asyncio.ensure_future(
+                pool.load_policy(2, "/w/step_2", 60) if update == "load_policy" else pool.sync((2, "/w/step_2"), 60)
+            )
+            await until(lambda: any(route == "pause" for route, _ in servers[1].fake.calls))
+            proxy.vanish_and_point_to(free_port())
+            proxy.listener.close()
+            return await asyncio.wait_for(task, 20), started
+
+        try:
+            result, started = asyncio.run(go())
+        finally:
+            proxy.close()
+    assert servers[0].fake.weight_version == "2"
+    assert pool.down_since(silent_url, started), "the vanished replica is marked down"
+    if update == "sync":
+        assert result == [servers[0].url]
+    else:
+        assert pool.loaded == (2, "/w/step_2")
 
 
 def test_a_lora_run_served_as_an_adapter_requests_it_from_the_first_policy_on(tiny_model):

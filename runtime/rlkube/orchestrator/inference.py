@@ -12,7 +12,9 @@ paused and weight version "default" (`inference.start_paused`), so requests sent
 policy unless it is the base model's 0, tag the version, resume); the orchestrator runs it
 before its first rollout and then every `client.resync_interval_s` (`watch`), so a replica that
 restarted mid-run serves the current policy before any of its rollouts count. A policy update
-passes a replica that does not answer (that `sync` is for).
+passes a replica that does not answer (that `sync` is for), and one that stops accepting
+connections while it is being updated is lost then, not after the call's timeout: the update
+of every replica waits for the slowest.
 
 A replica that does not answer is marked down (`mark_down`: by a rollout that lost it, or by
 `sync`), and rollouts routed to it go to the healthy replicas instead until `sync` sees it back
@@ -312,13 +314,16 @@ class InferencePool:
         error (a snapshot it cannot load) fails the update."""
         from rlkube.inference.client import pause, resume, update_weights
 
+        async def update(url: str) -> None:
+            await pause(url, mode="keep")
+            try:
+                await update_weights(url, step, location, timeout=timeout_s, as_adapter=self.adapter is not None)
+            finally:
+                await resume(url)
+
         async def one(url: str) -> bool:
             try:
-                await pause(url, mode="keep")
-                try:
-                    await update_weights(url, step, location, timeout=timeout_s, as_adapter=self.adapter is not None)
-                finally:
-                    await resume(url)
+                await self._while_reachable(url, update(url))
             except ReplicaUnreachable as e:
                 logger.warning("replica %s missed policy %d (it is brought to it when it answers again): %s", url, step, e)
                 return False
@@ -362,7 +367,8 @@ class InferencePool:
                 else:
                     current.append(url)
             results = await asyncio.gather(
-                *(self._sync_one(url, step, location, timeout_s) for url in stale), return_exceptions=True
+                *(self._while_reachable(url, self._sync_one(url, step, location, timeout_s)) for url in stale),
+                return_exceptions=True,
             )
             synced = []
             for url, result in zip(stale, results):
@@ -385,6 +391,22 @@ class InferencePool:
         while True:
             await asyncio.sleep(self.config.resync_interval_s)
             await self.sync(policy(), timeout_s)
+
+    async def _while_reachable(self, url: str, call: Awaitable):
+        """`await call` (a weight update of `url`), abandoned as soon as the replica accepts no
+        connection (checked every `client.resync_interval_s`): it is then lost (`_lost`) and
+        `ReplicaUnreachable` raised. A replica gone with its network leaves the request silent
+        until its timeout (a minute for a pause, `timeout_s` for a load), and the update of every
+        other replica, which holds `updating`, would wait for it."""
+        task = asyncio.ensure_future(call)
+        try:
+            while not (await asyncio.wait({task}, timeout=self.config.resync_interval_s))[0]:
+                if not await accepts_connections(url):
+                    self._lost(url)
+                    raise ReplicaUnreachable(f"{url} stopped accepting connections during a weight update")
+            return task.result()
+        finally:
+            task.cancel()
 
     async def _state(self, url: str) -> tuple[str | None, bool] | None:
         """(weight version, paused) of a replica; None if it does not answer. It is lost only

@@ -93,11 +93,12 @@ def test_a_periodic_eval_rollout_that_loses_its_replica_runs_again_on_the_other(
         config = OrchestratorConfig.model_validate({
             "output_dir": tmp_path, "model": {"name": str(tiny_model)},
             "client": {"base_urls": [s.url for s in servers], "resync_interval_s": 60},
-            "eval": {"num_examples": 8, "rollouts_per_example": 2, "sampling": {"max_tokens": 8}},
+            "eval": {"num_examples": 16, "rollouts_per_example": 2, "sampling": {"max_tokens": 8}},
         })
-        tasks = list(load_env(config.eval.envs[0]).taskset)[:8]
-        on_replica_1 = 2 * sum(pick_replica("reverse_text", str(t.key), 2) == 1 for t in tasks)
-        assert 0 < on_replica_1 < 16, "the test needs tasks on both replicas"
+        tasks = list(load_env(config.eval.envs[0]).taskset)[:16]
+        urls = [s.url for s in servers]
+        on_replica_1 = 2 * sum(pick_replica("reverse_text", str(t.key), urls) == urls[1] for t in tasks)
+        assert 0 < on_replica_1 < 32, "the test needs tasks on both replicas"
         pool = InferencePool(config.client, config.model.name, config.model.name, config.sampling)
         evaluate = periodic_eval(config, pool)
 
@@ -111,4 +112,4 @@ def test_a_periodic_eval_rollout_that_loses_its_replica_runs_again_on_the_other(
         metrics = asyncio.run(eval_while_replica_1_dies())
     assert metrics["eval/reverse_text/errored_rollouts"] == 0
     assert metrics["eval/reverse_text/reissued_rollouts"] == on_replica_1
-    assert servers[0].fake.generate_requests == 16, "every rollout was answered by replica 0 in the end"
+    assert servers[0].fake.generate_requests == 32, "every rollout was answered by replica 0 in the end"

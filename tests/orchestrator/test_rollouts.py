@@ -64,9 +64,24 @@ def test_token_exact_rollouts_against_a_fake_engine(tiny_model, path):
 
 
 def test_sticky_routing_is_stable_and_spreads():
-    replicas = [pick_replica("reverse_text", str(i), 3) for i in range(300)]
-    assert replicas == [pick_replica("reverse_text", str(i), 3) for i in range(300)]
-    assert all(replicas.count(r) > 60 for r in range(3))
+    urls = [f"http://run-inference-{i}.run-inference:8000" for i in range(3)]
+    replicas = [pick_replica("reverse_text", str(i), urls) for i in range(300)]
+    assert replicas == [pick_replica("reverse_text", str(i), list(reversed(urls))) for i in range(300)]
+    assert all(replicas.count(url) > 60 for url in urls)
+
+
+def test_a_scale_or_a_replica_down_moves_only_the_tasks_it_must():
+    """Prefix caches survive elasticity: a fourth replica takes about a quarter of the tasks
+    (from every other replica alike), and a replica that is down hands over only its own."""
+    urls = [f"http://run-inference-{i}.run-inference:8000" for i in range(4)]
+    tasks = [str(i) for i in range(2000)]
+    on_three = {t: pick_replica("reverse_text", t, urls[:3]) for t in tasks}
+    on_four = {t: pick_replica("reverse_text", t, urls) for t in tasks}
+    moved = [t for t in tasks if on_four[t] != on_three[t]]
+    assert {on_four[t] for t in moved} == {urls[3]}, "a task moves only to the replica that joined"
+    assert 0.2 < len(moved) / len(tasks) < 0.3, f"{len(moved)} of {len(tasks)} tasks moved for one replica of four"
+    without_1 = {t: pick_replica("reverse_text", t, [u for u in urls if u != urls[1]]) for t in tasks}
+    assert [t for t in tasks if without_1[t] != on_four[t]] == [t for t in tasks if on_four[t] == urls[1]]
 
 
 def test_task_sampler_covers_every_task_each_epoch_and_resumes():

@@ -27,7 +27,7 @@ from rlkube.config import EvalRunConfig, InferenceConfig, parse_cli, write_toml
 
 async def run_eval(config: EvalRunConfig) -> int:
     from rlkube.inference.process import InferenceProcess
-    from rlkube.orchestrator.eval import evaluate, on_replicas
+    from rlkube.orchestrator.eval import evaluate, on_context
     from rlkube.orchestrator.inference import model_contexts
 
     async with contextlib.AsyncExitStack() as stack:
@@ -41,9 +41,9 @@ async def run_eval(config: EvalRunConfig) -> int:
             server = stack.enter_context(InferenceProcess(server_config, config.output_dir))
             await server.wait_until_healthy()
             base_url = server.base_url
-        contexts = model_contexts([base_url], config.model.name, config.model.name, config.sampling, timeout_s=600)
+        (context,) = model_contexts([base_url], config.model.name, config.model.name, config.sampling, timeout_s=600)
         results = await evaluate(
-            [config.env], on_replicas(contexts), num_examples=config.num_examples, rollouts_per_example=config.rollouts_per_example,
+            [config.env], on_context(context), num_examples=config.num_examples, rollouts_per_example=config.rollouts_per_example,
             pass_threshold=config.pass_threshold, keep_samples=config.save_samples,
         )
     print_results(results, config.model.name)

@@ -11,8 +11,8 @@ of single rollouts that pass (pass@1 estimated from all k).
 With `keep_samples`, every rollout is also kept as a chat row (`chat_rows`): what `rlkube eval
 --save-samples` writes for SFT distillation from a served model.
 
-Where an eval rollout runs is the caller's `Place`: `rlkube eval` runs each once on its task's
-replica (`on_replicas`); the orchestrator runs it where its pool routes training's and runs it
+Where an eval rollout runs is the caller's `Place`: `rlkube eval` runs each once on its one
+server (`on_context`); the orchestrator runs it where its pool routes training's and runs it
 again when its replica was lost (`on_pool`), so that a replica restarting during an eval is not
 scored as the policy's errors.
 """
@@ -127,13 +127,12 @@ Place = Callable[[str, Any, Callable[[Any], Awaitable[_Scored]]], Awaitable[_Sco
 the task's rollout runs on, and returns what it scored."""
 
 
-def on_replicas(contexts: list) -> Place:
-    """Each rollout once, on its task's sticky replica of `contexts` (`rlkube eval`: nothing
-    would bring a lost replica back)."""
-    from rlkube.orchestrator.inference import pick_replica
+def on_context(context) -> Place:
+    """Each rollout once, on `context`'s server (`rlkube eval`: nothing would bring a lost
+    server back)."""
 
     async def place(env_name: str, task: Any, score) -> _Scored:
-        return await score(contexts[pick_replica(env_name, str(task.key), len(contexts))])
+        return await score(context)
 
     return place
 

@@ -1,10 +1,11 @@
 """The inference replicas as the orchestrator sees them: where a rollout goes, and how a new
 policy reaches all of them.
 
-Routing is sticky per example (a stable hash of env and example id picks the replica), so the
-`group_size` rollouts of one task, and every later visit of that task, share a replica and hit
-its prefix cache. Concurrency is bounded across replicas by one semaphore
-(`client.max_concurrent`): a rollout waits for a slot before it starts (backpressure).
+Routing is sticky per example (rendezvous hashing of env, example id and replica URL picks the
+replica), so the `group_size` rollouts of one task, and every later visit of that task, share a
+replica and hit its prefix cache; a replica that joins takes over only its share of the tasks,
+and one that is down hands over only its own. Concurrency is bounded across replicas by one
+semaphore (`client.max_concurrent`): a rollout waits for a slot before it starts (backpressure).
 
 Replicas join and rejoin the run's policy here: `rlkube inference` starts with generation
 paused and weight version "default" (`inference.start_paused`), so requests sent to it wait.
@@ -43,11 +44,11 @@ the base model's name just before that first update finishes on the base model.
 """
 
 import asyncio
+import hashlib
 import logging
 import time
-import zlib
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
@@ -78,8 +79,13 @@ async def accepts_connections(url: str, timeout_s: float = 5.0) -> bool:
     return True
 
 
-def pick_replica(env_name: str, example_id: str, num_replicas: int) -> int:
-    return zlib.crc32(f"{env_name}/{example_id}".encode()) % num_replicas
+def pick_replica(env_name: str, example_id: str, urls: Sequence[str]) -> str:
+    """The task's replica among `urls`: the one whose hash with the task is highest (rendezvous
+    hashing). A task moves only when its replica leaves or a new one outranks it, so scaling N
+    replicas to N+1 moves about 1/(N+1) of the tasks, where `hash % N` would move N/(N+1) of
+    them and lose their prefix caches."""
+    task = f"{env_name}/{example_id}"
+    return max(urls, key=lambda url: hashlib.blake2b(f"{task}@{url}".encode(), digest_size=8).digest())
 
 
 def model_contexts(base_urls: list[str], model: str, renderer_model: str, sampling: SamplingConfig, timeout_s: float) -> list:
@@ -172,12 +178,8 @@ class InferencePool:
     def replica_for(self, env_name: str, example_id: str) -> str:
         """The task's sticky replica (a URL), or while it is down, one of the healthy ones (the
         same for every rollout of the task); the sticky one when all are down."""
-        urls = self.base_urls
-        sticky = urls[pick_replica(env_name, example_id, len(urls))]
-        healthy = [url for url in urls if not self.is_down(url)]
-        if sticky in healthy or not healthy:
-            return sticky
-        return healthy[pick_replica(env_name, example_id, len(healthy))]
+        healthy = [url for url in self.base_urls if not self.is_down(url)]
+        return pick_replica(env_name, example_id, healthy or self.base_urls)
 
     # --- the set of replicas ---------------------------------------------------------------
 

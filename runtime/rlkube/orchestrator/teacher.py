@@ -52,7 +52,7 @@ class Teacher:
         sample.teacher_logprobs = [lp if trained else 0.0 for lp, trained in zip(logprobs, sample.loss_mask)]
 
     async def score_rollout(self, rollout: Rollout) -> None:
-        base_url = self.config.base_urls[pick_replica(rollout.env, rollout.example_id, len(self.config.base_urls))]
+        base_url = pick_replica(rollout.env, rollout.example_id, self.config.base_urls)
         try:
             await asyncio.gather(*(self.score_sample(base_url, sample) for sample in rollout.samples))
         except InferenceError as e:

@@ -10,6 +10,7 @@ import contextlib
 
 import pytest
 from rlkube.orchestrator.app import build_runners
+from rlkube.orchestrator.inference import pick_replica
 from rlkube.orchestrator.orchestrator import Orchestrator
 from rlkube.transport.client import RolloutClient
 from rlkube.transport.server import start_server, stop_server
@@ -38,43 +39,49 @@ def full_batches(logged: list[tuple[int, dict]], batch_size: int) -> list[dict]:
 @pytest.mark.parametrize("env_workers", [0, 1], ids=["in-process", "env-worker"])
 @pytest.mark.parametrize("death", ["killed", "vanished", "engine-dead"])
 def test_rollouts_of_a_replica_that_dies_are_reissued_to_the_other(tiny_model, tmp_path, env_workers, death):
-    """Replica 1 dies with requests in flight: killed (its connections reset), vanished (a
+    """A replica dies with requests in flight: killed (its connections reset), vanished (a
     pod or node gone with its network: its connections go silent, nothing resets them, and
     only the pool's watch notices that it accepts no connection, long before
     `client.timeout_s`), or its engine dead (vLLM answers what it holds with a 500 as a SIGTERM
     stops it, and its health check fails, while the replica is still listed: a scale-down whose
     new list the pool has not read yet). One group at a time
     (`max_concurrent` = `group_size`), so a group stuck on the dead replica would stall the
-    run."""
+    run. The replica that dies is the first task's, so it gets requests whatever ports the
+    replicas got."""
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(FakeInferenceThread(FakeInference(str(tiny_model), 3))) for _ in range(2)]
-        servers[1].fake.hang = True  # its requests hang until it dies
-        proxy = VanishingPeerProxy(servers[1].port)
-        stack.callback(proxy.close)
-        urls = [servers[0].url, f"http://127.0.0.1:{proxy.port}" if death == "vanished" else servers[1].url]
+        proxies = [VanishingPeerProxy(server.port) for server in servers]
+        for proxy in proxies:
+            stack.callback(proxy.close)
+        urls = [f"http://127.0.0.1:{p.port}" for p in proxies] if death == "vanished" else [s.url for s in servers]
         config = reverse_text_config(
             tmp_path, tiny_model, urls[0], env_workers=env_workers,
             client={"base_urls": urls, "max_concurrent": 4, "resync_interval_s": 0.2},
         )
+        # the replica that dies is the one the run's first task is routed to (by hashing its URL)
+        runner = build_runners(config)[0]
+        dying = urls.index(pick_replica(runner.name, runner.next_task()[0], urls))
+        server, proxy = servers[dying], proxies[dying]
+        server.fake.hang = True  # its requests hang until it dies
         logged: list[tuple[int, dict]] = []
         orchestrator = Orchestrator(config, build_runners(config), pool_for(config), lambda m, s: logged.append((s, m)))
         killed = []
 
-        async def kill_replica_1_mid_request():
-            if not killed and servers[1].fake.generate_requests:
-                killed.append(servers[1].fake.generate_requests)
+        async def kill_it_mid_request():
+            if not killed and server.fake.generate_requests:
+                killed.append(server.fake.generate_requests)
                 if death == "vanished":  # open connections go silent, new ones find nobody
                     proxy.vanish_and_point_to(free_port())
                     proxy.listener.close()
                 elif death == "engine-dead":
-                    servers[1].call(servers[1].fake.die)
+                    server.call(server.fake.die)
                 else:
-                    await asyncio.to_thread(servers[1].__exit__)
+                    await asyncio.to_thread(server.__exit__)
 
         with worker_processes(config, tmp_path) if env_workers else contextlib.nullcontext():
-            results = asyncio.run(asyncio.wait_for(run_monitored(orchestrator, config, kill_replica_1_mid_request), 300))
+            results = asyncio.run(asyncio.wait_for(run_monitored(orchestrator, config, kill_it_mid_request), 300))
     assert sorted(results) == [1, 2, 3]
-    assert killed, "replica 1 got requests before it died"
+    assert killed, "the dying replica got requests before it died"
     batches = full_batches(logged, config.batch_size)
     assert sum(m["rollouts/reissued"] for m in batches) >= killed[0], "what was cut off ran again"
 

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from rlkube.metrics import MetricsSink
 
-matplotlib_image = pytest.importorskip("matplotlib.image", reason="rlkube plot needs matplotlib (rlkube[plot])")
+from tests.fixtures import prerequisites
+
+matplotlib_image = prerequisites.import_module("matplotlib.image", "rlkube plot needs matplotlib (rlkube[plot])")
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STEPS = 30

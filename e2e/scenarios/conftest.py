@@ -5,7 +5,7 @@
 - otherwise the local cluster (e2e/localcluster), where the operator runs as pods too, from the
   same Helm chart with the same values (`e2e/operator-values.yaml`). It needs
   root with network namespaces and kubectl; without them every scenario skips with the reason
-  (fails under `CI=true`: `harness.require`).
+  (fails under `CI=true`: `tests.fixtures.prerequisites.require`).
 """
 
 import os
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.scenarios.harness import KubeCluster, LocalCluster, kubectl_missing, require
+from e2e.scenarios.harness import KubeCluster, LocalCluster, kubectl_missing
 from e2e.scenarios.manifests import operator_manifests
+from tests.fixtures.prerequisites import require
 
 NAMESPACE = os.environ.get("RLKUBE_E2E_NAMESPACE", "rlkube-e2e")
 

@@ -8,6 +8,7 @@ import pytest
 from e2e.scenarios.harness import ClusterError
 from e2e.scenarios.manifests import claim, short_rl
 from e2e.scenarios.runs import Run
+from tests.fixtures import prerequisites
 
 pytestmark = pytest.mark.slow
 
@@ -20,13 +21,13 @@ MAX_STEPS = 8
 
 @pytest.fixture
 def s3(cluster):
-    moto_server = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
+    moto_server = prerequisites.import_module("moto.server", "moto[server], from the dev extra")
+    boto3 = prerequisites.import_module("boto3")
     from tests.fixtures.inference import free_port
 
     try:
         host, port = cluster.host_address, free_port()
-    except ClusterError as e:
+    except ClusterError as e:  # only a real cluster's: kind's runs are the kind test's, one of the skips CI keeps
         pytest.skip(str(e))
     server = moto_server.ThreadedMotoServer(ip_address=host, port=port, verbose=False)
     server.start()

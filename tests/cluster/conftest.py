@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from e2e.localcluster.client import Api
-from e2e.scenarios.harness import LocalCluster, kubectl, kubectl_missing, require
+from e2e.scenarios.harness import LocalCluster, kubectl, kubectl_missing
 from tests.fixtures.polling import wait_until
+from tests.fixtures.prerequisites import require
 
 
 class LocalApi:

@@ -16,7 +16,7 @@ import pytest
 
 from e2e.localcluster.kubelet import Kubelet, log_path
 from e2e.localcluster.network import NETNS_ETC, RECORDS, Network, unavailable_reason
-from e2e.scenarios.harness import require
+from tests.fixtures.prerequisites import require
 from tests.operator.cluster import NS, ApiServer, Cluster
 
 PY = sys.executable

@@ -5,7 +5,8 @@ import json
 import subprocess
 
 from e2e.localcluster.network import RECORDS, unavailable_reason
-from e2e.scenarios.harness import LocalCluster, kubectl_missing, require
+from e2e.scenarios.harness import LocalCluster, kubectl_missing
+from tests.fixtures.prerequisites import require
 
 # Each pod reads its own Job through the API server, from inside its network namespace.
 READ_JOB = """

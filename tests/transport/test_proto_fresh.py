@@ -2,14 +2,14 @@
 
 from pathlib import Path
 
-import pytest
+from tests.fixtures import prerequisites
 
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 STUBS = ["rlkube_pb2.py", "rlkube_pb2.pyi", "rlkube_pb2_grpc.py"]
 
 
 def test_stubs_are_fresh(tmp_path):
-    protoc = pytest.importorskip("grpc_tools.protoc")
+    protoc = prerequisites.import_module("grpc_tools.protoc", "grpcio-tools, from the dev extra")
     args = ["protoc", f"-I{RUNTIME}", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}",
             f"--pyi_out={tmp_path}", str(RUNTIME / "rlkube/transport/rlkube.proto")]
     assert protoc.main(args) == 0

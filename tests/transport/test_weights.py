@@ -8,7 +8,7 @@ import pytest
 import torch
 from rlkube.config import WeightTransferConfig
 from rlkube.transport.weights import GrpcPublisher, StoragePublisher, make_publisher
-from rlkube.transport.weights_grpc import fetch_snapshot
+from rlkube.transport.weights_grpc import CONNECT_TIMEOUT_S, fetch_snapshot
 from rlkube.transport.weights_snapshot import (
     COMPLETE,
     Snapshot,
@@ -183,7 +183,7 @@ def test_grpc_publish_and_fetch(model_dir):
         with pytest.raises(ConnectionError, match="NOT_FOUND"):
             fetch_snapshot(address, 1, timeout=30)  # pruned by keep_last=1
         with pytest.raises(ConnectionError, match=r"NOT_FOUND.*held: \[2\]"):
-            fetch_snapshot(address, 99, timeout=4)  # never published: waited for, refused before the deadline
+            fetch_snapshot(address, 99, timeout=4)  # never published by this trainer: refused
     finally:
         publisher.close()
 
@@ -204,15 +204,16 @@ def test_grpc_server_binds_one_address_and_advertises_another(model_dir):
         make_publisher(taken, "unused", str(model_dir))  # not an address of this machine
 
 
-def test_grpc_fetch_waits_for_the_server_and_the_step(model_dir):
+def test_grpc_fetch_waits_for_the_server_and_the_step_it_resumes_from(model_dir):
     """A resumed run asks for its checkpoint's policy before the trainer serves it."""
     config = WeightTransferConfig(type="grpc", grpc_port=free_port(), keep_last=2)
     publishers = []
 
     def start_then_publish():
         publishers.append(make_publisher(config, "unused", str(model_dir)))
+        publishers[0].expect(1)  # as the trainer does once it found checkpoint 1
         time.sleep(0.5)
-        publishers[0].publish(state(1), 1)
+        publishers[0].republish(state(1), 1)
 
     starter = threading.Timer(0.5, start_then_publish)
     started = time.monotonic()
@@ -228,8 +229,9 @@ def test_grpc_fetch_waits_for_the_server_and_the_step(model_dir):
 
 
 def test_a_fetch_from_a_trainer_that_vanishes_mid_call_fails_instead_of_waiting(model_dir):
-    """A replica waits on step 2 when the trainer's pod dies (no reset reaches it): keepalive
-    ends the load within seconds, freeing the engine, instead of at the 60 s deadline."""
+    """A replica waits on step 2 (the checkpoint a resumed trainer republishes) when the
+    trainer's pod dies (no reset reaches it): keepalive ends the load within seconds, freeing
+    the engine, instead of at the 60 s deadline."""
     port = free_port()
     publisher = make_publisher(WeightTransferConfig(type="grpc", grpc_port=port), "unused", str(model_dir))
     proxy = VanishingPeerProxy(port)
@@ -242,7 +244,7 @@ def test_a_fetch_from_a_trainer_that_vanishes_mid_call_fails_instead_of_waiting(
             outcome["error"] = e
 
     try:
-        publisher.publish(state(1), 1)
+        publisher.expect(2)
         waiting = threading.Thread(target=fetch)
         waiting.start()
         time.sleep(1)  # the call waits on the trainer for step 2
@@ -258,9 +260,49 @@ def test_a_fetch_from_a_trainer_that_vanishes_mid_call_fails_instead_of_waiting(
         publisher.close()
 
 
-def test_grpc_fetch_from_nowhere_is_a_clear_error():
-    with pytest.raises(ConnectionError, match=r"grpc://127.0.0.1:\d+.*DEADLINE_EXCEEDED"):
+def test_a_fetch_from_a_replacement_trainer_is_refused_at_once_not_at_its_deadline(model_dir):
+    """The ten-minute stall of a healed run. The trainer that reported policy 1 dies while a
+    replica is about to fetch it, and its replacement (a gang restart, no checkpoint yet) comes
+    up behind the same address. The fetch used to wait on the replacement for step 1 until the
+    load's deadline, while the replacement needed rollouts from that replica's engine, held by
+    this very load, to train it. It is refused at once now, and the orchestrator retries."""
+    port = free_port()
+    config = WeightTransferConfig(type="grpc", grpc_port=port)
+    first = make_publisher(config, "unused", str(model_dir))
+    first.publish(state(1), 1)
+    first.close()
+    replacement = make_publisher(config, "unused", str(model_dir))
+    outcome = {}
+
+    def fetch():
+        try:
+            fetch_snapshot(f"127.0.0.1:{port}", 1, timeout=120)
+        except ConnectionError as e:
+            outcome["error"] = e
+
+    try:
+        started = time.monotonic()
+        waiting = threading.Thread(target=fetch)
+        waiting.start()
+        waiting.join(30)  # a quarter of the deadline: only the timeout path takes longer
+        assert not waiting.is_alive(), "the fetch waits on the replacement trainer for a step it will not publish"
+        assert "NOT_FOUND" in str(outcome.get("error")), outcome
+        print(f"refused after {time.monotonic() - started:.1f} s")
+    finally:
+        replacement.publish(state(1), 1)  # ends a wait of the old code's server
+        waiting.join()
+        replacement.close()
+
+
+def test_a_fetch_from_an_address_where_no_trainer_answers_gives_up_dialling():
+    """A trainer pod that is gone, and not (yet) replaced: the fetch gives up after
+    `CONNECT_TIMEOUT_S`, not at its deadline, freeing the engine; the orchestrator retries."""
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"no weight server answered at grpc://127.0.0.1:\d+ within 1s"):
         fetch_snapshot(f"127.0.0.1:{free_port()}", 1, timeout=1)
+    with pytest.raises(ConnectionError, match=rf"within {CONNECT_TIMEOUT_S:g}s"):
+        fetch_snapshot(f"127.0.0.1:{free_port()}", 1, timeout=600)
+    assert time.monotonic() - started < 120
 
 
 def test_rl_config_gives_nccl_the_replica_urls():

@@ -126,6 +126,11 @@ class PolicyPublishing:
         elif self.is_main:
             self._in_flight = self._executor.submit(self._publish_and_report, step)
 
+    def expect(self, step: int) -> None:
+        """Policy `step` will be republished (`republish`) once its checkpoint is loaded."""
+        if self.is_main:
+            self.publisher.expect(step)
+
     def republish(self, step: int, state_dict: dict[str, torch.Tensor]) -> None:
         """Make resumed policy `step` available again (not reported: the orchestrator restores
         its own policy step), before returning."""

@@ -36,6 +36,10 @@ class WeightPublisher(ABC):
         orchestrator loads it from the location it saved, so nothing is returned)."""
         self.publish(state_dict, step)
 
+    def expect(self, step: int) -> None:
+        """Policy `step` is about to be republished (the trainer resumes from its checkpoint):
+        a transport that serves snapshots itself lets a replica asking for it wait for it."""
+
     def close(self) -> None:
         """Release servers and connections."""
 
@@ -79,6 +83,9 @@ class GrpcPublisher(WeightPublisher):
     def publish(self, state_dict, step):
         self.servicer.add(step, Snapshot(state_dict, step, self.model_dir, adapter_config=self.adapter_config).files())
         return f"grpc://{self.address}"
+
+    def expect(self, step):
+        self.servicer.expect(step)
 
     def close(self):
         self.server.stop(grace=5).wait()

@@ -1,9 +1,19 @@
 """Weight snapshots over gRPC (the proto's `Weights` service): no shared storage needed.
 
 The trainer's rank 0 keeps the newest snapshots in memory and streams them file by file in
-chunks; each inference replica pulls the step it was told to load, waiting up to its deadline
-for a trainer that is still starting or has not published that step yet. A Fetch needs the
-run's token (`rlkube.auth`): the snapshot is the model.
+chunks; each inference replica pulls the step it was told to load. A Fetch needs the run's
+token (`rlkube.auth`): the snapshot is the model.
+
+A replica's load holds its engine (vLLM runs the worker's RPC on the engine's own loop), so a
+Fetch must never wait on something that cannot come:
+- the server waits only for a step this trainer will publish on its own, the checkpoint step it
+  resumes from (`WeightsServicer.expect`); any other step it does not hold is refused at once.
+  A replacement trainer (a gang restart) reached through the same Service name used to wait for
+  the step its predecessor had published until the load's deadline (ten minutes) while it
+  needed rollouts from that very engine to train it;
+- the client gives up dialling a server that does not answer within `CONNECT_TIMEOUT_S`, and
+  keepalive ends a call whose server vanished mid-stream (`rlkube.transport.keepalive`).
+The orchestrator retries a refused or failed load (a resume's, and a restarted replica's sync).
 """
 
 import logging
@@ -21,6 +31,10 @@ logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 * 1024 * 1024
 _MAX_MESSAGE = CHUNK_BYTES + 1024 * 1024
+CONNECT_TIMEOUT_S = 15.0
+"""How long a fetch dials a weight server that does not answer: a trainer that is up answers at
+once, and one that is gone or still starting is retried by the orchestrator instead, with the
+engine free meanwhile."""
 _SERVICE = rlkube_pb2.DESCRIPTOR.services_by_name["Weights"].full_name
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", _MAX_MESSAGE),
@@ -47,7 +61,14 @@ class WeightsServicer:
     def __init__(self, keep_last: int | None):
         self.keep_last = keep_last
         self._snapshots: dict[int, list[bytes]] = {}
+        self._expected: int | None = None
         self._added = threading.Condition()
+
+    def expect(self, step: int) -> None:
+        """Announce that `step` (the checkpoint this trainer resumes from) is about to be
+        published: a Fetch of it waits for it instead of being refused."""
+        with self._added:
+            self._expected = step
 
     def add(self, step: int, files: dict[str, bytes]) -> None:
         chunks = encode_chunks(step, files)
@@ -62,26 +83,30 @@ class WeightsServicer:
         with self._added:
             return sorted(self._snapshots)
 
-    def _pending(self, step: int) -> bool:
-        """Whether `step` (-1: any) may still be added: nothing newer is held yet."""
-        return not self._snapshots or (step != -1 and step > max(self._snapshots))
+    def _awaited(self, step: int) -> bool:
+        """Whether a Fetch of `step` (-1: the newest) should wait: it is the expected step and
+        not held yet."""
+        if self._expected is None or self._expected in self._snapshots:
+            return False
+        return step in (-1, self._expected) and not (step == -1 and self._snapshots)
 
     def Fetch(self, request, context) -> Iterator[bytes]:
-        # A step not published yet is waited for until the caller's deadline (a resumed run
-        # asks for its checkpoint's policy while this trainer is still republishing it); one
-        # older than a held step was pruned and is refused at once. The wait ends a grace period
-        # before the deadline (a quarter of it, 0.5-5 s: a loaded machine is slow to wake this
-        # thread and send), so the caller gets NOT_FOUND with the steps held, not a bare timeout.
+        # The expected step is waited for until the caller's deadline, less a grace period (a
+        # quarter of it, 0.5-5 s: a loaded machine is slow to wake this thread and send), so
+        # the caller gets NOT_FOUND with the steps held, not a bare timeout.
         remaining = context.time_remaining()
         wait = None if remaining is None else max(0.0, remaining - min(5.0, max(0.5, remaining / 4)))
         with self._added:
-            self._added.wait_for(lambda: not self._pending(request.step), timeout=wait)
+            self._added.wait_for(lambda: not self._awaited(request.step), timeout=wait)
             step = max(self._snapshots, default=-1) if request.step == -1 else request.step
             chunks = self._snapshots.get(step)
+            expected = self._expected
         if chunks is None:
+            resuming = "" if expected is None else f", resuming from {expected}"
             context.abort(
                 grpc.StatusCode.NOT_FOUND,
-                f"no weight snapshot for step {request.step} (held: {self.steps()})",
+                f"no weight snapshot for step {request.step} (held: {self.steps()}{resuming}); this trainer "
+                "publishes a step only after training it",
             )
         yield from chunks
 
@@ -105,18 +130,25 @@ def serve_weights(servicer: WeightsServicer, bind: str) -> grpc.Server:
 
 def fetch_snapshot(address: str, step: int, timeout: float) -> dict[str, bytearray]:
     """Pull snapshot `step` (-1: newest) from the weight server at `address` ("host:port"),
-    waiting up to `timeout` for a server still starting or a step not published yet.
+    within `timeout` (the server's wait for a step it is republishing included).
 
-    A server that goes away mid-call (its trainer stopped; keepalive notices within ~15 s even
-    when its pod vanished without a reset) fails the fetch at once. It is not dialled again:
-    its replacement is a new attempt, which publishes this step only after training it on
-    rollouts from the very engine that would sit blocked in this load meanwhile."""
+    A server that does not answer within `CONNECT_TIMEOUT_S`, or goes away mid-call (its trainer
+    stopped; keepalive notices within ~15 s even when its pod vanished without a reset), fails
+    the fetch. It is not dialled again: its replacement is a new attempt, which publishes this
+    step only after training it on rollouts from the very engine that would sit blocked in this
+    load meanwhile."""
     parts: dict[str, list[bytes]] = {}
     with grpc.insecure_channel(address, options=CHANNEL_OPTIONS + keepalive.CLIENT) as channel:
+        connect = min(timeout, CONNECT_TIMEOUT_S)
+        try:
+            grpc.channel_ready_future(channel).result(timeout=connect)
+        except grpc.FutureTimeoutError:
+            raise ConnectionError(f"fetching weights of step {step}: no weight server answered at grpc://{address} "
+                                  f"within {connect:g}s") from None
         stub = rlkube_pb2_grpc.WeightsStub(channel)
         try:
             request = rlkube_pb2.WeightsRequest(step=step)
-            for chunk in stub.Fetch(request, timeout=timeout, wait_for_ready=True, metadata=auth.grpc_metadata()):
+            for chunk in stub.Fetch(request, timeout=timeout, metadata=auth.grpc_metadata()):
                 parts.setdefault(chunk.file, []).append(chunk.data)
         except grpc.RpcError as e:
             raise ConnectionError(

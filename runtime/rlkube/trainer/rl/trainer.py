@@ -86,6 +86,7 @@ class RLTrainer:
             return
         step = self.checkpointer.resolve(self.config.ckpt.resume_step)  # None: start fresh
         if step is not None:
+            self.publishing.expect(step)  # a replica asking for it meanwhile waits for it
             self.step = self.checkpointer.load(step, self.model, self.optimizer, self.scheduler)
         self.checkpointer.abandon_after(self.step)  # later steps belong to an abandoned continuation
         if step is not None:

@@ -15,6 +15,7 @@ Pending unless something else plays the kubelet).
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import signal
@@ -58,7 +59,7 @@ async def up(state_dir: Path, port: int, namespaces: list[str], with_kubelet: bo
             from e2e.localcluster.kubelet import Kubelet, log_path
 
             kubelet = Kubelet(api_url=url, state_dir=state_dir)
-            server.logs = lambda ns, pod, container: log_path(state_dir, ns, pod, container)
+            server.logs = functools.partial(log_path, state_dir)
             tasks.append(asyncio.create_task(kubelet.run(), name="kubelet"))
             ready = asyncio.create_task(kubelet.ready.wait())
             await asyncio.wait([ready, tasks[-1]], return_when=asyncio.FIRST_COMPLETED)

@@ -30,7 +30,8 @@ clients rely on:
 - a CRD's scale subresource (scale.py: GET, PUT, PATCH of its `autoscaling/v1` Scale, what
   `kubectl scale` sends);
 - discovery, OpenAPI v3 and Table output (resources.py); `pods/<name>/log` from the kubelet's
-  log files when `logs` is given;
+  log files when `logs` is given: the container's current run, or with `previous=true` (`kubectl
+  logs --previous`) the run before it;
 - reactions declared with kmock's DSL (`server["fetch v1/configmaps"] << 403`) answer first,
   so in-process tests can inject failures.
 
@@ -200,12 +201,12 @@ def apply_patch(obj: dict, patch, content_type: str) -> dict:
 class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator answering like kube-apiserver (see the module docstring).
 
-    `crd_dir`: the CRDs to serve; `logs(namespace, pod, container)`: where a container's log
-    file is, for `kubectl logs`."""
+    `crd_dir`: the CRDs to serve; `logs(namespace, pod, uid, container, run)`: where one run of
+    a container logs (its restart count when it started), for `kubectl logs`."""
 
     crd_dir: Path = resources.CRD_DIR
     keep_requests = 2000
-    logs: Callable[[str, str, str], Path] | None = None
+    logs: Callable[[str, str, str, str, int], Path] | None = None
     extra_kinds: tuple[Kind, ...] = ()  # served besides the built-in ones and the CRDs
     parse_requests = False  # keep kmock's parse of every request (its resource, action), for tests
 
@@ -399,12 +400,26 @@ class ApiServer(kmock.KubernetesEmulator):
         return (labels_match(params.get("labelSelector", ""), obj["metadata"].get("labels") or {})
                 and fields_match(params.get("fieldSelector", ""), obj))
 
+    def log_file(self, pod: dict, container: str, previous: bool = False) -> Path | None:
+        """The log of the container's current run, or of the run before it: runs are counted by
+        the container's restartCount, so a restart, or a pod recreated under the same name (another
+        uid), never reads its predecessor's. None: there is no such run."""
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        run = next((s.get("restartCount", 0) for s in statuses if s["name"] == container), 0) - previous
+        if self.logs is None or run < 0:
+            return None
+        meta = pod["metadata"]
+        return self.logs(meta["namespace"], meta["name"], meta["uid"], container, run)
+
     def _log(self, kind: Kind, ns: str, name: str, params):
         pod = self.read(kind, ns, name) or _raise(not_found(kind, name))
         container = params.get("container") or pod["spec"]["containers"][0]["name"]
-        file = self.logs(ns, name, container) if self.logs else None
+        previous = params.get("previous") == "true"
+        file = self.log_file(pod, container, previous)
         if file is None or not file.exists():
-            raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" has no logs')
+            message = (f'previous terminated container "{container}" in pod "{name}" not found' if previous
+                       else f'container "{container}" in pod "{name}" has no logs')  # kube-apiserver's words
+            raise ApiError(400, "BadRequest", message)
         lines = file.read_text(errors="replace").splitlines(keepends=True)
         tail = int(params.get("tailLines", len(lines)))
         return aiohttp.web.Response(text="".join(lines[len(lines) - tail:] if tail else []))

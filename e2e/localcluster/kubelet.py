@@ -27,8 +27,10 @@ then SIGKILL; its namespace is removed and the kubelet deletes the object with
 Every container runs in its own session, so its children die with it, and whatever is left in
 the pod's network namespace is killed when the pod ends.
 
-Logs: `<state_dir>/logs/<namespace>_<pod>_<container>.log` (see `log_path`), stdout and stderr
-together, restarts appended, a new pod of the same name starting afresh.
+Logs: one file per run of a container, `<state_dir>/logs/<namespace>_<pod>_<uid>_<container>_<run>.log`
+(see `log_path`), stdout and stderr together; the API server serves the current run for `kubectl
+logs` and the one before for `--previous`. A restart or a pod recreated under the same name writes
+a new file, so its predecessor's stays, as under a kubelet's /var/log/pods.
 
 Not emulated: init and ephemeral containers, lifecycle hooks, resource limits (no OOMKilled),
 images (every container runs from the venv), seccomp and added capabilities, the Binding API.
@@ -62,8 +64,9 @@ TERMINATION_LOG = "/dev/termination-log"
 """A container's default `terminationMessagePath`: a file of its own, bound there."""
 
 
-def log_path(state_dir: Path, namespace: str, pod: str, container: str) -> Path:
-    return Path(state_dir) / "logs" / f"{namespace}_{pod}_{container}.log"
+def log_path(state_dir: Path, namespace: str, pod: str, uid: str, container: str, run: int) -> Path:
+    """Where run `run` of a container logs (its restart count when it started)."""
+    return Path(state_dir) / "logs" / f"{namespace}_{pod}_{uid}_{container}_{run}.log"
 
 
 def _now() -> str:
@@ -452,17 +455,21 @@ class ContainerRunner:
         lines, 2048 bytes at most), as the kubelet does."""
         message = self.termination_log.read_bytes()[:4096]
         if not message.strip() and self.exit_code and self.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
-            meta = self.pod.pod["metadata"]
-            tail = log_path(self.pod.kubelet.state_dir, meta["namespace"], meta["name"], self.name).read_bytes()[-2048:]
+            tail = self._log().read_bytes()[-2048:]
             message = b"\n".join(tail.splitlines()[-80:])
         return {"message": message.decode(errors="replace")} if message.strip() else {}
 
-    async def _start(self) -> None:
+    def _log(self) -> Path:
+        """This run's log."""
         meta = self.pod.pod["metadata"]
-        logs = log_path(self.pod.kubelet.state_dir, meta["namespace"], meta["name"], self.name)
+        return log_path(self.pod.kubelet.state_dir, meta["namespace"], meta["name"], meta["uid"], self.name,
+                        self.restart_count)
+
+    async def _start(self) -> None:
+        logs = self._log()
         logs.parent.mkdir(parents=True, exist_ok=True)
         self.termination_log.write_bytes(b"")  # each run of the container leaves its own message
-        with open(logs, "ab" if self.started_once else "wb") as out:  # noqa: ASYNC230 (a local file)
+        with open(logs, "wb") as out:  # noqa: ASYNC230 (a local file)
             self.proc = await asyncio.create_subprocess_exec(
                 "ip", "netns", "exec", self.pod.net.netns, sys.executable, str(LAUNCH), str(self.launch_spec),
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,

@@ -5,6 +5,7 @@ hosts files."""
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import signal
 import subprocess
@@ -29,7 +30,8 @@ def kmock_options():
 
 @pytest.fixture
 async def cluster(kmock, tmp_path):
-    """The API server with a running kubelet; `cluster.kubelet`, `cluster.logs(pod)`."""
+    """The API server with a running kubelet; `cluster.kubelet`, `cluster.logs(pod)` (the file the
+    API server serves `kubectl logs` from; `previous=True`: `--previous`)."""
     require(unavailable_reason())
     kubelet = Kubelet(str(kmock.url), tmp_path, Path(PY).parents[1], backoff_s=0.5, backoff_cap_s=1)
     task = asyncio.create_task(kubelet.run())
@@ -39,7 +41,8 @@ async def cluster(kmock, tmp_path):
         task.result()
     async with Cluster(kmock) as cluster:
         cluster.kubelet = kubelet
-        cluster.logs = lambda pod, c="main": _read(log_path(tmp_path, NS, pod, c))
+        kmock.logs = functools.partial(log_path, tmp_path)
+        cluster.logs = lambda pod, c="main", previous=False: _read(kmock.log_file(cluster.get("Pod", pod), c, previous))
         yield cluster
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -47,8 +50,8 @@ async def cluster(kmock, tmp_path):
     await kubelet.shutdown()
 
 
-def _read(path: Path) -> str:
-    return path.read_text() if path.exists() else ""
+def _read(path: Path | None) -> str:
+    return path.read_text() if path and path.exists() else ""
 
 
 def pod(name: str, command: list[str], labels: dict | None = None, policy: str = "Never", **extra) -> dict:
@@ -219,7 +222,8 @@ async def test_crashing_container_backs_off_and_restarts(cluster):
     status = main_status(cluster, "crash")
     assert status["lastState"]["terminated"]["exitCode"] == 3
     assert phase(cluster, "crash") == "Running"
-    await cluster.until(lambda: cluster.logs("crash").count("started") >= 3, 30, "the third start's output")
+    await cluster.until(lambda: cluster.logs("crash") == cluster.logs("crash", previous=True) == "started\n", 30,
+                        "each run's output in a log of its own")
 
     await cluster.until(lambda: phase(cluster, "once") == "Failed", 30, "pod `once` Failed")
     assert main_status(cluster, "once")["state"]["terminated"]["exitCode"] == 3

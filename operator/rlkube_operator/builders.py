@@ -11,6 +11,7 @@ import secrets
 from rlkube.config import InferenceServerConfig
 from rlkube.config.cli import EXIT_INVALID
 
+from rlkube_operator.components import ServersSpec
 from rlkube_operator.names import (
     COMPLETION_INDEX_LABEL,
     CONFIG_MOUNT,
@@ -20,7 +21,7 @@ from rlkube_operator.names import (
     RunRef,
 )
 from rlkube_operator.pods import container, http_probes, pod_settings, pod_template
-from rlkube_operator.spec import RLRunSpec, RunSpecBase, ServersSpec
+from rlkube_operator.spec import RLRunSpec, RunSpecBase
 from rlkube_operator.wiring import INFERENCE_URLS, trainer_metrics_port
 
 APPLIED_SPEC_KEY = "applied-spec.json"

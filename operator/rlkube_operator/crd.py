@@ -33,7 +33,8 @@ from rlkube_operator.reconcile import (
     SUSPENDED_BLOCKS,
     SUSPENDED_FIELDS,
 )
-from rlkube_operator.spec import KINDS, RunStatus
+from rlkube_operator.spec import KINDS
+from rlkube_operator.status import RunStatus
 
 REPO = Path(__file__).resolve().parents[2]
 # kubectl apply -f crds/; the operator chart (crds.install); the CRD-only chart (once per cluster).

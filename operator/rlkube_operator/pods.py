@@ -2,7 +2,8 @@
 
 from rlkube_operator import gang
 from rlkube_operator.names import CONFIG_MOUNT, TOKEN_ENV, TOKEN_KEY, RunRef
-from rlkube_operator.spec import PodSettings, Resources, RunSpecBase
+from rlkube_operator.podsettings import PodSettings, Resources
+from rlkube_operator.spec import RunSpecBase
 from rlkube_operator.wiring import EMPTYDIR_OUTPUT
 
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -43,7 +43,7 @@ def test_runtime_images_match_the_pinned_engine_versions():
 @pytest.mark.parametrize("name", ["runtime-cpu.Dockerfile", "runtime-gpu.Dockerfile"])
 def test_runtime_images_run_as_the_uid_and_gid_the_pods_ask_for(name):
     """The operator's pods run as `IMAGE_UID` (user and group) by default: the image's user."""
-    from rlkube_operator.spec import IMAGE_UID
+    from rlkube_operator.podsecurity import IMAGE_UID
 
     text = (IMAGES / name).read_text()
     assert re.search(rf"^USER {IMAGE_UID}:{IMAGE_UID}$", text, re.MULTILINE)

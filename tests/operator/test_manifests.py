@@ -19,8 +19,9 @@ from rlkube_operator.names import (
     RunRef,
     operator_label,
 )
+from rlkube_operator.podsecurity import IMAGE_UID, PodSecurityContext
 from rlkube_operator.reconcile import WORKLOADS, _metrics_ports, _status_port
-from rlkube_operator.spec import IMAGE_UID, PodSecurityContext, RLRunSpec, SFTRunSpec
+from rlkube_operator.spec import RLRunSpec, SFTRunSpec
 
 from e2e.localcluster import admission
 from tests.operator.test_operator_kmock import EXAMPLES, example

@@ -8,9 +8,10 @@ import tomllib
 import pytest
 from rlkube_operator import builders, queueing
 from rlkube_operator.builders import SUSPEND_ANNOTATION
+from rlkube_operator.components import TeacherSpec
 from rlkube_operator.names import RunRef
 from rlkube_operator.queueing import suspend_patch
-from rlkube_operator.spec import RLRunSpec, TeacherSpec
+from rlkube_operator.spec import RLRunSpec
 
 from tests.operator.cluster import pod_disrupted, pod_failed
 from tests.operator.test_helm import VALUES, _granted, operator_requests, render

@@ -1,0 +1,110 @@
+"""The run's components as its spec sizes them: inference and teacher servers, orchestrator, env
+workers, trainer. Each is a child workload (`builders.py`) with its own `pod` settings."""
+
+from pydantic import Field
+from rlkube.config import InferenceServerConfig, ModelConfig
+
+from rlkube_operator.podsettings import PodSettings, Resources
+from rlkube_operator.schema import K8sModel
+
+
+class ServersSpec(K8sModel):
+    """vLLM servers: a StatefulSet with a headless Service, one pod per replica."""
+
+    replicas: int = Field(default=1, ge=1, le=64)
+    """Data-parallel servers (one pod each)."""
+
+    gpus_per_replica: int = Field(default=0, ge=0, le=16)
+    """`nvidia.com/gpu` per server pod; 0 runs vLLM on CPUs (the `vllm-cpu` image). vLLM shards
+    the model over the pod's GPUs (its `tensor_parallel_size`)."""
+
+    resources: Resources = Resources()
+    """CPU and memory of each server pod."""
+
+    pod: PodSettings = PodSettings()
+    """Scheduling, env, volumes, labels and annotations of each server pod, over the run-level
+    defaults (the GPU nodes' nodeSelector and tolerations included)."""
+
+
+class InferenceSpec(ServersSpec):
+    """The vLLM inference servers of the policy: a StatefulSet with a headless Service."""
+
+    replicas: int = Field(default=1, ge=1, le=64)
+    """Data-parallel inference servers (one pod each). Sets `config.inference.replicas`."""
+
+
+class TeacherModelConfig(ModelConfig):
+    """The teacher's weights, given as `config.model` gives the policy's."""
+
+    name: str = Field(min_length=1)
+    """A Hugging Face hub id, or a model directory on the run's volume (for example an SFTRun's
+    export, `<mountPath>/<sft run>/weights/final`). Also the model name of the orchestrator's
+    requests to the teacher (`config.orchestrator.teacher.model`)."""
+
+
+class TeacherSpec(ServersSpec):
+    """The teacher of on-policy distillation: vLLM servers `<run>-teacher` (a StatefulSet with a
+    headless Service) that score the student's sampled tokens with the teacher's log-probs. The
+    operator points `config.orchestrator.teacher` at them (its `base_urls` and `model`); the
+    loss that uses them is the trainer's (`config.trainer.loss`). A teacher's weights never
+    change: it gets no weight updates and starts serving at once (not paused)."""
+
+    model: TeacherModelConfig
+    """The teacher model."""
+
+    server: InferenceServerConfig = InferenceServerConfig()
+    """The teacher's vLLM server, as `config.inference` sets the policy's (context length,
+    memory, prefix caching, `extra_args`, startup timeout). The operator sets `host` and
+    `tensor_parallel_size` (from `gpusPerReplica`)."""
+
+
+class OrchestratorSpec(K8sModel):
+    """The orchestrator: a one-replica Deployment (Recreate) with a Service for gRPC and metrics."""
+
+    resources: Resources = Resources()
+    """CPU and memory of the orchestrator pod."""
+
+    pod: PodSettings = PodSettings()
+    """Scheduling, env, volumes, labels and annotations of the orchestrator pod, over the run-level
+    defaults."""
+
+
+class EnvWorkersSpec(K8sModel):
+    """Env workers: a Deployment `<run>-env-worker` of `rlkube env-worker` pods that run the
+    rollouts, dialing the orchestrator's gRPC Service, while the orchestrator keeps the policy
+    clock, buffer, advantages and packing (`config.orchestrator.env_workers`). CPU only."""
+
+    replicas: int = Field(default=0, ge=0, le=256)
+    """Env worker pods. 0 (the default) runs the rollouts in the orchestrator's own process and
+    creates no Deployment. Sets `config.orchestrator.env_workers`."""
+
+    resources: Resources = Resources()
+    """CPU and memory of each env worker pod."""
+
+    pod: PodSettings = PodSettings()
+    """Scheduling, env, volumes, labels and annotations of each env worker pod, over the
+    run-level defaults (as for the orchestrator: not the run-level nodeSelector and
+    tolerations, which are the GPU nodes')."""
+
+
+class TrainerSpec(K8sModel):
+    """The trainer: an indexed Job of `nodes` pods running `torchrun`, with a headless Service."""
+
+    nodes: int = Field(default=1, ge=1, le=256)
+    """Trainer pods (torchrun nodes); node rank = the Job completion index."""
+
+    gpus_per_node: int = Field(default=0, ge=0, le=16)
+    """`nvidia.com/gpu` per trainer pod; torchrun starts one process per GPU."""
+
+    procs_per_node: int = Field(default=1, ge=1, le=64)
+    """torchrun processes per pod when `gpusPerNode` is 0 (CPU training with gloo)."""
+
+    resources: Resources = Resources()
+    """CPU and memory of each trainer pod."""
+
+    pod: PodSettings = PodSettings()
+    """Scheduling, env, volumes, labels and annotations of each trainer pod, over the run-level
+    defaults."""
+
+    def nproc_per_node(self) -> int:
+        return self.gpus_per_node or self.procs_per_node

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rlkube.launch.checkpoints import latest_run_checkpoint
+from rlkube.checkpoints import latest_run_checkpoint
 from rlkube.metrics import read_metrics
 
 from tests.fixtures.inference import free_port

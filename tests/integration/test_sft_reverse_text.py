@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rlkube.launch.checkpoints import complete_steps
+from rlkube.checkpoints import complete_steps
 
 pytestmark = pytest.mark.slow
 

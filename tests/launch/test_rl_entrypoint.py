@@ -5,9 +5,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from rlkube.checkpoints import MARKER, checkpoint_root, part_dir, resolve_resume_step
 from rlkube.config import InferenceConfig, OrchestratorConfig, RLConfig, TrainerConfig
 from rlkube.entrypoints.rl import main
-from rlkube.launch.checkpoints import MARKER, checkpoint_root, part_dir, resolve_resume_step
 from rlkube.launch.local import child_stages, write_process_configs
 
 from tests.fixtures.inference import free_port

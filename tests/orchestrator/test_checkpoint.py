@@ -3,8 +3,8 @@ last, resolvable, and `latest` with nothing complete is a fresh start, not a cra
 
 import fsspec
 import pytest
+from rlkube.checkpoints import MARKER, finish_part, is_complete, part_dir
 from rlkube.config import OrchestratorConfig
-from rlkube.launch.checkpoints import MARKER, finish_part, is_complete, part_dir
 from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.app import resume_step_of
 

@@ -3,8 +3,8 @@
 from pathlib import Path
 
 import pytest
+from rlkube.checkpoints import MARKER, complete_steps
 from rlkube.config import CheckpointConfig
-from rlkube.launch.checkpoints import MARKER, complete_steps
 from rlkube.trainer.ckpt import CheckpointManager
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import fsspec
 import pytest
 import torch
+from rlkube.checkpoints import complete_steps, is_complete, part_dir, unmark
 from rlkube.config import CheckpointConfig, TrainerConfig
-from rlkube.launch.checkpoints import complete_steps, is_complete, part_dir, unmark
 from rlkube.orchestrator import checkpoint as orchestrator_checkpoint
 from rlkube.trainer.ckpt import CheckpointManager
 from rlkube.trainer.rl.checkpoint import TrainerCheckpointer

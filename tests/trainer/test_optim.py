@@ -1,8 +1,8 @@
 """Learning-rate schedules and checkpoint pruning rules."""
 
 import pytest
+from rlkube.checkpoints import steps_to_delete
 from rlkube.config import SchedulerConfig
-from rlkube.launch.checkpoints import steps_to_delete
 from rlkube.trainer.optim import lr_factor
 
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rlkube.launch.checkpoints import MARKER, complete_steps
+from rlkube.checkpoints import MARKER, complete_steps
 from rlkube.metrics import read_metrics
 
 pytestmark = pytest.mark.slow

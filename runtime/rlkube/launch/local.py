@@ -4,7 +4,7 @@ The resolved configs are written to `<output_dir>/configs/{inference,orchestrato
 (and `teacher.toml` with a `[teacher]`; what `--dry-run` stops after); the commands below are
 exactly what one would type by hand, so any process can be restarted alone from its file.
 `ckpt.resume_step = "latest"` is passed through as is: each process resolves it to the same step
-itself (rlkube.launch.checkpoints).
+itself (rlkube.checkpoints).
 """
 
 import socket

@@ -7,8 +7,8 @@ import asyncio
 import contextlib
 import logging
 
+from rlkube.checkpoints import checkpoint_root, unmark_after
 from rlkube.config import OrchestratorConfig
-from rlkube.launch.checkpoints import checkpoint_root, unmark_after
 from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.inference import InferencePool
 from rlkube.orchestrator.orchestrator import Orchestrator

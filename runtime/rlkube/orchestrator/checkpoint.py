@@ -7,7 +7,7 @@ policy N's weights are. Rollouts still in flight are not saved (unfinished work)
 
 The root is a path or an fsspec URL (`ckpt.url`). `state.json` is written first and the
 `COMPLETE` marker last (rewriting a step removes the marker first), so a crash mid-save never
-leaves a part that counts (rlkube.launch.checkpoints).
+leaves a part that counts (rlkube.checkpoints).
 """
 
 import json
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import fsspec
 
-from rlkube.launch.checkpoints import begin_part, finish_part, part_dir, resolve_resume_step
+from rlkube.checkpoints import begin_part, finish_part, part_dir, resolve_resume_step
 
 PROCESS = "orchestrator"
 STATE_FILE = "state.json"

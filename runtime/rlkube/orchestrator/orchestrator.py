@@ -20,9 +20,9 @@ import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
+from rlkube.checkpoints import checkpoint_root, unmark_after
 from rlkube.config import OrchestratorConfig
 from rlkube.inference.client import InferenceError
-from rlkube.launch.checkpoints import checkpoint_root, unmark_after
 from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.advantage import make_advantage_fn
 from rlkube.orchestrator.buffer import RolloutBuffer

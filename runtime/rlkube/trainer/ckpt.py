@@ -6,7 +6,7 @@ optimizer and scheduler state (DCP files) plus `train_state.json` (step, data po
 anything JSON-like).
 
 Why a checkpoint is either complete or invisible: object stores have no atomic rename, so a
-part counts only once its `COMPLETE` marker exists (rlkube.launch.checkpoints). Every rank
+part counts only once its `COMPLETE` marker exists (rlkube.checkpoints). Every rank
 writes its shards straight into the part, DCP writes its `.metadata` after all ranks' shards,
 then rank 0 writes the JSON files and, last, the marker. A process killed mid-save leaves a
 part without a marker, which resume never picks and the next save of that step replaces
@@ -28,8 +28,7 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from rlkube.config import CheckpointConfig
-from rlkube.launch.checkpoints import (
+from rlkube.checkpoints import (
     begin_part,
     checkpoint_root,
     finish_part,
@@ -38,6 +37,7 @@ from rlkube.launch.checkpoints import (
     prune,
     resolve_resume_step,
 )
+from rlkube.config import CheckpointConfig
 from rlkube.logs import get_logger
 
 logger = get_logger(__name__)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from rlkube.checkpoints import is_complete
 from rlkube.config import TrainerConfig
-from rlkube.launch.checkpoints import is_complete
 from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
 from rlkube.trainer.rl.packed import policy_logprobs
 from rlkube.trainer.rl.setup import build_training_env

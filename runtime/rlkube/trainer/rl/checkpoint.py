@@ -5,7 +5,7 @@ shards; loads reshard to any world size), plus the scheduler and the step in `pr
 The root is a path or an fsspec URL (`ckpt.url`); every rank writes its shards straight into
 `step_N/trainer/dcp/`, and rank 0 writes the `COMPLETE` marker only once DCP's metadata (the
 last thing `dcp.save` writes, after every rank's shards) and `progress.json` are there (see
-rlkube.launch.checkpoints), so a run killed mid-save resumes from the previous checkpoint,
+rlkube.checkpoints), so a run killed mid-save resumes from the previous checkpoint,
 never from a torn one.
 
 The save/load mechanics are shared with SFT's CheckpointManager (rlkube.trainer.ckpt); what
@@ -17,8 +17,8 @@ import json
 import logging
 from pathlib import Path
 
+from rlkube.checkpoints import part_dir, resolve_resume_step, unmark_after
 from rlkube.config import CheckpointConfig
-from rlkube.launch.checkpoints import part_dir, resolve_resume_step, unmark_after
 from rlkube.trainer.ckpt import load_part, save_part, set_trainable_state, trainable_state
 
 logger = logging.getLogger(__name__)

@@ -201,8 +201,8 @@ class RLTrainer:
 
 def run(config: TrainerConfig) -> None:
     """Build everything from the config, train to `max_steps`, clean up."""
+    from rlkube.checkpoints import checkpoint_root
     from rlkube.config.cli import write_finished_step
-    from rlkube.launch.checkpoints import checkpoint_root
     from rlkube.metrics import MetricsSink
     from rlkube.trainer.lora import adapter_config
     from rlkube.trainer.rl.checkpoint import TrainerCheckpointer

@@ -5,7 +5,7 @@ import logging
 
 import fsspec
 import pytest
-from rlkube.launch.checkpoints import (
+from rlkube.checkpoints import (
     MARKER,
     begin_part,
     complete_steps,

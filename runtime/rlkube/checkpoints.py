@@ -10,7 +10,7 @@ directory rename, so the marker is the single source of truth: a save killed mid
 part without a marker, which nothing resumes from. Rewriting a part (the same step saved again
 after a resume) removes its marker FIRST. An RL step is resumable only when the trainer's AND
 the orchestrator's parts are both complete, so both processes resolve `latest` to the same step
-on their own. All I/O goes through fsspec; no torch here (the launcher imports this).
+on their own. All I/O goes through fsspec; no torch here.
 """
 
 import logging

@@ -48,8 +48,8 @@ from rlkube.orchestrator.inference import InferencePool
 from rlkube.orchestrator.packing import pack_batch
 from rlkube.orchestrator.rollouts import EnvRunner, TaskSampler, run_group
 from rlkube.orchestrator.scheduler import Scheduler
-from rlkube.orchestrator.types import Rollout, Sample
 from rlkube.orchestrator.workers import WorkerHub
+from rlkube.rollout_types import Rollout, Sample
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 

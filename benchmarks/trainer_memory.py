@@ -93,7 +93,7 @@ def packed_row(seq_len: int, seed: int = 0) -> dict:
     """The fullest row of a step of GRPO-shaped groups: prompts of 128-512 tokens, 8
     completions of 64-768 tokens each, prompts shared."""
     from rlkube.orchestrator.packing import pack_batch
-    from rlkube.orchestrator.types import Sample
+    from rlkube.rollout_types import Sample
 
     rng = random.Random(seed)
     samples = []

@@ -23,7 +23,7 @@ import time
 
 
 def make_samples(groups: int, group_size: int, seed: int = 0):
-    from rlkube.orchestrator.types import Sample
+    from rlkube.rollout_types import Sample
 
     rng = random.Random(seed)
     samples = []

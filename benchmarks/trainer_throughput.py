@@ -66,7 +66,7 @@ def variants(before: bool, restart: bool) -> list[tuple[str, str, dict]]:
 def step_batches(shape: str, size: dict, vocab: int, seed: int = 0) -> list[dict]:
     """One step's micro-batches (one row each) of `shape`, packed as the orchestrator packs."""
     from rlkube.orchestrator.packing import pack_batch
-    from rlkube.orchestrator.types import Sample
+    from rlkube.rollout_types import Sample
 
     rng = random.Random(seed)
 

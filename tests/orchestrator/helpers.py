@@ -1,6 +1,6 @@
 """Tiny fakes for orchestrator unit tests: rollouts without an engine."""
 
-from rlkube.orchestrator.types import Rollout, Sample
+from rlkube.rollout_types import Rollout, Sample
 
 
 def make_sample(prompt_len: int, completion_len: int, advantage: float = 0.0, temperature: float = 1.0) -> Sample:

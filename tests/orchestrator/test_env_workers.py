@@ -24,8 +24,8 @@ from rlkube.orchestrator.clock import PolicyClock
 from rlkube.orchestrator.inference import InferencePool
 from rlkube.orchestrator.orchestrator import Orchestrator
 from rlkube.orchestrator.rollouts import EnvRunner, run_group
-from rlkube.orchestrator.types import Rollout, Sample
 from rlkube.orchestrator.workers import WorkerHub
+from rlkube.rollout_types import Rollout, Sample
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
 from rlkube.transport.env_workers import work

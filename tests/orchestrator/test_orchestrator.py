@@ -14,7 +14,7 @@ from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.orchestrator import Orchestrator
 from rlkube.orchestrator.rollouts import TaskSampler
 from rlkube.orchestrator.status import PrometheusMetrics, make_app, start_http
-from rlkube.orchestrator.types import Rollout, Sample
+from rlkube.rollout_types import Rollout, Sample
 from rlkube.transport.client import RolloutClient
 from rlkube.transport.server import start_server, stop_server
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 from rlkube.orchestrator.packing import pack_batch, pack_rows
-from rlkube.orchestrator.types import Rollout, Sample
+from rlkube.rollout_types import Rollout, Sample
 
 from tests.orchestrator.helpers import make_rollout, make_sample
 

@@ -10,7 +10,7 @@ from aiohttp import web
 from rlkube.config import TeacherConfig
 from rlkube.orchestrator.orchestrator import Orchestrator
 from rlkube.orchestrator.teacher import Teacher
-from rlkube.orchestrator.types import Rollout
+from rlkube.rollout_types import Rollout
 
 from tests.orchestrator.fake_inference import FakeInferenceThread
 from tests.orchestrator.helpers import make_rollout

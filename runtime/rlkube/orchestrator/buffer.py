@@ -13,7 +13,8 @@ report where the rollout path sees it (`Rollout.oldest_policy`).
 from collections import deque
 
 from rlkube.orchestrator.clock import off_policy_lag
-from rlkube.orchestrator.types import Batch, Rollout
+from rlkube.orchestrator.types import Batch
+from rlkube.rollout_types import Rollout
 
 
 class RolloutBuffer:

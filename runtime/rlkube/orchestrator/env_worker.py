@@ -21,7 +21,7 @@ from rlkube.config import OrchestratorConfig
 from rlkube.orchestrator.app import build_runners
 from rlkube.orchestrator.inference import InferencePool
 from rlkube.orchestrator.rollouts import EnvRunner, run_group
-from rlkube.orchestrator.types import Rollout
+from rlkube.rollout_types import Rollout
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport.env_workers import work
 

@@ -3,7 +3,8 @@
 import statistics
 from collections import defaultdict
 
-from rlkube.orchestrator.types import Batch, Rollout
+from rlkube.orchestrator.types import Batch
+from rlkube.rollout_types import Rollout
 
 
 def _means(prefix: str, rollouts: list[Rollout], value) -> dict[str, float]:

@@ -32,8 +32,9 @@ from rlkube.orchestrator.packing import pack_batch
 from rlkube.orchestrator.rollouts import Reissuer, run_group
 from rlkube.orchestrator.scheduler import Scheduler
 from rlkube.orchestrator.teacher import Teacher, scored_by
-from rlkube.orchestrator.types import Batch, Rollout
+from rlkube.orchestrator.types import Batch
 from rlkube.orchestrator.workers import WorkerHub
+from rlkube.rollout_types import Rollout
 
 logger = logging.getLogger(__name__)
 

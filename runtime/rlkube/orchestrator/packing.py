@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlkube.orchestrator.types import Sample
+from rlkube.rollout_types import Sample
 
 
 @dataclass

@@ -20,7 +20,7 @@ import numpy as np
 
 from rlkube.config import DifficultyConfig, EnvConfig
 from rlkube.envs.in_process import ENGINE_LOST, recording_served_versions, resolve_path, serving
-from rlkube.orchestrator.types import Rollout, Sample
+from rlkube.rollout_types import Rollout, Sample
 
 logger = logging.getLogger(__name__)
 

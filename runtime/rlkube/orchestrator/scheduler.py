@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from rlkube.orchestrator.advantage import AdvantageFn
 from rlkube.orchestrator.buffer import RolloutBuffer
 from rlkube.orchestrator.clock import PolicyClock
-from rlkube.orchestrator.types import Batch, Rollout
+from rlkube.orchestrator.types import Batch
+from rlkube.rollout_types import Rollout
 
 logger = logging.getLogger(__name__)
 

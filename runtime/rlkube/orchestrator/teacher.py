@@ -23,7 +23,7 @@ from rlkube.config import TeacherConfig
 from rlkube.inference.client import InferenceError, post, wait_until_healthy
 from rlkube.orchestrator.inference import pick_replica
 from rlkube.orchestrator.scheduler import RunGroup
-from rlkube.orchestrator.types import Rollout, Sample
+from rlkube.rollout_types import Rollout, Sample
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlkube.orchestrator.clock import PolicyClock
-from rlkube.orchestrator.types import Rollout
+from rlkube.rollout_types import Rollout
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport.rollout import from_message
 

@@ -20,8 +20,9 @@ from rlkube import auth
 from rlkube.transport import keepalive
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
+from rlkube.transport.channel import CHANNEL_OPTIONS
 from rlkube.transport.microbatch import from_message
-from rlkube.transport.server import CHANNEL_OPTIONS, INSTANCE_ID_KEY
+from rlkube.transport.server import INSTANCE_ID_KEY
 
 logger = logging.getLogger(__name__)
 

@@ -3,10 +3,11 @@
 Workers dial the orchestrator (its Rollouts port), not the other way round, so on Kubernetes
 they can be a Deployment whose pods nobody needs to know: one bidirectional `Work` stream per
 worker, a hello and then finished groups up, groups to run down. The orchestrator's side
-adapts the stream to a `WorkerHub` (rlkube.orchestrator.workers); the worker's side, `work`,
-runs each group it is sent and redials whenever the session ends (orchestrator restarting,
-network gone). Groups of a session that ended are abandoned with it: the hub has re-issued
-them elsewhere, so running them on would only make answers it discards.
+adapts the stream to a `GroupHub` (its `WorkerHub`: rlkube.orchestrator.workers, above this
+module, which knows only the protocol); the worker's side, `work`, runs each group it is sent
+and redials whenever the session ends (orchestrator restarting, network gone). Groups of a
+session that ended are abandoned with it: the hub has re-issued them elsewhere, so running them
+on would only make answers it discards.
 
 Both ends use the keepalive options of rlkube.transport.keepalive, so a peer that vanished
 without a reset (a deleted pod) ends the session within ~15 s.
@@ -15,17 +16,17 @@ without a reset (a deleted pod) ends the session within ~15 s.
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import grpc
 
 from rlkube import auth
-from rlkube.orchestrator.types import Rollout
-from rlkube.orchestrator.workers import WorkerHub
+from rlkube.rollout_types import Rollout
 from rlkube.transport import keepalive
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
+from rlkube.transport.channel import CHANNEL_OPTIONS
 from rlkube.transport.rollout import to_message
-from rlkube.transport.server import CHANNEL_OPTIONS
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +36,30 @@ RunGroup = Callable[[pb.GroupTask], Awaitable[list[Rollout]]]
 """A worker's groups: a failure must come back as errored rollouts, not as an exception."""
 
 
+class Session(Protocol):
+    """One worker's session, as the hub keeps it."""
+
+    worker_id: str
+    outbox: asyncio.Queue[pb.GroupTask | None]
+    """The groups to write to the worker's stream; None ends the session."""
+
+
+class GroupHub(Protocol):
+    """What the EnvWorkers service serves: the orchestrator's groups, handed out to the workers
+    that join (rlkube.orchestrator.workers.WorkerHub)."""
+
+    def join(self, hello: pb.WorkerHello) -> Session:
+        """A worker's session starts; ValueError if the worker cannot serve this run."""
+
+    def complete(self, session: Session, result: pb.GroupResult) -> None:
+        """A finished group came back on `session`."""
+
+    def leave(self, session: Session) -> None:
+        """`session` ended: the groups it held go to other workers."""
+
+
 class EnvWorkersService(pb_grpc.EnvWorkersServicer):
-    def __init__(self, hub: WorkerHub):
+    def __init__(self, hub: GroupHub):
         self.hub = hub
 
     async def Work(self, request_iterator, context: grpc.aio.ServicerContext):

@@ -8,7 +8,7 @@ here is equal to the one the worker built. The policy versions are the receiver'
 
 import torch
 
-from rlkube.orchestrator.types import Rollout, Sample
+from rlkube.rollout_types import Rollout, Sample
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport.tensors import from_proto, to_proto
 

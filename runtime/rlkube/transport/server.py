@@ -23,19 +23,12 @@ from rlkube import auth
 from rlkube.transport import keepalive
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
+from rlkube.transport.channel import CHANNEL_OPTIONS
 from rlkube.transport.microbatch import to_message
 
 logger = logging.getLogger(__name__)
 
 INSTANCE_ID_KEY = "rlkube-orchestrator-id"
-
-MAX_MESSAGE_BYTES = 1 << 30
-"""One micro-batch may be large (rows x seq_len x 33 bytes); gRPC's 4 MiB default is not."""
-
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-]
 
 
 class BatchSource(Protocol):
@@ -105,7 +98,7 @@ class RolloutsService(pb_grpc.RolloutsServicer):
 
 async def start_server(source: BatchSource | None, host: str, port: int, workers=None) -> grpc.aio.Server:
     """Serve `source` on host:port (port 0 picks a free one: read it from `server.port`), and
-    the EnvWorkers service over `workers` (a `WorkerHub`) when given."""
+    the EnvWorkers service over `workers` (a `GroupHub`: the orchestrator's `WorkerHub`) when given."""
     interceptors = auth.server_interceptors("the orchestrator's gRPC (rollouts, env workers)", aio=True)
     server = grpc.aio.server(options=CHANNEL_OPTIONS + keepalive.SERVER, interceptors=interceptors)
     if source is not None:

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 from rlkube.orchestrator.packing import pack_batch
-from rlkube.orchestrator.types import Sample
+from rlkube.rollout_types import Sample
 from rlkube.trainer.rl.attention import SEGMENT_ATTENTION, Segments, register
 from rlkube.trainer.rl.packed import policy_logprobs, token_logprobs
 

@@ -38,8 +38,9 @@ def tiny_snapshot_bytes(ranks: list[int]) -> dict[str, int]:
     """Bytes of the real snapshots of the tiny model: full, and adapters of each rank."""
     import torch
     from rlkube.config import LoraConfig
+    from rlkube.models.lora_math import PEFT_PREFIX
     from rlkube.models.tiny import init_tiny_model
-    from rlkube.trainer.lora import PEFT_PREFIX, adapter_config
+    from rlkube.trainer.lora import adapter_config
     from rlkube.transport.weights_snapshot import Snapshot
     from safetensors.torch import load_file
 

@@ -14,7 +14,8 @@ from rlkube.config import InferenceConfig, LoraConfig
 from rlkube.config.inference import POLICY_ADAPTER
 from rlkube.inference import client
 from rlkube.inference.process import InferenceProcess
-from rlkube.trainer.lora import PEFT_PREFIX, adapter_config, merged_weights
+from rlkube.models.lora_math import PEFT_PREFIX, merged_weights
+from rlkube.trainer.lora import adapter_config
 from rlkube.transport.weights import GrpcPublisher, StoragePublisher
 
 from tests.fixtures.inference import free_port

@@ -95,7 +95,8 @@ async def test_an_adapter_merged_into_the_moe_leaves_its_experts_whole(moe_infer
     adapts and leave every expert as it is, also when the list names only some expert
     projections (`gate_proj` here: reloading the fused experts' `w13` without `w2`)."""
     from rlkube.config import LoraConfig
-    from rlkube.trainer.lora import PEFT_PREFIX, adapter_config, merged_weights
+    from rlkube.models.lora_math import PEFT_PREFIX, merged_weights
+    from rlkube.trainer.lora import adapter_config
 
     base_url, model_dir = moe_inference_server.base_url, moe_inference_server.model
     lora = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "gate_proj"])

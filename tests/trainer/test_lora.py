@@ -15,16 +15,13 @@ from rlkube.config import (
     ParallelConfig,
     WeightTransferConfig,
 )
+from rlkube.models.lora_math import PEFT_PREFIX, is_adapter_key, merge_adapters, merged_weights
 from rlkube.trainer.lora import (
-    PEFT_PREFIX,
     LoraLinear,
     adapter_config,
     adapter_state_dict,
     apply_lora,
     init_adapters,
-    is_adapter_key,
-    merge_adapters,
-    merged_weights,
 )
 from rlkube.trainer.model import build_model, load_tokenizer
 from rlkube.trainer.optim import build_optimizer

@@ -32,7 +32,8 @@ import torch
 
 from rlkube.inference.moe_reload import prepacked_on_reload
 from rlkube.inference.routing_capture import RoutingCaptureExtension
-from rlkube.trainer.lora import adapted_modules, merged_weights, scaling_of
+from rlkube.models.hub import checkpoint_dir
+from rlkube.models.lora_math import adapted_modules, merged_weights, scaling_of
 from rlkube.transport.weights_grpc import fetch_snapshot
 from rlkube.transport.weights_snapshot import ADAPTER_CONFIG, ADAPTER_WEIGHTS, iter_safetensors
 from rlkube.transport.weights_storage import local_snapshot
@@ -136,8 +137,6 @@ class WeightLoaderExtension(RoutingCaptureExtension):
         if cached is not None and cached[0] == modules:
             return cached[1]
         from safetensors import safe_open
-
-        from rlkube.trainer.model import checkpoint_dir
 
         fused = getattr(self.model_runner.get_model(), "packed_modules_mapping", {}).values()
         wanted = set(modules)

@@ -8,7 +8,7 @@ adapters is frozen, so the optimizer, checkpoints and weight updates carry the a
 
 The adapters travel in PEFT's layout (`adapter_config.json` + `adapter_model.safetensors`,
 keys `base_model.model.<module>.lora_A.weight`), which inference merges into its base weights
-(`merged_weights`, also used for the merged export).
+(rlkube.models.lora_math, also used for the merged export).
 
 Mixture-of-experts models: LoRA adapts their attention (and any dense MLP layer); the experts
 and the router stay frozen. An MoE block holds its experts as stacked 3-D parameters
@@ -25,10 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlkube.config import LoraConfig
+from rlkube.models.lora_math import LORA_A, PEFT_PREFIX, is_adapter_key
 from rlkube.trainer.experts import STACKED
-
-PEFT_PREFIX = "base_model.model."
-_A, _B = ".lora_A.weight", ".lora_B.weight"
 
 
 class LoraLinear(nn.Module):
@@ -89,10 +87,6 @@ def apply_lora(model: nn.Module, config: LoraConfig, field: str = "trainer.lora"
     return model
 
 
-def is_adapter_key(name: str) -> bool:
-    return name.endswith((_A, _B))
-
-
 @torch.no_grad()
 def init_adapters(model: nn.Module, seed: int) -> None:
     """A: Kaiming-uniform (PEFT's init), B: zeros, so the initial policy is the base model.
@@ -105,7 +99,7 @@ def init_adapters(model: nn.Module, seed: int) -> None:
         if not is_adapter_key(name):
             continue
         full = torch.zeros(param.shape, dtype=param.dtype)
-        if name.endswith(_A):
+        if name.endswith(LORA_A):
             nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=generator)
         if isinstance(param, DTensor):
             full = distribute_tensor(full.to(param.device), param.device_mesh, param.placements)
@@ -137,32 +131,3 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             if is_main:
                 state[PEFT_PREFIX + name] = full.detach().to("cpu", copy=True)
     return state
-
-
-def merged_weights(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
-    """`W + scaling * B @ A` for each adapted module's base weight `W` (in `base` under its
-    model name, `adapter` in PEFT's names), in `W`'s dtype, computed in float32."""
-    merged = {}
-    for module in adapted_modules(adapter):
-        a, b = adapter[PEFT_PREFIX + module + _A], adapter[PEFT_PREFIX + module + _B]
-        weight = base[f"{module}.weight"]
-        merged[f"{module}.weight"] = (weight.float() + scaling * (b.float() @ a.float())).to(weight.dtype)
-    return merged
-
-
-def adapted_modules(adapter: dict[str, torch.Tensor]) -> list[str]:
-    """The model names of the modules an adapter in PEFT's names adapts (`model.layers.0.self_attn.q_proj`)."""
-    return sorted(key.removeprefix(PEFT_PREFIX).removesuffix(_A) for key in adapter if key.endswith(_A))
-
-
-def merge_adapters(state_dict: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
-    """A LoRA model's full state dict (base weights and adapters under model names) as the
-    plain model's: each adapted weight merged, the adapters dropped."""
-    base = {name: tensor for name, tensor in state_dict.items() if not is_adapter_key(name)}
-    adapter = {PEFT_PREFIX + name: tensor for name, tensor in state_dict.items() if is_adapter_key(name)}
-    return base | merged_weights(base, adapter, scaling)
-
-
-def scaling_of(config: dict) -> float:
-    """`alpha / rank` of a PEFT adapter config."""
-    return config["lora_alpha"] / config["r"]

@@ -11,7 +11,6 @@ dtype, applied by FSDP2's mixed-precision policy: `auto` means bfloat16 on GPUs 
 float32 on CPUs.
 """
 
-import os
 from pathlib import Path
 
 import torch
@@ -19,8 +18,10 @@ from torch import nn
 
 from rlkube.config import LoraConfig, ModelConfig, ParallelConfig
 from rlkube.logs import get_logger
+from rlkube.models.hub import checkpoint_dir
+from rlkube.models.lora_math import is_adapter_key
 from rlkube.trainer.experts import expert_sources, load_experts
-from rlkube.trainer.lora import apply_lora, init_adapters, is_adapter_key
+from rlkube.trainer.lora import apply_lora, init_adapters
 
 logger = get_logger(__name__)
 
@@ -84,15 +85,6 @@ def build_meta_model(config: ModelConfig, **extra) -> nn.Module:
         return AutoModelForCausalLM.from_config(
             model_config, dtype=torch.float32, trust_remote_code=config.trust_remote_code, **extra
         )
-
-
-def checkpoint_dir(name: str) -> Path:
-    """The local directory of model `name`: itself, or a hub id's download (the hub's cache)."""
-    if os.path.isdir(name):
-        return Path(name)
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"]))
 
 
 def init_unsaved_buffers(model: nn.Module) -> None:

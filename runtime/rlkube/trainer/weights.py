@@ -16,8 +16,9 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from rlkube.config import LoraConfig
+from rlkube.models.lora_math import merge_adapters
 from rlkube.trainer.experts import split_experts
-from rlkube.trainer.lora import adapter_config, adapter_state_dict, merge_adapters
+from rlkube.trainer.lora import adapter_config, adapter_state_dict
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -8,9 +8,9 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from rlkube.config import TrainerConfig
+from rlkube.models.lora_math import PEFT_PREFIX, is_adapter_key
 from rlkube.trainer import dist as rdist
 from rlkube.trainer.compile_cache import CompileCache
-from rlkube.trainer.lora import PEFT_PREFIX, is_adapter_key
 from rlkube.trainer.model import build_model, resolve_dtype
 from rlkube.trainer.optim import build_optimizer, build_scheduler, clip_grad_norm
 from rlkube.trainer.weights import full_state_dict

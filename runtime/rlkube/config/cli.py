@@ -15,6 +15,7 @@ import sys
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -303,12 +304,13 @@ def print_help(model: type[BaseModel], command: str) -> None:
     print("\n".join(help_lines(model)))
 
 
-def parse_cli(model: type[Config], command: str, argv: list[str] | None = None) -> tuple[Config, bool]:
+def parse_cli(
+    model: type[Config], command: str, argv: list[str] | None = None, check: Callable[[Config], None] | None = None,
+) -> tuple[Config, bool]:
     """(config, dry_run). Prints help or a field-level error and exits on bad input, including
-    model directories and environments the config names that are not there
-    (`rlkube.config.checks`)."""
-    from rlkube.config.checks import check_references
-
+    what `check` refuses with a `ConfigError` (the runtime's entry points pass
+    `rlkube.entrypoints.checks.check_references`: model directories and environments the
+    config names that are not there)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
         print_help(model, command)
@@ -317,7 +319,8 @@ def parse_cli(model: type[Config], command: str, argv: list[str] | None = None) 
     argv = [a for a in argv if a != "--dry-run"]
     try:
         config = load_config(model, argv)
-        check_references(config)
+        if check is not None:
+            check(config)
         return config, dry_run
     except ConfigError as e:
         message = f"rlkube {command}: error: {e}"

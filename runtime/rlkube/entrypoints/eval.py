@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from rlkube.config import EvalRunConfig, InferenceConfig, parse_cli, write_toml
+from rlkube.entrypoints.checks import check_references
 
 
 async def run_eval(config: EvalRunConfig) -> int:
@@ -86,7 +87,7 @@ def print_results(results, model: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    config, dry_run = parse_cli(EvalRunConfig, "eval", argv)
+    config, dry_run = parse_cli(EvalRunConfig, "eval", argv, check=check_references)
     if dry_run:
         write_toml(config, config.output_dir / "configs" / "eval.toml")
         print(f"wrote {config.output_dir / 'configs' / 'eval.toml'}")

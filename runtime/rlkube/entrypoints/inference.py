@@ -8,10 +8,11 @@ See `rlkube.inference.server` for the routes it serves.
 import sys
 
 from rlkube.config import InferenceConfig, parse_cli, to_toml
+from rlkube.entrypoints.checks import check_references
 
 
 def main(argv: list[str] | None = None) -> int:
-    config, dry_run = parse_cli(InferenceConfig, "inference", argv)
+    config, dry_run = parse_cli(InferenceConfig, "inference", argv, check=check_references)
     if dry_run:
         print(to_toml(config))
         return 0

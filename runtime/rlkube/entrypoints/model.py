@@ -8,6 +8,7 @@ import sys
 
 from rlkube.config import parse_cli
 from rlkube.config.shared import ModelInitConfig
+from rlkube.entrypoints.checks import check_references
 
 USAGE = (
     "usage: rlkube model init --out DIR [--moe --experts N --experts-per-token K]"
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] != "init":
         print(f"rlkube model: unknown subcommand '{argv[0]}'\n{USAGE}", file=sys.stderr)
         return 2
-    config, dry_run = parse_cli(ModelInitConfig, "model init", argv[1:])
+    config, dry_run = parse_cli(ModelInitConfig, "model init", argv[1:], check=check_references)
     if dry_run:
         from rlkube.config import to_toml
 

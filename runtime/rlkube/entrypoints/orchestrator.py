@@ -6,12 +6,13 @@
 import sys
 
 from rlkube.config import OrchestratorConfig, parse_cli, to_toml
+from rlkube.entrypoints.checks import check_references
 
 
 def serve_main(command: str, serve_module: str, argv: list[str] | None) -> int:
     """Parse an orchestrator config (`--dry-run` prints it) and run `serve_module.serve` on it:
     the orchestrator itself, or one of its env workers, which read the same file."""
-    config, dry_run = parse_cli(OrchestratorConfig, command, argv)
+    config, dry_run = parse_cli(OrchestratorConfig, command, argv, check=check_references)
     if dry_run:
         print(to_toml(config))
         return 0

@@ -11,10 +11,11 @@ import shutil
 import sys
 
 from rlkube.config import RLConfig, parse_cli
+from rlkube.entrypoints.checks import check_references
 
 
 def main(argv: list[str] | None = None) -> int:
-    config, dry_run = parse_cli(RLConfig, "rl", argv)
+    config, dry_run = parse_cli(RLConfig, "rl", argv, check=check_references)
     from rlkube.launch.gpus import place_gpus, visible_gpus
     from rlkube.launch.local import check_ports, child_stages, write_process_configs
     from rlkube.launch.progress import RunProgress

@@ -7,13 +7,14 @@ One process, or FSDP2 over several: `torchrun --nproc-per-node 2 -m rlkube.entry
 import sys
 
 from rlkube.config import SFTConfig, parse_cli, to_toml
+from rlkube.entrypoints.checks import check_references
 
 CONFIG, COMMAND = SFTConfig, "sft"
 """What `rlkube torchrun` checks before it starts the ranks."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    config, dry_run = parse_cli(CONFIG, COMMAND, argv)
+    config, dry_run = parse_cli(CONFIG, COMMAND, argv, check=check_references)
     if dry_run:
         print(to_toml(config))
         return 0

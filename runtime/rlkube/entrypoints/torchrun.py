@@ -13,6 +13,7 @@ import sys
 
 from rlkube.config import parse_cli
 from rlkube.config.cli import EXIT_INVALID
+from rlkube.entrypoints.checks import check_references
 
 RANK_ENTRYPOINTS = ("rlkube.entrypoints.trainer", "rlkube.entrypoints.sft")
 """Modules whose config the launcher checks: each names its `CONFIG` model and `COMMAND`."""
@@ -24,7 +25,7 @@ def check_rank_config(argv: list[str]) -> None:
     if flag is None or flag + 1 >= len(argv) or argv[flag + 1] not in RANK_ENTRYPOINTS:
         return
     entrypoint = importlib.import_module(argv[flag + 1])
-    parse_cli(entrypoint.CONFIG, entrypoint.COMMAND, argv[flag + 2:])
+    parse_cli(entrypoint.CONFIG, entrypoint.COMMAND, argv[flag + 2:], check=check_references)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,13 +6,14 @@
 import sys
 
 from rlkube.config import TrainerConfig, parse_cli, to_toml
+from rlkube.entrypoints.checks import check_references
 
 CONFIG, COMMAND = TrainerConfig, "trainer"
 """What `rlkube torchrun` checks before it starts the ranks."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    config, dry_run = parse_cli(CONFIG, COMMAND, argv)
+    config, dry_run = parse_cli(CONFIG, COMMAND, argv, check=check_references)
     if dry_run:
         print(to_toml(config))
         return 0

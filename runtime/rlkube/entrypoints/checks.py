@@ -4,7 +4,9 @@ must exist, and LoRA's target modules must name linear layers of the local model
 (built on the meta device from its `config.json`: no weights are read).
 
 Not pydantic validators: the operator validates the same models where neither the
-environments' packages nor the pods' volumes are, so only the runtime's CLI runs these.
+environments' packages nor the pods' volumes are, so only the runtime's CLI runs these. Each
+entry point hands `check_references` to `rlkube.config.parse_cli`: the config package imports
+neither the environments nor the trainer that these checks need.
 
 A model name is a local directory when one exists there. Otherwise it is taken for a
 Hugging Face hub id (`name` or `owner/name`) unless it reads as a path: it starts with `/`,

@@ -66,7 +66,7 @@ def bench_block(config, env, model_dir: Path, out_dir: Path, batch, first_step: 
     """One untimed warm-up step (the first publish allocates the host buffers), then `steps`
     timed ones."""
     from rlkube.trainer.rl.trainer import RLTrainer
-    from rlkube.transport.weights import make_publisher
+    from rlkube.transport.publishers import make_publisher
 
     publisher = make_publisher(config.weights, out_dir, str(model_dir))
     source = StubSource(batch)

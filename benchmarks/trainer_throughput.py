@@ -132,7 +132,7 @@ def run_model(name: str, device: str, steps: int, size: dict, output_dir: Path, 
     from rlkube.config import TrainerConfig
     from rlkube.trainer.rl.setup import build_training_env
     from rlkube.trainer.rl.trainer import RLTrainer
-    from rlkube.transport.weights import make_publisher
+    from rlkube.transport.publishers import make_publisher
 
     with tempfile.TemporaryDirectory(prefix="rlkube-bench-throughput-") as tmp:
         model_dir = write_model(name, Path(tmp) / "model", device)

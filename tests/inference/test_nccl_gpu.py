@@ -21,7 +21,7 @@ pytestmark = [
 
 async def test_nccl_broadcast_changes_generations(inference_server):
     from rlkube.inference import client
-    from rlkube.transport.weights import make_publisher
+    from rlkube.transport.publishers import make_publisher
 
     base_url = inference_server.base_url
     before = await greedy_ids(base_url)
@@ -43,7 +43,7 @@ async def test_nccl_updates_with_requests_in_flight(inference_server):
     weights they leave behind are exactly the broadcast ones: greedy output after two updates
     under load equals that of the same weights broadcast with nothing in flight."""
     from rlkube.inference import client
-    from rlkube.transport.weights import make_publisher
+    from rlkube.transport.publishers import make_publisher
 
     base_url, model = inference_server.base_url, inference_server.model
     config = WeightTransferConfig(type="nccl", nccl_port=free_port(), inference_urls=[base_url])

@@ -26,7 +26,8 @@ from rlkube.trainer.lora import (
 from rlkube.trainer.model import build_model, load_tokenizer
 from rlkube.trainer.optim import build_optimizer
 from rlkube.trainer.weights import export_adapter, export_hf_weights, full_state_dict
-from rlkube.transport.weights import StoragePublisher, make_publisher
+from rlkube.transport.publishers import make_publisher
+from rlkube.transport.weights import StoragePublisher
 
 from tests.trainer.rl.test_trainer import Server, SyntheticSource, make_trainer, synthetic_batch
 

@@ -142,7 +142,7 @@ def engines():
 
 @pytest.fixture
 def publisher(engines, monkeypatch):
-    from rlkube.transport.weights import make_publisher
+    from rlkube.transport.publishers import make_publisher
     from vllm.distributed.weight_transfer import nccl_engine
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

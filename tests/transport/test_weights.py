@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 from rlkube.config import WeightTransferConfig
-from rlkube.transport.weights import GrpcPublisher, StoragePublisher, make_publisher
+from rlkube.transport.publishers import make_publisher
+from rlkube.transport.weights import GrpcPublisher, StoragePublisher
 from rlkube.transport.weights_grpc import CONNECT_TIMEOUT_S, fetch_snapshot
 from rlkube.transport.weights_snapshot import (
     COMPLETE,

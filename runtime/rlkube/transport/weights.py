@@ -1,28 +1,19 @@
-"""Publishing new policy weights from the trainer to inference, selected by `weights.type`.
+"""The weight publisher's interface, and the two transports that need no GPU.
 
-The trainer snapshots the full weights (gathered from FSDP into reused host buffers, in the
-wire dtype: rlkube.trainer.publish), calls `publish(state_dict, step)` on rank 0 (in the
-background while the next step computes), and reports the returned location to the
-orchestrator, which tells each inference replica to load it
-(`rlkube.inference.client.update_weights`). A publisher must not hold on to the tensors it is
-given once `publish` returns: they are overwritten by the next snapshot.
+- `StoragePublisher`: an HF snapshot under `<url or output_dir/weights>/step_N/` (any fsspec URL);
+- `GrpcPublisher`: the snapshot is served from memory by rank 0's `Weights` gRPC server.
 
-- `storage`: an HF snapshot under `<url or output_dir/weights>/step_N/` (any fsspec URL);
-- `grpc`: the snapshot is served from memory by rank 0's `Weights` gRPC server;
-- `nccl` (GPU): broadcast straight into the inference workers through vLLM's weight-transfer
-  engine; the replicas are updated by the time `publish` returns.
+A publisher must not hold on to the tensors it is given once `publish` returns: they are
+overwritten by the next snapshot (rlkube.trainer.publish reuses its host buffers).
 
-A LoRA run (`adapter_config` given) publishes its adapters alone as a PEFT directory through
-`storage` or `grpc`; inference serves them as a vLLM LoRA adapter or merges them into its base
-weights (`trainer.lora.serving`).
+The third, `NcclPublisher`, lives in rlkube.transport.weights_nccl (it needs vLLM and a GPU);
+`make_publisher` (rlkube.transport.publishers) picks one by `weights.type`.
 """
 
 from abc import ABC, abstractmethod
-from pathlib import Path
 
 import torch
 
-from rlkube.config import WeightTransferConfig
 from rlkube.transport.weights_snapshot import Snapshot
 
 
@@ -89,31 +80,3 @@ class GrpcPublisher(WeightPublisher):
 
     def close(self):
         self.server.stop(grace=5).wait()
-
-
-def make_publisher(
-    config: WeightTransferConfig, output_dir: str | Path, model_dir: str, adapter_config: dict | None = None
-) -> WeightPublisher:
-    """The publisher `config.type` selects. `model_dir` supplies config.json and tokenizer;
-    `adapter_config` (PEFT's, a LoRA run) makes every snapshot an adapter directory. Tensors
-    are sent in the dtype they are given (the trainer's snapshot casts them to `config.dtype`)."""
-    if adapter_config is not None and config.type == "nccl":
-        raise ValueError("weights.type: 'nccl' broadcasts full weights; a LoRA run (trainer.lora) publishes "
-                         "its adapters through 'storage' or 'grpc'")
-    return _transport_publisher(config, output_dir, model_dir, adapter_config)
-
-
-def _transport_publisher(
-    config: WeightTransferConfig, output_dir: str | Path, model_dir: str, adapter_config: dict | None
-) -> WeightPublisher:
-    if config.type == "storage":
-        root = config.url or str(Path(output_dir) / "weights")
-        return StoragePublisher(root, model_dir, config.keep_last, adapter_config)
-    if config.type == "grpc":
-        return GrpcPublisher(
-            config.grpc_host, config.grpc_port, model_dir, config.keep_last, bind_host=config.grpc_bind_host,
-            adapter_config=adapter_config,
-        )
-    from rlkube.transport.weights_nccl import NcclPublisher
-
-    return NcclPublisher(config)

@@ -14,7 +14,8 @@ from rlkube.trainer.rl.packed import policy_logprobs
 from rlkube.trainer.rl.setup import build_training_env
 from rlkube.trainer.rl.trainer import RLTrainer
 from rlkube.transport.client import RolloutClient
-from rlkube.transport.weights import WeightPublisher, make_publisher
+from rlkube.transport.publishers import make_publisher
+from rlkube.transport.weights import WeightPublisher
 from rlkube.transport.weights_grpc import fetch_snapshot
 from rlkube.transport.weights_snapshot import iter_safetensors
 

@@ -208,7 +208,7 @@ def run(config: TrainerConfig) -> None:
     from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
     from rlkube.trainer.rl.setup import build_training_env
     from rlkube.transport.client import RolloutClient
-    from rlkube.transport.weights import make_publisher
+    from rlkube.transport.publishers import make_publisher
 
     env = build_training_env(config)
     main = env.rank == 0

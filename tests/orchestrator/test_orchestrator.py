@@ -135,6 +135,35 @@ def test_full_run_over_grpc(tmp_path):
     assert all("reward/fake/mean" in m and "errored_rollouts" in m for s, m in logged if "reward/all/mean" in m)
 
 
+class TruncatingRunner(FakeRunner):
+    """Every rollout of the first `truncated_tasks` tasks ends at max_tokens."""
+
+    def __init__(self, truncated_tasks: int):
+        super().__init__()
+        self.truncated_tasks = truncated_tasks
+
+    async def rollout(self, task, example_id, ctx, temperature, policy_version):
+        rollout = await super().rollout(task, example_id, ctx, temperature, policy_version)
+        rollout.is_truncated = task < self.truncated_tasks
+        return rollout
+
+
+@pytest.mark.parametrize("truncated_tasks", [0, 100])
+def test_a_run_whose_completions_are_cut_at_max_tokens_is_told_once(tmp_path, caplog, truncated_tasks):
+    """A batch mostly cut off at `sampling.max_tokens` (the reverse-text scenario's, 97-100 %)
+    learns only what fits: the log says so once, naming the knob; a run with none cut is not."""
+    config = make_config(tmp_path, sampling={"max_tokens": 8})
+    orchestrator = Orchestrator(config, [TruncatingRunner(truncated_tasks)], FakePool(), lambda m, s: None)
+    with caplog.at_level("WARNING", logger="rlkube.orchestrator.orchestrator"):
+        asyncio.run(run_with_trainer(orchestrator, config))
+    warnings = [r.getMessage() for r in caplog.records if "max_tokens" in r.getMessage()]
+    if truncated_tasks == 0:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and warnings[0].startswith("step 1: 100% of the batch's completions"), warnings
+        assert "orchestrator.sampling.max_tokens = 8" in warnings[0]
+
+
 def test_resume_restores_unconsumed_batches_and_samplers(tmp_path):
     config = make_config(tmp_path, max_steps=2)
     runner = FakeRunner()

@@ -38,3 +38,22 @@ def batch_metrics(batch: Batch, filter_zero_advantage: bool) -> dict[str, float]
         }
     )
     return metrics
+
+
+TRUNCATED_WARN_FRACTION = 0.5
+
+
+def truncation_warning(metrics: dict[str, float], max_tokens: int) -> str | None:
+    """What to tell a user whose batch was mostly cut off at `sampling.max_tokens`, or None.
+
+    Such a run scores, and learns, only the part of each answer that fits. And the budget is
+    shared with the chat template's format tokens (Qwen3's empty think block takes 6): one policy
+    update that makes an extra format token likely takes room from every answer of the next
+    batches. The reverse-text cluster scenario ran that way (8 tokens, 97-100 % truncated) and
+    its reward dipped to ~0 for two steps once in four runs."""
+    truncated = metrics.get("is_truncated/all/mean", 0.0)
+    if truncated < TRUNCATED_WARN_FRACTION:
+        return None
+    return (f"{truncated:.0%} of the batch's completions were cut at orchestrator.sampling.max_tokens = {max_tokens}: "
+            "the reward scores only what fits, and a format token the policy learns to add takes room from every "
+            "answer; raise max_tokens above the longest answer plus the chat template's tokens")

@@ -27,7 +27,7 @@ from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.advantage import make_advantage_fn
 from rlkube.orchestrator.buffer import RolloutBuffer
 from rlkube.orchestrator.clock import PolicyClock
-from rlkube.orchestrator.metrics import batch_metrics
+from rlkube.orchestrator.metrics import batch_metrics, truncation_warning
 from rlkube.orchestrator.packing import pack_batch
 from rlkube.orchestrator.rollouts import Reissuer, run_group
 from rlkube.orchestrator.scheduler import Scheduler
@@ -99,6 +99,7 @@ class Orchestrator:
         """The newest step the trainer finished (reported its policy); /status's `step`."""
         self.last_reward: float | None = None
         self.last_lag = 0
+        self.warned_truncation = False
         self.last_checkpoint_step: int | None = None
         self.checkpoints_dir = checkpoint_root(config.output_dir, config.ckpt)
         self.batch_started = time.perf_counter()
@@ -143,6 +144,9 @@ class Orchestrator:
         self.newest_batch_step = max(self.newest_batch_step, batch.step)
         self.last_reward = metrics.get("reward/all/mean")
         self.last_lag = int(metrics.get("off_policy/lag/max", 0))
+        if not self.warned_truncation and (warning := truncation_warning(metrics, self.config.sampling.max_tokens)):
+            logger.warning("step %d: %s", batch.step, warning)  # once a run: the metric is_truncated goes on
+            self.warned_truncation = True
         self.batch_ready[batch.step].set()
         return metrics
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from rlkube.orchestrator.packing import pack_batch
 from rlkube.rollout_types import Sample
-from rlkube.trainer.rl.attention import SEGMENT_ATTENTION, Segments, register
+from rlkube.trainer.rl.attention import SEGMENT_ATTENTION, Segments, register, visible_pairs
 from rlkube.trainer.rl.packed import policy_logprobs, token_logprobs
 
 
@@ -21,6 +21,7 @@ def test_visibility_and_predictors_of_a_shared_prompt_a_plain_sample_and_padding
     mask = segments.visible(0, positions.unsqueeze(-1), positions)
     visible = [torch.nonzero(row).flatten().tolist() for row in mask]
     assert visible == [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3], [0, 1, 4], [0, 1, 4, 5], [6], [6, 7], [8], [8, 9]]
+    assert visible_pairs(sample_ids, prefix_ids) == 1 + 2 + 3 + 4 + 3 + 4 + 1 + 2  # padding's queries not counted
     # sample 1's first token is predicted by the prompt's last token, not by sample 0's
     assert segments.predictors().tolist() == [[-1, 0, 1, 2, 1, 4, -1, 6, -1, 8]]
     assert segments.first_visible().tolist() == [[0, 0, 0, 0, 0, 0, 6, 6, 8, 8]]
@@ -78,6 +79,14 @@ def grouped_samples(groups: int, group_size: int, seed: int = 0) -> list[Sample]
                 advantage=(len(samples) + 1) / 100,
             ))
     return samples
+
+
+def test_visible_pairs_are_what_the_mask_of_packed_rows_lets_through():
+    for share in (False, True):
+        for batch in pack_batch(grouped_samples(groups=5, group_size=4), 64, world_size=1, micro_batch_rows=3,
+                                share_prompts=share)[0]:
+            mask = Segments(batch["sample_ids"], batch["prefix_ids"]).rows_mask()[:, 0]
+            assert visible_pairs(batch["sample_ids"], batch["prefix_ids"]) == int(mask[batch["sample_ids"] >= 0].sum())
 
 
 def logprobs_and_grads(model, micro_batches) -> tuple[dict[float, torch.Tensor], dict[str, torch.Tensor], int]:

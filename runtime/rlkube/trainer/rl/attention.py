@@ -124,6 +124,21 @@ class Segments:
         return self._tiles["block_mask"]
 
 
+def visible_pairs(sample_ids: Tensor, prefix_ids: Tensor) -> int:
+    """Query-key pairs `Segments.visible` lets through for the queries of samples and shared
+    prompts, per layer and head: the attention work `perf/mfu` counts. A segment of `n` tokens
+    in a row holds `n (n + 1) / 2` causal pairs, and every token of a sample that continues a
+    shared prompt also sees that whole prompt (the packer puts it first). Padding's queries see
+    only padding and train nothing: not counted, as its tokens are not."""
+    rows = torch.arange(sample_ids.shape[0]).unsqueeze(-1)
+    width = int(sample_ids.max()) + 2  # segment ids -1 .. max
+    index = (rows * width + sample_ids.long() + 1).flatten()
+    counts = torch.bincount(index, minlength=rows.numel() * width).view(-1, width)[:, 1:]  # [row, segment]
+    continues = prefix_ids >= 0
+    prompt = counts[rows.expand_as(prefix_ids)[continues], prefix_ids[continues].long()]
+    return int((counts * (counts + 1) // 2).sum() + prompt.sum())
+
+
 @cache
 def _compiled_flex_attention():
     from torch.nn.attention.flex_attention import flex_attention

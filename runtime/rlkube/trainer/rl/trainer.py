@@ -25,6 +25,7 @@ from rlkube.trainer.compile_cache import compiled_graphs
 from rlkube.trainer.model import resolve_dtype
 from rlkube.trainer.perf import Throughput, peak_flops
 from rlkube.trainer.publish import PolicyPublishing, wire_dtype
+from rlkube.trainer.rl.attention import visible_pairs
 from rlkube.trainer.rl.loss import LossInputs, compute_loss, resolve_loss_fn
 from rlkube.trainer.rl.packed import policy_logprobs
 from rlkube.trainer.rl.router import RouterProbe
@@ -101,7 +102,7 @@ class RLTrainer:
         if not micro_batches[0]["global_loss_tokens"]:  # the same on every rank: all stop together
             raise RuntimeError(f"batch {step} has no tokens to train on: the orchestrator must not serve it")
         with self.timed("forward_backward"):
-            stats, tokens = self.forward_backward(micro_batches)
+            stats, tokens, pairs = self.forward_backward(micro_batches)
         lr = self.scheduler.get_last_lr()[0]
         with self.timed("optimizer"):
             grad_norm = self.optimizer_step()
@@ -111,17 +112,18 @@ class RLTrainer:
         with self.timed("save_ckpt"):
             self.maybe_save_checkpoint(step)
         self.timings["time/step"] = time.perf_counter() - start
-        perf = self.throughput.metrics(tokens, self.timings["time/step"], micro_batches[0]["input_ids"].shape[-1])
+        perf = self.throughput.metrics(tokens, pairs, self.timings["time/step"], micro_batches[0]["input_ids"].shape[-1])
         perf["perf/compiles"] = compiled_graphs() - compiled
         if self.env.compile_cache is not None:
             self.env.compile_cache.save_if_compiled()
         self.log_metrics(step, stats | {"optim/grad_norm": grad_norm, "optim/lr": lr} | perf)
 
-    def forward_backward(self, micro_batches: list[dict]) -> tuple[dict[str, float], int]:
+    def forward_backward(self, micro_batches: list[dict]) -> tuple[dict[str, float], int, int]:
         """Accumulate gradients over this rank's micro-batches; returns the step's statistics
-        (reduced over ranks) and its token count across ranks."""
+        (reduced over ranks), its tokens and its attention's query-key pairs (`visible_pairs`)
+        across ranks."""
         sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.env.device))
-        tokens = 0
+        tokens = pairs = 0
         for micro_batch in micro_batches:
             batch = {k: v.to(self.env.device) if torch.is_tensor(v) else v for k, v in micro_batch.items()}
             with self.router.micro_batch(batch) if self.router else nullcontext():
@@ -131,9 +133,11 @@ class RLTrainer:
                 (loss * self.env.world_size).backward()
             for name, value in stats.items():
                 sums[name] = torch.maximum(sums[name], value) if name in MAX_STATS else sums[name] + value
-            tokens += int((batch["sample_ids"] >= 0).sum())
+            # counted on the host copy: no device sync between micro-batches
+            tokens += int((micro_batch["sample_ids"] >= 0).sum())
+            pairs += visible_pairs(micro_batch["sample_ids"], micro_batch["prefix_ids"])
         stats = self.reduce_stats(dict(sums))
-        return (self.router.summarize(stats) if self.router else stats), self.reduce_count(tokens)
+        return (self.router.summarize(stats) if self.router else stats), *self.reduce_counts(tokens, pairs)
 
     def micro_batch_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Recompute log-probs with each token's sampling temperature, then the loss (and, for
@@ -158,12 +162,12 @@ class RLTrainer:
                 dist.all_reduce(value, op=dist.ReduceOp.MAX if name in MAX_STATS else dist.ReduceOp.SUM)
         return {name: float(value) for name, value in stats.items()}
 
-    def reduce_count(self, count: int) -> int:
+    def reduce_counts(self, *counts: int) -> list[int]:
         if self.env.world_size == 1:
-            return count
-        total = torch.tensor(count, device=self.env.device)
-        dist.all_reduce(total)
-        return int(total)
+            return list(counts)
+        totals = torch.tensor(counts, device=self.env.device)
+        dist.all_reduce(totals)
+        return totals.tolist()
 
     def optimizer_step(self) -> float:
         grad_norm = self.env.clip_grad_norm(self.config.optim.max_grad_norm)
@@ -193,8 +197,9 @@ class RLTrainer:
 
     def log_metrics(self, step: int, stats: dict[str, float]) -> None:
         """`perf/tokens_per_s` (trained tokens of all ranks per second of the whole step),
-        `perf/mfu` (rlkube.trainer.perf), `perf/compiles` (graphs Dynamo compiled during the
-        step: the first step's warm-up, 0 after unless shapes change) and the `time/*` split."""
+        `perf/mfu` and `perf/mfu_primerl` (rlkube.trainer.perf), `perf/compiles` (graphs Dynamo
+        compiled during the step: the first step's warm-up, 0 after unless shapes change) and
+        the `time/*` split."""
         if self.env.rank == 0:
             self.metrics.log(step, {**stats, **self.timings})
 

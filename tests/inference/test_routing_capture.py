@@ -10,7 +10,12 @@ import pytest
 import torch
 from rlkube.inference.routing_capture import KEPT_FINISHED, RequestRouting
 
-from tests.inference.test_server import PROMPT_IDS, generate
+from tests.inference.test_server import (
+    LONG_PROMPT_IDS,
+    PROMPT_IDS,
+    cached_when_sent_twice,
+    generate,
+)
 
 LAYERS, TOP_K = 4, 2
 
@@ -102,6 +107,18 @@ async def test_the_server_returns_the_routing_transformers_computes(moe_inferenc
     later = (await generate(base_url, max_tokens=6, routed_experts_prompt_start=5))["choices"][0]
     assert later["token_ids"] == full["token_ids"] and later["routed_experts"]["start"] == 5
     assert np.array_equal(decoded(later["routed_experts"]), routing[5:])
+
+
+@pytest.mark.slow
+async def test_a_prompt_sent_again_is_routed_again(moe_inference_server):
+    """A prefix cache would serve a repeated prompt's positions without running the model, so
+    the capture would have no rows for them: the engine that captures routing keeps none, and
+    each answer carries the routing of every position."""
+    base_url = moe_inference_server.base_url
+    assert await cached_when_sent_twice(base_url, LONG_PROMPT_IDS) == 0
+    first, again = [(await generate(base_url, LONG_PROMPT_IDS, max_tokens=2))["choices"][0] for _ in range(2)]
+    assert decoded(first["routed_experts"]).shape == (len(LONG_PROMPT_IDS) + 1, LAYERS, TOP_K)
+    assert np.array_equal(decoded(again["routed_experts"]), decoded(first["routed_experts"]))
 
 
 def decoded(payload: dict) -> np.ndarray:

@@ -6,6 +6,7 @@ import asyncio
 import httpx
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from rlkube import auth
 from rlkube.inference import client
 from rlkube.transport.weights import GrpcPublisher, StoragePublisher
@@ -16,6 +17,7 @@ from tests.inference.weights import original_state_dict, perturbed_state_dict
 pytestmark = pytest.mark.slow
 
 PROMPT_IDS = list(range(40, 52))
+LONG_PROMPT_IDS = PROMPT_IDS * 25  # 300 tokens: more than two of the CPU engine's KV blocks (128 tokens)
 
 
 async def generate(base_url: str, token_ids=PROMPT_IDS, max_tokens: int = 12, **sampling) -> dict:
@@ -30,6 +32,23 @@ async def generate(base_url: str, token_ids=PROMPT_IDS, max_tokens: int = 12, **
         )
     assert response.status_code == 200, response.text
     return response.json()
+
+
+def samples(base_url: str, name: str) -> list:
+    """The samples of metric `name` on the server's `/metrics`, read by Prometheus' own parser."""
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    return [s for family in text_string_to_metric_families(text) for s in family.samples if s.name == name]
+
+
+async def cached_when_sent_twice(base_url: str, prompt: list[int]) -> float:
+    """How many prompt tokens the engine took from its prefix cache for `prompt`, sent twice."""
+    def hits() -> float:
+        return sum(s.value for s in samples(base_url, "vllm:prefix_cache_hits_total"))
+
+    before = hits()
+    for _ in range(2):
+        await generate(base_url, token_ids=prompt, max_tokens=1)
+    return hits() - before
 
 
 async def greedy_ids(base_url: str) -> list[int]:
@@ -57,6 +76,17 @@ async def load(base_url: str, step: int, location: str) -> None:
         await client.update_weights(base_url, step, location, timeout=120)
     finally:
         await client.resume(base_url)
+
+
+async def test_the_engine_runs_as_configured(inference_server):
+    """What rlkube's vLLM arguments and environment turn on, read back from the running engine
+    (the fixture's config: 2048 tokens of context, a 1 GiB KV cache on CPU, prefix caching)."""
+    base_url = inference_server.base_url
+    async with httpx.AsyncClient(timeout=30, headers=auth.http_headers()) as http:
+        card = (await http.get(f"{base_url}/v1/models")).json()["data"][0]
+    assert card["max_model_len"] == 2048
+    assert samples(base_url, "vllm:cache_config_info")[0].labels["kv_cache_memory_bytes"] == str(2**30)
+    assert await cached_when_sent_twice(base_url, LONG_PROMPT_IDS) >= 256  # two whole blocks of 128
 
 
 async def test_chat_completion_generates(inference_server):

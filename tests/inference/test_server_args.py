@@ -1,63 +1,73 @@
-"""The mapping from InferenceConfig to vLLM's arguments and environment (no vLLM started)."""
+"""The mapping from InferenceConfig to vLLM's arguments and environment, read as vLLM reads
+them: its own argument parser and engine arguments, its plugin loading in a fresh process. What
+the CPU engine does with them is observed on the running engines (tests/inference/test_server.py:
+context, KV cache, prefix cache, the generate and development routes; test_routing_capture.py:
+routing captured on CPU); what only a GPU engine does is checked here, at vLLM's parser."""
 
+import os
+import subprocess
+import sys
+
+import pytest
 from rlkube.config import InferenceConfig
-from rlkube.inference.generate_mode import CAPTURE_ROUTING_ENV
-from rlkube.inference.server import WORKER_EXTENSION, vllm_command
-from rlkube.inference.vllm_plugin import SPIN_ENV
+from rlkube.inference.server import vllm_command
+from vllm.engine.arg_utils import AsyncEngineArgs
+
+from tests.fixtures.inference import vllm_args
+
+# The busy-wait of a queue reader made after vLLM loaded its general plugins, as each of its
+# processes does at start.
+SPIN_OF_A_NEW_READER = """
+import tempfile, zmq
+from vllm.plugins import load_general_plugins
+from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+load_general_plugins()
+reader = SpinCondition(is_reader=True, context=zmq.Context(), notify_address=f"ipc://{tempfile.mktemp()}")
+print(reader.busy_loop_s)
+"""
 
 
-def value(args: list[str], flag: str) -> str:
-    return args[args.index(flag) + 1]
+def engine_args(config: InferenceConfig, on_cpu: bool) -> AsyncEngineArgs:
+    return AsyncEngineArgs.from_cli_args(vllm_args(config, on_cpu))
 
 
-def test_cpu_defaults():
-    config = InferenceConfig.model_validate(
-        {"model": {"name": "/m"}, "port": 8123, "kv_cache_space_gb": 2, "max_model_len": 512}
-    )
-    command = vllm_command(config, on_cpu=True)
-    args = command.args
-    assert value(args, "--model") == "/m" and value(args, "--port") == "8123"
-    assert value(args, "--dtype") == "float32"  # auto -> fp32 on CPU: matches the trainer
-    assert value(args, "--worker-extension-cls") == WORKER_EXTENSION
-    assert value(args, "--logprobs-mode") == "processed_logprobs"
-    assert value(args, "--max-model-len") == "512"
-    assert "--enable-scale-out" in args  # /inference/v1/generate
-    assert "--gpu-memory-utilization" not in args and "--weight-transfer-config" not in args
-    assert command.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
-    assert command.env["VLLM_SERVER_DEV_MODE"] == "1"  # /pause, /resume, /collective_rpc
-    assert command.env[SPIN_ENV] == "5"  # short busy-wait on CPU by default
-
-
-def test_gpu_and_extra_args():
+def test_gpu_defaults_and_extra_args():
+    """A GPU engine cannot start here; vLLM's parser shows what it would run with."""
     config = InferenceConfig.model_validate({
         "model": {"name": "m", "dtype": "auto"}, "kv_cache_space_gb": 4,
         "enable_prefix_caching": False,
-        "extra_args": {"tensor_parallel_size": 2, "enable_chunked_prefill": True, "x_list": [1]},
+        "extra_args": {"tensor_parallel_size": 2, "enable_chunked_prefill": True, "hf_overrides": {"x": [1]}},
     })
-    command = vllm_command(config, on_cpu=False)
-    args = command.args
-    assert value(args, "--dtype") == "bfloat16"
-    assert value(args, "--gpu-memory-utilization") == "0.9"
-    assert value(args, "--weight-transfer-config") == '{"backend": "nccl"}'
-    assert "--no-enable-prefix-caching" in args
-    assert value(args, "--tensor-parallel-size") == "2"
-    assert "--enable-chunked-prefill" in args and value(args, "--x-list") == "[1]"
-    assert "VLLM_CPU_KVCACHE_SPACE" not in command.env
-    assert SPIN_ENV not in command.env  # vLLM's own spin on GPU unless asked
+    args = engine_args(config, on_cpu=False)
+    assert args.dtype == "bfloat16" and args.gpu_memory_utilization == 0.9
+    assert args.weight_transfer_config.backend == "nccl"  # the NCCL weight path's routes
+    assert args.enable_prefix_caching is False
+    assert args.tensor_parallel_size == 2 and args.enable_chunked_prefill is True and args.hf_overrides == {"x": [1]}
+    assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_command(config, on_cpu=False).env
 
 
-def test_routed_experts_come_from_vllm_on_gpu_and_from_rlkube_on_cpu():
-    """vLLM returns them only from its Model Runner V2 (needs Triton: GPU); on CPU rlkube's
-    worker captures them, eagerly and without a prefix cache (rlkube.inference.routing_capture)."""
+def test_routed_experts_come_from_vllms_model_runner_v2_on_gpu():
+    """vLLM returns routing only from its Model Runner V2 (it needs Triton: GPU only, so the
+    variable that selects it is checked as written). On CPU rlkube's worker captures routing
+    instead, observed on the session's MoE engine (test_routing_capture.py)."""
     config = InferenceConfig.model_validate({"return_routed_experts": True})
-    gpu, cpu = vllm_command(config, on_cpu=False), vllm_command(config, on_cpu=True)
-    assert "--enable-return-routed-experts" in gpu.args and gpu.env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
-    assert "--enable-prefix-caching" in gpu.args and CAPTURE_ROUTING_ENV not in gpu.env
-    assert "--enable-return-routed-experts" not in cpu.args and "VLLM_USE_V2_MODEL_RUNNER" not in cpu.env
-    assert "--enforce-eager" in cpu.args and "--no-enable-prefix-caching" in cpu.args
-    assert cpu.env[CAPTURE_ROUTING_ENV] == "1"
-    plain = vllm_command(InferenceConfig(), on_cpu=True)
-    assert CAPTURE_ROUTING_ENV not in plain.env and "--enforce-eager" not in plain.args
+    args = engine_args(config, on_cpu=False)
+    assert args.enable_return_routed_experts and args.enable_prefix_caching
+    assert vllm_command(config, on_cpu=False).env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert not engine_args(config, on_cpu=True).enable_return_routed_experts
+
+
+@pytest.mark.parametrize(("settings", "on_cpu", "spin_s"), [
+    ({}, True, 0.005),  # CPU: 5 ms
+    ({}, False, 1.0),  # GPU: vLLM's own
+    ({"shm_spin_ms": 0.5}, True, 0.0005),
+    ({"shm_spin_ms": 0.5}, False, 0.0005),
+])
+def test_shm_spin_reaches_vllms_queues(settings, on_cpu, spin_s):
+    env = vllm_command(InferenceConfig.model_validate(settings), on_cpu).env
+    done = subprocess.run([sys.executable, "-c", SPIN_OF_A_NEW_READER], env=os.environ | env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    assert float(done.stdout.split()[-1]) == spin_s
 
 
 def test_router_replay_asks_inference_for_routed_experts():
@@ -68,12 +78,6 @@ def test_router_replay_asks_inference_for_routed_experts():
         return config.process_configs()["inference"].return_routed_experts
 
     assert served(router_replay=True) and not served()
-
-
-def test_shm_spin_is_configurable_on_both():
-    config = InferenceConfig.model_validate({"shm_spin_ms": 0.5})
-    assert vllm_command(config, on_cpu=False).env[SPIN_ENV] == "0.5"
-    assert vllm_command(config, on_cpu=True).env[SPIN_ENV] == "0.5"
 
 
 def test_dry_run_prints_resolved_config(capsys, tmp_path):
@@ -88,7 +92,6 @@ def test_dry_run_prints_resolved_config(capsys, tmp_path):
 def test_inference_process_refuses_a_taken_port(tmp_path):
     import socket
 
-    import pytest
     from rlkube.inference.process import InferenceProcess
 
     with socket.socket() as taken:
@@ -107,9 +110,6 @@ def test_the_models_generation_defaults_do_not_reach_training_requests(tmp_path)
     import json
 
     from rlkube.models.tiny import init_tiny_model
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     model = init_tiny_model(tmp_path / "model")
     path = model / "generation_config.json"
@@ -117,8 +117,7 @@ def test_the_models_generation_defaults_do_not_reach_training_requests(tmp_path)
 
     def request_defaults(**extra_args) -> dict:
         config = InferenceConfig.model_validate({"model": {"name": str(model)}, "extra_args": extra_args})
-        parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(vllm_command(config, on_cpu=True).args)
-        return AsyncEngineArgs.from_cli_args(parsed).create_model_config().get_diff_sampling_param()
+        return engine_args(config, on_cpu=True).create_model_config().get_diff_sampling_param()
 
     assert request_defaults() == {}
     assert request_defaults(generation_config="auto") == {"top_k": 20, "top_p": 0.95}

@@ -3,9 +3,10 @@
 import pytest
 from rlkube.config import InferenceConfig, RLConfig
 from rlkube.entrypoints.rl import main
-from rlkube.inference.server import vllm_command
 from rlkube.launch.gpus import place_gpus, visible_gpus
 from rlkube.launch.local import child_stages, write_process_configs
+
+from tests.fixtures.inference import vllm_args
 
 
 def rl(**sections) -> RLConfig:
@@ -82,6 +83,6 @@ def test_rl_refuses_an_nccl_overlap_before_anything_starts(tmp_path, monkeypatch
 
 
 def test_tensor_parallel_size_reaches_vllm():
-    args = vllm_command(InferenceConfig(tensor_parallel_size=2), on_cpu=False).args
-    assert args[args.index("--tensor-parallel-size") + 1] == "2"
-    assert "--tensor-parallel-size" not in vllm_command(InferenceConfig(), on_cpu=False).args
+    """Read by vLLM's parser: a GPU engine cannot start here."""
+    assert vllm_args(InferenceConfig(tensor_parallel_size=2), on_cpu=False).tensor_parallel_size == 2
+    assert vllm_args(InferenceConfig(), on_cpu=False).tensor_parallel_size == 1

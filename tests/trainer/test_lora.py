@@ -218,17 +218,19 @@ def test_the_run_serves_the_adapter_with_vllms_lora_support_or_merges_it(serving
     and points the orchestrator at the adapter's name; `merge` sets none of it."""
     from rlkube.config import RLConfig, load_config
     from rlkube.config.inference import POLICY_ADAPTER
-    from rlkube.inference.server import LORA_MIDDLEWARE, vllm_command
+    from rlkube.inference.server import LORA_MIDDLEWARE
+
+    from tests.fixtures.inference import vllm_args
 
     configs = load_config(RLConfig, ["--trainer.lora.rank", "12", "--trainer.lora.serving", serving]).process_configs()
-    args = vllm_command(configs["inference"], on_cpu=True).args
+    # As vLLM reads the command line; an adapter served so: tests/inference/test_lora_weights.py.
+    args = vllm_args(configs["inference"], on_cpu=True)
     if serving == "merge":
         assert configs["orchestrator"].client.lora_adapter is None and configs["inference"].max_lora_rank is None
-        assert "--enable-lora" not in args and LORA_MIDDLEWARE not in args
+        assert not args.enable_lora and LORA_MIDDLEWARE not in args.middleware
         return
     assert configs["orchestrator"].client.lora_adapter == POLICY_ADAPTER
-    assert "--enable-lora" in args and args[args.index("--max-lora-rank") + 1] == "16"
-    assert args[args.index("--max-loras") + 1] == "1" and LORA_MIDDLEWARE in args
+    assert args.enable_lora and args.max_lora_rank == 16 and args.max_loras == 1 and LORA_MIDDLEWARE in args.middleware
 
 
 @pytest.mark.slow

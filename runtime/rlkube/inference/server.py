@@ -26,8 +26,9 @@ Health: `/health` answers 200 once the engine is up and 500 once it died (livene
 readiness probes both use it). On SIGTERM the server stops its engine, then gives the requests
 still open `HTTP_SHUTDOWN_GRACE_S` seconds to finish before it exits.
 
-The mapping from config to vLLM arguments and environment is a pure function
-(`vllm_command`), tested without starting anything.
+The mapping from config to vLLM arguments and environment is a pure function (`vllm_command`),
+tested on the session's running engines and, for what they cannot show (a GPU engine), through
+vLLM's own argument parser (tests/inference/test_server_args.py).
 """
 
 import json

@@ -1,6 +1,6 @@
 """Tokens/s and MFU of the real RL trainer step, with its time split, on Qwen3-0.6B and -1.7B shapes.
 
-    python benchmarks/trainer_throughput.py [--models Qwen3-0.6B Qwen3-1.7B] [--steps 3] [--before] [--restart]
+    python benchmarks/trainer_throughput.py [--models Qwen3-0.6B Qwen3-1.7B] [--steps 5] [--before] [--restart]
     python benchmarks/trainer_throughput.py --tiny --before --restart   # seconds on a CPU: what CI runs
 
 Each model is randomly initialised from its Qwen3 config (no download), written once in bf16,
@@ -22,10 +22,13 @@ The first step of a model (compilation of FlexAttention and its block masks on C
 `rlkube.trainer.compile_cache`, whose cache lives under `--output-dir`) is reported apart; the
 other steps give the medians of the step and its split (`time/*`: waiting for the batch,
 forward+backward, optimizer, the publish the step waits for) and the trainer's own
-`perf/tokens_per_s` and `perf/mfu` (rlkube.trainer.perf: prime-rl's FLOPs convention).
+`perf/tokens_per_s`, `perf/mfu` (attention counted by the query-key pairs the packed rows'
+mask computes) and `perf/mfu_primerl` (prime-rl's whole-row count, as in its tables;
+rlkube.trainer.perf has both formulas).
 `--restart` then starts the first model once more in a new process on the same output
 directory, as a restarted trainer does, and compares its first step with the cold one. Each
-model runs in its own process; peak memory is `torch.cuda.max_memory_allocated`; `--json`
+model runs in its own process; peak memory is `torch.cuda.max_memory_allocated` and
+`max_memory_reserved` (the caching allocator's hold: what prime-rl's tables report); `--json`
 writes every figure.
 """
 
@@ -166,6 +169,7 @@ def run_model(name: str, device: str, steps: int, size: dict, output_dir: Path, 
                     "first_step_s": first,
                     "tokens": int(sum((b["sample_ids"] >= 0).sum() for b in batches)),
                     "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
+                    "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if device == "cuda" else None,
                     "compiles_after_first": sum(r["perf/compiles"] for r in timed),
                     **{key: statistics.median(r[key] for r in timed) for key in timed[0]
                        if key.startswith(("time/", "perf/")) and key != "perf/compiles"},
@@ -191,7 +195,7 @@ def run_child(name: str, args, output_dir: Path, restart: bool = False) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=["Qwen3-0.6B", "Qwen3-1.7B"])
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per row, after the first")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per row, after the first (their median)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--output-dir", type=Path, default=None,
                         help="where the compile cache lives (default: a temporary directory: a cold start)")
@@ -237,26 +241,31 @@ def print_table(results: dict, args, size: dict) -> None:
         title=f"RL trainer step: {size['rows']} micro-batches of one {size['seq_len']:,}-token row, "
         f"medians of {args.steps} steps after the first",
         caption=f"{where}, torch {torch.__version__}; activation checkpointing; time/publish is what the step "
-        "waits for; 'publish before': synchronous, float32 (weights.overlap = false)",
+        "waits for; 'publish before': synchronous, float32 (weights.overlap = false); MFU: attention counted by "
+        "the pairs computed, MFU prime-rl: by the whole row",
     )
     columns = ("model", "rows", "tokens", "first step", "step", "fwd+bwd", "optimizer", "publish", "batch wait",
-               "tokens/s", "MFU", "recompiles", "peak mem")
+               "tokens/s", "MFU", "MFU prime-rl", "recompiles", "peak allocated", "peak reserved")
     for column in columns:
         table.add_column(column, justify="right")
     for name, result in results.items():
         for label, r in result.items():
             if label == "params":
                 continue
-            mfu = r.get("perf/mfu")
+            mfu = ["-" if r.get(key) is None else f"{100 * r[key]:.1f} %" for key in ("perf/mfu", "perf/mfu_primerl")]
             table.add_row(
                 f"{name} ({result['params'] / 1e6:.0f}M)", label, f"{r['tokens']:,}", f"{r['first_step_s']:.2f} s",
                 f"{r['time/step']:.3f} s", f"{r['time/forward_backward']:.3f} s", f"{r['time/optimizer']:.3f} s",
                 f"{r['time/publish_weights']:.3f} s", f"{r['time/wait_for_batch']:.4f} s",
-                f"{r['perf/tokens_per_s']:,.0f}", "-" if mfu is None else f"{100 * mfu:.1f} %",
-                str(r["compiles_after_first"]), "-" if r["peak_gib"] is None else f"{r['peak_gib']:.1f} GiB",
+                f"{r['perf/tokens_per_s']:,.0f}", *mfu,
+                str(r["compiles_after_first"]),
+                *("-" if r[key] is None else f"{r[key]:.1f} GiB" for key in ("peak_gib", "peak_reserved_gib")),
             )
-    Console(width=200).print(table)
+    Console(width=220).print(table)
     for name, result in results.items():
+        if "prime-rl" in result:  # compute against compute: prime-rl's step also waits for its weight broadcast
+            r = result["prime-rl"]
+            print(f"{name} prime-rl: tokens / forward+backward = {r['tokens'] / r['time/forward_backward']:,.0f} tokens/s")
         for label in ("grpo", "grpo, publish before"):
             if label in result:
                 r = result[label]

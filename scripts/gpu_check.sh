@@ -48,7 +48,7 @@ PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 TORCHINDUCTOR_CACHE_DIR="$WORK/compile_cache/te
 
 echo "== trainer throughput"
 # shellcheck disable=SC2086 - MODELS is a list
-timeout "${GPU_CHECK_BENCH_S:-300}" "$PY" benchmarks/trainer_throughput.py --models $MODELS --steps 2 --before --restart \
+timeout "${GPU_CHECK_BENCH_S:-480}" "$PY" benchmarks/trainer_throughput.py --models $MODELS --before --restart \
     --output-dir "$WORK" --json "$REPORT/throughput.json" || failed+=("trainer throughput")
 
 if ((${#failed[@]})); then

@@ -6,6 +6,7 @@ run as real processes on this machine) and `KubeCluster` (any real cluster, kind
 a kubeconfig). Scenarios only use this interface, so the same files run on both.
 """
 
+import functools
 import json
 import os
 import shlex
@@ -18,9 +19,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import yaml
 
+from e2e.scenarios.reads import Reads
 from tests.fixtures import processes
 from tests.fixtures.polling import wait_until
 
@@ -29,17 +30,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 class ClusterError(AssertionError):
     pass
-
-
-def require(missing: str | None) -> None:
-    """`missing`: why a cluster prerequisite is absent (None: present). Skip with the reason, or,
-    under `CI=true` (CI machines have root, network namespaces and kubectl), fail: CI never turns
-    the cluster tests into skips."""
-    if missing is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true and a cluster prerequisite is missing: {missing}", pytrace=False)
-    pytest.skip(missing)
 
 
 def kubectl_missing() -> str | None:
@@ -74,14 +64,16 @@ class Cluster:
     def apply(self, *docs: dict) -> None:
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
 
+    # --- reads (polled): one API client, not a kubectl process each --------------------
+    @functools.cached_property
+    def reads(self) -> Reads:
+        return Reads(self.kubeconfig, self.namespace)
+
     def get(self, kind: str, name: str) -> dict | None:
-        out = self.kubectl("get", kind, name, "-o", "json", "--ignore-not-found")
-        return json.loads(out) if out.strip() else None
+        return self.reads.get(kind, name)
 
     def names(self, kind: str, selector: str | None = None) -> list[str]:
-        args = ["get", kind, "-o", "jsonpath={.items[*].metadata.name}"]
-        out = self.kubectl(*args, *(["-l", selector] if selector else []))
-        return sorted(out.split())
+        return sorted(item["metadata"]["name"] for item in self.reads.objects(kind, selector))
 
     def delete(self, kind: str, name: str, *flags: str) -> None:
         self.kubectl("delete", kind, name, "--ignore-not-found", *flags, timeout=180)
@@ -120,8 +112,7 @@ class Cluster:
     def operator_leader(self) -> str:
         """The operator pod that reconciles: the holder of the Lease its replicas elect it by."""
         def holder():
-            leases = json.loads(self.kubectl("get", "leases", "-o", "json"))["items"]
-            names = [lease["spec"].get("holderIdentity") for lease in leases
+            names = [lease["spec"].get("holderIdentity") for lease in self.reads.objects("leases")
                      if lease["metadata"]["name"].endswith("rlkube-operator")]
             return names[0] if names and names[0] and self.get("pod", names[0]) else None
 
@@ -129,8 +120,7 @@ class Cluster:
 
     def pod_of(self, selector: str) -> dict | None:
         """The newest live pod matching a label selector."""
-        pods = json.loads(self.kubectl("get", "pods", "-l", selector, "-o", "json"))["items"]
-        pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        pods = [p for p in self.reads.objects("pods", selector) if not p["metadata"].get("deletionTimestamp")]
         pods.sort(key=lambda p: p["metadata"]["creationTimestamp"])
         return pods[-1] if pods else None
 

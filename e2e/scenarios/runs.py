@@ -9,6 +9,10 @@ from rlkube_operator.kube import KINDS
 from e2e.scenarios.harness import Cluster
 
 COMPONENTS = ("inference", "orchestrator", "trainer")
+RECOVERY_BOUND_S = 180.0
+"""The longest a fault's recovery may take. Recoveries here take 10-50 s on a 2-core machine
+(pod restart, engine start, resume); a minute or more beyond that is a wait on a deadline (a
+weight load stalled 600 s on a trainer that would not publish its step, and passed as healed)."""
 CHILD_KINDS = tuple(kind for kind in KINDS if kind != "Event")
 """Every kind the operator writes (its own list of the kinds it touches), pods included."""
 
@@ -50,7 +54,7 @@ class Run:
 
     def checkpoints(self, interval: int) -> list[int]:
         """The steps a run resumes from: both the trainer's and the orchestrator's checkpoint
-        complete on the claim (every `interval` steps; rlkube/launch/checkpoints.py)."""
+        complete on the claim (every `interval` steps; rlkube/checkpoints.py)."""
         last = max(self.trainer_steps(), default=0)
         return [s for s in range(interval, last + interval + 1, interval)
                 if all(self.cluster.read_file(self.claim, f"{self.name}/checkpoints/step_{s}/{part}/COMPLETE")
@@ -70,7 +74,8 @@ class Run:
     def recover(self, what: str, action, *, progress: int = 2, timeout: float = 600) -> int:
         """Do `action` at the current step, wait until the run has trained `progress` steps past
         it while Running (or trained past it and Succeeded: a fault near the end), record the
-        wall time in `timings[what]`; returns the step it was done at."""
+        wall time in `timings[what]`, and fail if it took longer than `RECOVERY_BOUND_S`
+        (measured to `timeout`, so the message says how long); returns the step it was done at."""
         at = max(self.trainer_steps(), default=0)
         started = time.monotonic()
         action()
@@ -80,7 +85,11 @@ class Run:
             return (phase == "Running" and trained >= at + progress) or (phase == "Succeeded" and trained > at)
 
         self.cluster.wait(recovered, timeout, f"{self.name} to train {progress} steps past step {at} after: {what}")
-        self.timings[what] = time.monotonic() - started
+        self.timings[what] = took = time.monotonic() - started
+        print(f"recovered from '{what}' (at step {at}) in {took:.1f} s", flush=True)
+        assert took <= RECOVERY_BOUND_S, (
+            f"recovering from '{what}' took {took:.0f} s, over {RECOVERY_BOUND_S:g} s: only a wait on a deadline "
+            f"takes that long (recoveries so far: {self.timings})")
         return at
 
 

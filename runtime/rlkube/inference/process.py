@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Self
 
+from rlkube.child_process import die_with_parent
 from rlkube.config import InferenceConfig, write_toml
-from rlkube.launch.supervisor import die_with_parent
 
 
 def ensure_port_free(host: str, port: int, field: str = "inference.port") -> None:

@@ -11,7 +11,6 @@ child declared restartable (an env worker, whose lost rollouts the orchestrator 
 started again after a backoff, like a Deployment's pod, up to its restart limit.
 """
 
-import ctypes
 import logging
 import os
 import signal
@@ -22,19 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlkube.child_process import die_with_parent
 from rlkube.config.cli import EXIT_INVALID
 
 logger = logging.getLogger(__name__)
-
-_prctl = ctypes.CDLL(None, use_errno=True).prctl
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """`preexec_fn` of a child: the kernel sends it SIGTERM when the thread that started it
-    ends (Linux `PR_SET_PDEATHSIG`), so start children from a thread that outlives them."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
 
 class ChildFailed(RuntimeError):
     """A child exited when it should not have; `detail`: the error it left in its log."""

@@ -18,7 +18,7 @@ and rose +0.08 to +0.14 in 24 steps.
 Measured with `python -m e2e.scenarios.reverse_text_runs` on a 2-core VM, RL_CONFIG: scoring
 whole answers, 24 steps rose too little and too unevenly for either check (thirds +0.015 to
 +0.074 and t = 1.6 to 6.9 over 13 runs: 2 under the old bound, 1 under t = 2); 36 steps give
-t = 4.2 to 7.0 (5 runs, thirds +0.033 to +0.066); with the advantage's sign flipped the reward
+t = 4.2 to 7.5 (8 runs, thirds +0.033 to +0.099); with the advantage's sign flipped the reward
 fell from 0.24 to 0.00 by step 9 (t = -6.7)."""
 # A short RL with a visible learning signal on two cores: short strings (2-4 characters), 128
 # rollouts a step at temperature 0.7, a constant 2.5e-4 after 3 warm-up steps, from the 80-step

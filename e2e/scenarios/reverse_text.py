@@ -59,7 +59,8 @@ class Rise:
         rewards = [self.rewards[s] for s in steps]
         slope, intercept = statistics.linear_regression(steps, rewards)
         residuals = [r - (intercept + slope * s) for s, r in zip(steps, rewards, strict=True)]
-        spread = sum((s - statistics.fmean(steps)) ** 2 for s in steps)
+        mean_step = statistics.fmean(steps)
+        spread = sum((s - mean_step) ** 2 for s in steps)
         error = math.sqrt(sum(e * e for e in residuals) / (len(steps) - 2) / spread)
         return slope, slope / error if error else math.inf
 

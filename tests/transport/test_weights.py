@@ -229,6 +229,21 @@ def test_grpc_fetch_waits_for_the_server_and_the_step_it_resumes_from(model_dir)
             publisher.close()
 
 
+def fetch_in_background(address: str, step: int, timeout: float) -> tuple[threading.Thread, dict]:
+    """`fetch_snapshot` in a started thread; the dict gets its `ConnectionError` as "error"."""
+    outcome = {}
+
+    def fetch():
+        try:
+            fetch_snapshot(address, step, timeout=timeout)
+        except ConnectionError as e:
+            outcome["error"] = e
+
+    waiting = threading.Thread(target=fetch)
+    waiting.start()
+    return waiting, outcome
+
+
 def test_a_fetch_from_a_trainer_that_vanishes_mid_call_fails_instead_of_waiting(model_dir):
     """A replica waits on step 2 (the checkpoint a resumed trainer republishes) when the
     trainer's pod dies (no reset reaches it): keepalive ends the load within seconds, freeing
@@ -236,18 +251,9 @@ def test_a_fetch_from_a_trainer_that_vanishes_mid_call_fails_instead_of_waiting(
     port = free_port()
     publisher = make_publisher(WeightTransferConfig(type="grpc", grpc_port=port), "unused", str(model_dir))
     proxy = VanishingPeerProxy(port)
-    outcome = {}
-
-    def fetch():
-        try:
-            fetch_snapshot(f"127.0.0.1:{proxy.port}", 2, timeout=60)
-        except ConnectionError as e:
-            outcome["error"] = e
-
     try:
         publisher.expect(2)
-        waiting = threading.Thread(target=fetch)
-        waiting.start()
+        waiting, outcome = fetch_in_background(f"127.0.0.1:{proxy.port}", 2, timeout=60)
         time.sleep(1)  # the call waits on the trainer for step 2
         proxy.vanish_and_point_to(free_port())
         started = time.monotonic()
@@ -273,18 +279,9 @@ def test_a_fetch_from_a_replacement_trainer_is_refused_at_once_not_at_its_deadli
     first.publish(state(1), 1)
     first.close()
     replacement = make_publisher(config, "unused", str(model_dir))
-    outcome = {}
-
-    def fetch():
-        try:
-            fetch_snapshot(f"127.0.0.1:{port}", 1, timeout=120)
-        except ConnectionError as e:
-            outcome["error"] = e
-
+    started = time.monotonic()
+    waiting, outcome = fetch_in_background(f"127.0.0.1:{port}", 1, timeout=120)
     try:
-        started = time.monotonic()
-        waiting = threading.Thread(target=fetch)
-        waiting.start()
         waiting.join(30)  # a quarter of the deadline: only the timeout path takes longer
         assert not waiting.is_alive(), "the fetch waits on the replacement trainer for a step it will not publish"
         assert "NOT_FOUND" in str(outcome.get("error")), outcome

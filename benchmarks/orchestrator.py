@@ -49,6 +49,7 @@ from rlkube.orchestrator.packing import pack_batch
 from rlkube.orchestrator.rollouts import EnvRunner, TaskSampler, run_group
 from rlkube.orchestrator.scheduler import Scheduler
 from rlkube.orchestrator.workers import WorkerHub
+from rlkube.ports import free_port
 from rlkube.rollout_types import Rollout, Sample
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
@@ -202,11 +203,6 @@ async def worker_rows(args, model: Path, url: str, tmp: Path) -> dict[int, list[
                 runs[n].append((cpu + sum(map(cpu_seconds, pids)) - before, wall, errors, cpu))
     return runs
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -110,6 +110,7 @@ def run(args) -> tuple[list[dict], float]:
     that a drift in the machine's load hits both."""
     from rlkube.config import TrainerConfig
     from rlkube.models.tiny import init_tiny_model
+    from rlkube.ports import free_port
     from rlkube.trainer.rl.setup import build_training_env
 
     with tempfile.TemporaryDirectory(prefix="rlkube-bench-publish-") as tmp:
@@ -118,7 +119,7 @@ def run(args) -> tuple[list[dict], float]:
                                     kv_heads=max(args.hidden // 128, 1))
         base = TrainerConfig(
             output_dir=tmp / "out", model={"name": str(model_dir)}, device="cpu", max_steps=10**6,
-            cpu_threads=args.threads, weights={"dtype": args.dtype, "grpc_port": args.port},
+            cpu_threads=args.threads, weights={"dtype": args.dtype, "grpc_port": args.port or free_port()},
         )
         env = build_training_env(base)
         gigabytes = sum(p.numel() for p in env.model.parameters()) * 4 / 1e9
@@ -151,7 +152,7 @@ def main() -> None:
     parser.add_argument("--transport", nargs="+", choices=["storage", "grpc"], default=["storage", "grpc"])
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="weights.dtype")
     parser.add_argument("--threads", type=int, default=None, help="trainer.cpu_threads (default: torch's)")
-    parser.add_argument("--port", type=int, default=50252, help="grpc: the weight server's port")
+    parser.add_argument("--port", type=int, default=None, help="grpc: the weight server's port (default: a free one)")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, hidden-256 model, 1 step per mode and transport (CI)")
     args = parser.parse_args()
     if args.tiny:

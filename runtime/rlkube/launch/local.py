@@ -7,7 +7,6 @@ exactly what one would type by hand, so any process can be restarted alone from 
 itself (rlkube.checkpoints).
 """
 
-import socket
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from rlkube import auth
 from rlkube.config import RLConfig, write_toml
 from rlkube.launch.gpus import GpuPlacement
 from rlkube.launch.supervisor import ChildSpec
+from rlkube.ports import free_port
 
 PROCESSES = ("inference", "orchestrator", "trainer")
 ENV_WORKER_RESTARTS = 5
@@ -72,11 +72,6 @@ def write_process_configs(config: RLConfig) -> dict[str, Path]:
         write_toml(process_config, paths[name])
     return paths
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _module(name: str) -> list[str]:

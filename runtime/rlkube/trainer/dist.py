@@ -6,11 +6,12 @@ CPU, nccl on CUDA.
 """
 
 import os
-import socket
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from rlkube.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,6 @@ def resolve_device(choice: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def init_distributed(device: str = "auto", cpu_threads: int | None = None) -> DistInfo:
     """Join the torchrun job (or make a world of one), pick this rank's device and, on CPU,
@@ -48,7 +44,7 @@ def init_distributed(device: str = "auto", cpu_threads: int | None = None) -> Di
     if "RANK" not in os.environ:  # a plain process: a world of one
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     resolved = resolve_device(device, local_rank)

@@ -9,26 +9,27 @@ refuses a caller that does not present the run's token:
   `/metrics` (numbers for a scraper) are open;
 - gRPC (the orchestrator's Rollouts and EnvWorkers services, the trainer's Weights):
   `server_interceptors`, which answers UNAUTHENTICATED before any handler runs.
-Clients send it with `http_headers()` / `grpc_metadata()`; verifiers' clients read it from
-`TOKEN_ENV` as their API key.
+Clients send it with `http_headers()` / `grpc_metadata()`; verifiers' clients get
+`http_headers()` as their configured headers.
 
 The token comes from one place, the `RLKUBE_TOKEN` environment variable (`run_token`): the
 operator sets it in every pod from the run's Secret `<run>-token`; `rlkube rl` makes a fresh
-one per run for its children. A server started without it serves everyone, and says so
+one per run for its children. The processes that run environments take it out of their
+environment at start (`rlkube.withheld`), so that the programs environments start never see it. A server started without it serves everyone, and says so
 loudly at start (a standalone `rlkube inference` on a workstation).
 """
 
 import hmac
 import json
 import logging
-import os
 import secrets
 
 import grpc
 
+from rlkube.withheld import TOKEN_ENV, held
+
 logger = logging.getLogger(__name__)
 
-TOKEN_ENV = "RLKUBE_TOKEN"
 METADATA_KEY = "authorization"
 """The header (HTTP) and metadata key (gRPC, lower case) that carries `Bearer <token>`."""
 OPEN_ROUTES = frozenset({"/health", "/metrics"})
@@ -37,8 +38,9 @@ scraper reads numbers only; the run's NetworkPolicy admits just a labelled scrap
 
 
 def run_token() -> str | None:
-    """The run's token (`RLKUBE_TOKEN`), None when the run has none."""
-    return os.environ.get(TOKEN_ENV) or None
+    """The run's token (`RLKUBE_TOKEN`, or what `withheld.withhold` kept of it), None when the
+    run has none."""
+    return held(TOKEN_ENV)
 
 
 def new_token() -> str:

@@ -40,6 +40,8 @@ class FakeInference:
         self.max_model_len = max_model_len
         self.calls: list[tuple[str, dict]] = []
         self.generate_requests = 0
+        self.authorizations: list[str | None] = []
+        """The `Authorization` header of each generate request."""
         self.weight_version = "default"
         self.resumed = asyncio.Event()
         self.resumed.set()
@@ -82,6 +84,7 @@ class FakeInference:
     async def generate(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.generate_requests += 1
+        self.authorizations.append(request.headers.get("Authorization"))
         if self.unavailable:
             self.unavailable -= 1
             return web.json_response({"error": "the server is starting"}, status=503)

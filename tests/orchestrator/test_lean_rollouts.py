@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 import verifiers.v1 as vf
+from rlkube import withheld
 from rlkube.config import EnvConfig, SamplingConfig
 from rlkube.envs import load_env
 from rlkube.envs.in_process import resolve_path, serving
@@ -67,6 +68,19 @@ def test_lean_path_records_the_same_traces_as_verifiers(tiny_model):
     rewards = [e.traces[0].reward for e in lean]
     assert 1.0 in rewards and min(rewards) < 1.0
     assert all(e.traces[0].nodes[0].message.role == "system" for e in lean)
+
+
+def test_both_paths_send_the_withheld_token(tiny_model, monkeypatch):
+    """The orchestrator took the token out of its environment (`rlkube.withheld`): verifiers'
+    clients still present it to inference, on both paths, from the process's memory."""
+    monkeypatch.delenv(withheld.TOKEN_ENV, raising=False)
+    monkeypatch.setattr(withheld, "_held", {withheld.TOKEN_ENV: "held-token"})
+    env = load_env(EnvConfig(args={"num_examples": 2}))
+    fake = FakeInference(str(tiny_model), 0)
+    with FakeInferenceThread(fake) as server:
+        for path in ("verifiers", "lean"):
+            asyncio.run(episodes(env, path, list(env.taskset), server.url, tiny_model, SamplingConfig(max_tokens=4)))
+    assert fake.authorizations == ["Bearer held-token"] * 4
 
 
 def test_lean_path_fails_a_rollout_like_verifiers_when_the_engine_is_down(tiny_model):

@@ -11,7 +11,11 @@ from rlkube.entrypoints.checks import check_references
 
 def serve_main(command: str, serve_module: str, argv: list[str] | None) -> int:
     """Parse an orchestrator config (`--dry-run` prints it) and run `serve_module.serve` on it:
-    the orchestrator itself, or one of its env workers, which read the same file."""
+    the orchestrator itself, or one of its env workers, which read the same file. Both run
+    environments, so the run's secrets leave the environment first (`rlkube.withheld`)."""
+    from rlkube.withheld import withhold
+
+    withhold()
     config, dry_run = parse_cli(OrchestratorConfig, command, argv, check=check_references)
     if dry_run:
         print(to_toml(config))

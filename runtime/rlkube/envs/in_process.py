@@ -158,7 +158,8 @@ class _EngineHTTP:
 
     def __init__(self, config: TrainClientConfig):
         self.base_url = config.base_url.rstrip("/")
-        self.headers = {**resolve_headers(config), "Authorization": f"Bearer {resolve_api_key(config)}"}
+        # Configured headers win over the API key's, as in the OpenAI SDK (the run's token is one).
+        self.headers = {"Authorization": f"Bearer {resolve_api_key(config)}", **resolve_headers(config)}
         timeout = config.timeout
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout.connect, sock_read=timeout.read)
         self._session: aiohttp.ClientSession | None = None

@@ -93,7 +93,7 @@ def model_contexts(base_urls: list[str], model: str, renderer_model: str, sampli
     from verifiers.v1 import ModelContext, Sampling, TrainClientConfig
     from verifiers.v1.configs.client import ClientTimeoutConfig
 
-    from rlkube.auth import TOKEN_ENV
+    from rlkube.auth import http_headers
     from rlkube.models.renderer import renderer_config_for
 
     renderer = renderer_config_for(renderer_model)
@@ -103,7 +103,7 @@ def model_contexts(base_urls: list[str], model: str, renderer_model: str, sampli
             model=model,
             client=TrainClientConfig(
                 base_url=url.rstrip("/") + "/v1",
-                api_key_var=TOKEN_ENV,  # the run's token, as verifiers' API key
+                headers=http_headers(),  # the run's token, from memory: never an env var of env code
                 renderer=renderer,
                 renderer_model_name=renderer_model,
                 timeout=ClientTimeoutConfig(read=timeout_s),

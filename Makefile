@@ -5,6 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 RLKUBE := $(VENV)/bin/rlkube
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist); conftest.py says how the suite is spread over them.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: install reverse-text test test-fast e2e-local proto crds lint clean gpu-wheels gpu-check
 
@@ -23,10 +26,10 @@ reverse-text: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/reverse_text/run.sh
 
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The cluster scenarios (e2e/scenarios) on the local executing cluster (e2e/localcluster): needs
 # root with network namespaces and kubectl. `make test` runs them too.

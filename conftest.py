@@ -1,0 +1,34 @@
+"""How the suite is spread over pytest-xdist workers (`make test` runs `-n 2 --dist loadgroup`).
+
+On two cores much of the suite waits rather than computes (engines and pods starting, keepalive
+and retry deadlines), so two workers share the machine well. Each test file is one unit of work,
+so a module's fixtures are made once, except for what several files share:
+
+- "cluster": every scenario (e2e/scenarios), on the one local cluster a worker makes; the
+  longest unit, so it is handed out first;
+- "vllm": every test of the session's vLLM engines (`inference_server`, `moe_inference_server`),
+  so each engine starts once.
+
+Run without `-n`, the marks change nothing but the order: the two shared units come first.
+"""
+
+import pytest
+
+SCENARIOS = "e2e/scenarios/"
+VLLM_FIXTURES = ("inference_server", "moe_inference_server")
+UNITS = ("cluster", "vllm")
+"""The shared units, in the order they are handed out."""
+
+
+def work_unit(item: pytest.Item) -> str:
+    if item.nodeid.startswith(SCENARIOS):
+        return "cluster"
+    if any(name in item.fixturenames for name in VLLM_FIXTURES):
+        return "vllm"
+    return item.nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(work_unit(item)))
+    items.sort(key=lambda item: UNITS.index(unit) if (unit := work_unit(item)) in UNITS else len(UNITS))

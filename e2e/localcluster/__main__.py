@@ -9,7 +9,9 @@ The CRDs of `crds/*.yaml` are served from the start. On SIGTERM/SIGINT the kubel
 every pod and removes its network namespaces and bridge.
 
 `--no-kubelet` runs only the API server and the controllers (no root needed; pods stay
-Pending unless something else plays the kubelet).
+Pending unless something else plays the kubelet). `--images podman` (or
+`RLKUBE_LOCALCLUSTER_IMAGES=podman`) runs every container from its image in this machine's podman
+store (`make images`); the default, `venv`, lets the project's virtualenv stand in for every image.
 """
 
 import argparse
@@ -18,6 +20,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -40,7 +43,7 @@ def kubeconfig(url: str, namespace: str) -> dict:
     }
 
 
-async def up(state_dir: Path, port: int, namespaces: list[str], with_kubelet: bool) -> None:
+async def up(state_dir: Path, port: int, namespaces: list[str], with_kubelet: bool, images: str = "venv") -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -56,9 +59,11 @@ async def up(state_dir: Path, port: int, namespaces: list[str], with_kubelet: bo
         host_ip = "127.0.0.1"
         kubelet = None
         if with_kubelet:
+            from e2e.localcluster.images import PodmanImages
             from e2e.localcluster.kubelet import Kubelet, log_path
 
-            kubelet = Kubelet(api_url=url, state_dir=state_dir)
+            kubelet = Kubelet(api_url=url, state_dir=state_dir,
+                              images=PodmanImages() if images == "podman" else None)
             server.logs = functools.partial(log_path, state_dir)
             tasks.append(asyncio.create_task(kubelet.run(), name="kubelet"))
             ready = asyncio.create_task(kubelet.ready.wait())
@@ -93,10 +98,12 @@ def main() -> None:
     start.add_argument("--port", type=int, default=0, help="API server port (default: a free one)")
     start.add_argument("--namespace", action="append", default=[], help="a namespace to create (repeatable)")
     start.add_argument("--no-kubelet", action="store_true", help="API server and controllers only")
+    start.add_argument("--images", choices=["venv", "podman"], default=os.environ.get("RLKUBE_LOCALCLUSTER_IMAGES", "venv"),
+                       help="containers run from their images in podman's store, or from the venv (default)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    asyncio.run(up(args.state_dir.absolute(), args.port, args.namespace, not args.no_kubelet))
+    asyncio.run(up(args.state_dir.absolute(), args.port, args.namespace, not args.no_kubelet, args.images))
 
 
 if __name__ == "__main__":

@@ -3,18 +3,23 @@
 There is one node, `local`, and no scheduler: the kubelet takes every Pod, sets `spec.nodeName`,
 gives it a network namespace and an IP (network.py), makes its volumes (volumes.py), and starts
 each container's `command` + `args` (podenv.py) through launch.py, inside the pod's network
-namespace and a private mount namespace where the volumes sit at their mountPath. The "image" is
-the project's virtualenv: `<venv>/bin` leads PATH (`<repo>/.venv`, or `$RLKUBE_LOCALCLUSTER_VENV`);
-the default working directory is a per-pod scratch directory. Processes run as the securityContext
-says (podenv.identity): `runAsUser`/`runAsGroup`, `fsGroup` owning the volumes (volumes.py), a
-read-only root filesystem, no capabilities, no privilege escalation. The checkout, the venv and
-the Python it was made from must be readable by that user; a directory above them it may not
-enter (root's 0700 home) is covered in the pod by a tmpfs holding only them (launch.py).
+namespace and a private mount namespace where the volumes sit at their mountPath. Its files come
+from its image (images.py): with `images=PodmanImages()` (`up --images podman`), the image named by
+`spec.image` in this node's podman store, mounted as the container's root filesystem under a
+writable layer of its own, its ENTRYPOINT/CMD, ENV, USER and WORKDIR filling what the spec leaves
+out; an image not in the store leaves the container waiting in ErrImagePull/ImagePullBackOff. By
+default (`VenvImage`, the fast tests) the project's virtualenv stands in for every image:
+`<venv>/bin` leads PATH (`<repo>/.venv`, or `$RLKUBE_LOCALCLUSTER_VENV`), the default working
+directory is a per-pod scratch directory, and the checkout, the venv and the Python it was made
+from must be readable by the pod's user; a directory above them it may not enter (root's 0700
+home) is covered in the pod by a tmpfs holding only them (launch.py). Processes run as the
+securityContext says (podenv.identity): `runAsUser`/`runAsGroup`, `fsGroup` owning the volumes
+(volumes.py), a read-only root filesystem, no capabilities, no privilege escalation.
 
 Reported in `status`: phase (Pending, Running, Succeeded, Failed), hostIP, podIP(s), startTime,
 conditions PodScheduled/Initialized/ContainersReady/Ready, containerStatuses (state
 waiting/running/terminated with reason ContainerCreating, CreateContainerConfigError,
-CrashLoopBackOff, Completed, Error; lastState, restartCount, ready, started). A terminated state
+ErrImagePull, ImagePullBackOff, CrashLoopBackOff, Completed, Error; lastState, restartCount, ready, started). A terminated state
 carries the termination message: what the container wrote to its `terminationMessagePath` (a
 file of its own bound there), or its log's tail under `FallbackToLogsOnError`. Restarts follow
 `restartPolicy` with exponential back-off (`backoff_s` doubling up to `backoff_cap_s`, reset
@@ -33,7 +38,7 @@ logs` and the one before for `--previous`. A restart or a pod recreated under th
 a new file, so its predecessor's stays, as under a kubelet's /var/log/pods.
 
 Not emulated: init and ephemeral containers, lifecycle hooks, resource limits (no OOMKilled),
-images (every container runs from the venv), seccomp and added capabilities, the Binding API.
+pulling images (a registry), seccomp and added capabilities, the Binding API.
 """
 
 import asyncio
@@ -41,6 +46,7 @@ import datetime
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -49,16 +55,13 @@ import aiohttp
 
 from e2e.localcluster import probes, volumes
 from e2e.localcluster.client import Api
+from e2e.localcluster.images import Image, ImageNotPresent, PodmanImages, VenvImage
 from e2e.localcluster.network import Endpoint, Network, PodNet, hosts_file, write_in_place
 from e2e.localcluster.podenv import ConfigError, command_line, container_env, identity
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
 LAUNCH = Path(__file__).with_name("launch.py")
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# What an image would bake in: the kubelet's own caches and offline switches pass through.
-PASSED_ENV_PREFIXES = ("LANG", "LC_", "TZ", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "VLLM_", "TORCH")
 BACKOFF_RESET_S = 600
 TERMINATION_LOG = "/dev/termination-log"
 """A container's default `terminationMessagePath`: a file of its own, bound there."""
@@ -84,15 +87,16 @@ class Kubelet:
     """Runs every Pod of the API server at `api_url` until cancelled; then `shutdown()`.
 
     `state_dir` holds per-pod files, volumes, PVC directories and logs. `backoff_s`/`backoff_cap_s`
-    set the restart back-off (Kubernetes: 10 s doubling to 300 s)."""
+    set the restart and image back-off (Kubernetes: 10 s doubling to 300 s). `images`: where
+    containers' files come from (images.py); by default the stand-in, `VenvImage(venv)`."""
 
     def __init__(self, api_url: str, state_dir: Path, venv: Path | None = None, *,
                  node_name: str = "local", poll_s: float = 0.3, backoff_s: float = 10.0,
-                 backoff_cap_s: float = 40.0, image_env: dict[str, str] | None = None):
+                 backoff_cap_s: float = 40.0, image_env: dict[str, str] | None = None,
+                 images: PodmanImages | VenvImage | None = None):
         self.api = Api(api_url)
         self.state_dir = Path(state_dir)
-        venv = venv or os.environ.get("RLKUBE_LOCALCLUSTER_VENV") or REPO / ".venv"
-        self.venv = Path(venv).absolute()
+        self.images = images or VenvImage(venv)
         self.node_name = node_name
         self.poll_s = poll_s
         self.backoff_s, self.backoff_cap_s = backoff_s, backoff_cap_s
@@ -163,27 +167,6 @@ class Kubelet:
                 r.hosts = hosts
                 write_in_place(r.net.hosts_file, hosts)
 
-    def env_for(self, hostname: str, uid: int) -> dict[str, str]:
-        """The image's environment, before the container's own; HOME as a runtime sets it for a
-        user the image does not know."""
-        # a compile cache folder of the host's process is not the pod's (another uid may not write it)
-        env = {k: v for k, v in os.environ.items()
-               if k.startswith(PASSED_ENV_PREFIXES) and not k.endswith("_CACHE_DIR")}
-        return env | {
-            "PATH": f"{self.venv}/bin:{SYSTEM_PATH}", "VIRTUAL_ENV": str(self.venv),
-            "HOME": "/root" if uid == 0 else "/", "HOSTNAME": hostname, **self.image_env,
-        }
-
-    def image_paths(self) -> list[str]:
-        """What stands in for the image: the checkout, the venv and the Python it was made from."""
-        paths = [REPO, self.venv]
-        cfg = self.venv / "pyvenv.cfg"
-        for line in cfg.read_text().splitlines() if cfg.exists() else []:
-            key, _, value = line.partition("=")
-            if key.strip() == "home":
-                paths.append(Path(value.strip()).parent)
-        return list(dict.fromkeys(str(p) for p in paths))
-
     async def shutdown(self, grace_s: float = 2.0) -> None:
         """Stop syncing, stop every pod (SIGTERM, `grace_s`, SIGKILL) and remove the network;
         no API calls. Safe to call more than once."""
@@ -198,6 +181,7 @@ class Kubelet:
         if self.network:
             self.network.close()
             self.network = None
+        self.images.close()
         await self.api.close()
 
 
@@ -290,8 +274,10 @@ class PodRunner:
         self.kubelet.update_dns()
 
     async def _prepare(self) -> None:
-        """Volumes, env, command lines and mount targets; retried while a ConfigMap, Secret or
-        claim is missing, as the kubelet does (CreateContainerConfigError)."""
+        """Images, volumes, env, command lines and mount targets; retried while a ConfigMap,
+        Secret or claim is missing, as the kubelet does (CreateContainerConfigError), and with
+        back-off while an image is (ErrImagePull, then ImagePullBackOff)."""
+        pulls = 0
         while True:
             try:
                 vols = await volumes.prepare(self.pod, self.dir, self.kubelet.state_dir / "pvcs", self._get)
@@ -304,6 +290,17 @@ class PodRunner:
                     c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
                 await self.report()
                 await asyncio.sleep(1)
+            except ImageNotPresent as e:
+                await self.report()  # the container that tried: ErrImagePull
+                delay = min(self.kubelet.backoff_s * 2**pulls, self.kubelet.backoff_cap_s)
+                pulls += 1
+                await asyncio.sleep(min(delay, 1.0))
+                for c in self.containers:
+                    if c.state.get("waiting", {}).get("reason") == "ErrImagePull":
+                        c.state = {"waiting": {"reason": "ImagePullBackOff",
+                                               "message": f'Back-off pulling image "{c.spec.get("image")}": {e}'}}
+                await self.report()
+                await asyncio.sleep(max(delay - 1.0, 0))
 
     async def _fail(self, error: BaseException) -> None:
         """A pod the kubelet itself could not run (a launch or network error) ends Failed."""
@@ -376,6 +373,7 @@ class ContainerRunner:
         self.launch_spec: Path | None = None
         self.env: dict[str, str] = {}
         self.identity: dict = {}
+        self.image: Image | None = None
         self.proc: asyncio.subprocess.Process | None = None
         self.state: dict = {"waiting": {"reason": "ContainerCreating"}}
         self.last_state: dict = {}
@@ -386,12 +384,17 @@ class ContainerRunner:
         self.exit_code: int | None = None
 
     async def prepare(self, vols: dict[str, Path]) -> None:
+        try:
+            self.image = image = await self.pod.kubelet.images.get(self.spec.get("image", ""))
+        except ImageNotPresent as e:
+            self.state = {"waiting": {"reason": "ErrImagePull", "message": str(e)}}
+            raise
         # What the downward API reads is what this kubelet decided, whatever the cached object says.
         pod = self.pod.pod | {"status": self.pod.status()}
         pod["spec"] = pod["spec"] | {"nodeName": self.pod.kubelet.node_name}
         env = await container_env(pod, self.spec, self.pod._get)
-        argv = command_line(self.spec, env)
-        self.identity = identity(pod, self.spec)
+        argv = command_line(self.spec, env, image.entrypoint, image.cmd)
+        self.identity = identity(pod, self.spec, image.user_ids())
         mounts = volumes.mounts(self.spec, vols)
         self.termination_log = self.pod.dir / f"{self.name}.termination-log"
         self.pod.dir.mkdir(parents=True, exist_ok=True)
@@ -400,19 +403,28 @@ class ContainerRunner:
         mounts.append({"source": str(self.termination_log), "read_only": False,
                        "target": self.spec.get("terminationMessagePath", TERMINATION_LOG)})
         hostname = pod["spec"].get("hostname") or pod["metadata"]["name"]
-        cwd = self.spec.get("workingDir")
-        if not cwd:
-            cwd = str(self.pod.dir / "workdir")
-            os.makedirs(cwd, exist_ok=True)
-        footprint = self.pod.kubelet.network.footprint
-        for target, is_dir in [(m["target"], Path(m["source"]).is_dir()) for m in mounts] + [(cwd, True)]:
-            if not volumes.under_another(target, mounts) and not os.path.lexists(target):
-                footprint.create_path(Path(target), is_dir)
-        self.env = self.pod.kubelet.env_for(hostname, self.identity["uid"]) | env
+        cwd = self.spec.get("workingDir") or image.workdir
+        rootfs = None
+        if image.rootfs is None:  # the stand-in: the host's files, mount targets made on the host
+            if not cwd:
+                cwd = str(self.pod.dir / "workdir")
+                os.makedirs(cwd, exist_ok=True)
+            footprint = self.pod.kubelet.network.footprint
+            for target, is_dir in [(m["target"], Path(m["source"]).is_dir()) for m in mounts] + [(cwd, True)]:
+                if not volumes.under_another(target, mounts) and not os.path.lexists(target):
+                    footprint.create_path(Path(target), is_dir)
+        else:  # the image's files: launch.py makes what is missing inside the container's root
+            cwd = cwd or "/"
+            rootfs = {"lower": image.rootfs, "dir": str(self.pod.dir / f"{self.name}.rootfs")}
+            mounts.append({"source": str(self.pod.net.hosts_file), "target": "/etc/hosts", "read_only": True})
+        uid = self.identity["uid"]
+        home = (image.passwd_entry(uid) or ("", 0, "/root" if uid == 0 else "/"))[2]
+        # HOME as a runtime sets it: the user's in the image's passwd, else / (root: /root)
+        self.env = {"HOME": home} | image.env | {"HOSTNAME": hostname} | self.pod.kubelet.image_env | env
         self.launch_spec = self.pod.dir / f"{self.name}.json"
         self.launch_spec.write_text(json.dumps(
             {"argv": argv, "env": self.env, "cwd": cwd, "hostname": hostname, "mounts": mounts,
-             "image": self.pod.kubelet.image_paths(), "identity": self.identity}, indent=1
+             "image": image.host_paths, "rootfs": rootfs, "identity": self.identity}, indent=1
         ))
 
     async def run(self) -> None:
@@ -469,6 +481,8 @@ class ContainerRunner:
         logs = self._log()
         logs.parent.mkdir(parents=True, exist_ok=True)
         self.termination_log.write_bytes(b"")  # each run of the container leaves its own message
+        if self.image.rootfs is not None:  # each run starts from the image's files, as a new container
+            shutil.rmtree(self.pod.dir / f"{self.name}.rootfs", ignore_errors=True)
         with open(logs, "wb") as out:  # noqa: ASYNC230 (a local file)
             self.proc = await asyncio.create_subprocess_exec(
                 "ip", "netns", "exec", self.pod.net.netns, sys.executable, str(LAUNCH), str(self.launch_spec),
@@ -488,7 +502,7 @@ class ContainerRunner:
 
     def status(self) -> dict:
         return {
-            "name": self.name, "image": self.spec.get("image", ""), "imageID": "",
+            "name": self.name, "image": self.spec.get("image", ""), "imageID": self.image.id if self.image else "",
             "containerID": self._container_id(), "ready": self.ready, "started": self.started,
             "restartCount": self.restart_count, "state": self.state, "lastState": self.last_state,
         }
@@ -532,7 +546,7 @@ class ContainerRunner:
 
     async def _exec_in(self, argv: list[str], timeout: float) -> int:
         proc = await asyncio.create_subprocess_exec(
-            "nsenter", "-t", str(self.proc.pid), "-m", "-n", "-u",
+            "nsenter", "-t", str(self.proc.pid), "-m", "-n", "-u", "-r", "-w",
             f"--setuid={self.identity['uid']}", f"--setgid={self.identity['gid']}", "--", *argv, env=self.env,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL, start_new_session=True,

@@ -11,7 +11,13 @@ Sources are opened before anything is mounted, so a volume mounted on `/tmp` can
 source of another volume that lives under `/tmp`. Mount targets missing on the host were created
 by the kubelet; targets inside another volume are created here, inside that volume.
 
-The repository and its virtualenv stand in for the image (`spec["image"]`). A volume mounted
+With an image (`spec["rootfs"]`: its mounted files, `lower`, and a directory of the container's
+own, `dir`), the container's root is an overlay of a fresh writable layer over the image's files,
+with /proc, /sys (read-only) and a /dev of its own (a tmpfs with null, zero, full, random,
+urandom, tty and a /dev/shm); the volumes are bound inside it, and `pivot_root` makes it `/`:
+nothing of the host's files is left in the container's view but what is bound there.
+
+Without one, the repository and its virtualenv stand in for the image (`spec["image"]`). A volume mounted
 over a directory that holds them (an emptyDir on `/tmp` of a checkout under `/tmp`) would hide
 the image, so each is bound back at its own path inside that volume. A directory above them that
 the container's user may not enter (a checkout or a Python under root's 0700 home, as a CI
@@ -30,7 +36,9 @@ import socket
 import sys
 
 CLONE_NEWNS, CLONE_NEWUTS = 0x00020000, 0x04000000
-MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+MNT_DETACH, SYS_PIVOT_ROOT = 2, 155  # x86_64
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 
 ROOT = {"uid": 0, "gid": 0, "groups": [0], "no_new_privs": False, "drop_all_capabilities": False,
@@ -47,6 +55,37 @@ def _check(result: int, what: str) -> None:
 def mount(source: str | None, target: str, flags: int, fstype: str | None = None, data: str | None = None) -> None:
     args = [x.encode() if x else None for x in (source, target, fstype)]
     _check(libc.mount(*args, flags, data.encode() if data else None), f"mount {source} on {target}")
+
+
+def enter_image(rootfs: dict) -> str:
+    """Mount the container's root filesystem (see the module docstring); returns where it is."""
+    upper, work, root = (os.path.join(rootfs["dir"], d) for d in ("upper", "work", "root"))
+    for d in (upper, work, root):
+        os.makedirs(d, exist_ok=True)
+    mount("overlay", root, 0, "overlay", f"lowerdir={rootfs['lower']},upperdir={upper},workdir={work}")
+    for d in ("proc", "sys", "dev"):
+        os.makedirs(f"{root}/{d}", exist_ok=True)
+    mount("proc", f"{root}/proc", MS_NOSUID | MS_NODEV, "proc")
+    mount("/sys", f"{root}/sys", MS_BIND | MS_REC)
+    mount(None, f"{root}/sys", MS_BIND | MS_REMOUNT | MS_RDONLY)
+    mount("tmpfs", f"{root}/dev", MS_NOSUID, "tmpfs", "mode=0755")
+    for name in DEVICES:
+        open(f"{root}/dev/{name}", "w").close()
+        mount(f"/dev/{name}", f"{root}/dev/{name}", MS_BIND)
+    os.makedirs(f"{root}/dev/shm")
+    mount("shm", f"{root}/dev/shm", MS_NOSUID | MS_NODEV, "tmpfs", "mode=1777")
+    for name, target in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")]:
+        os.symlink(target, f"{root}/dev/{name}")
+    return root
+
+
+def pivot_to(root: str) -> None:
+    """Make `root` the process's `/` and detach the host's root from its mount namespace."""
+    os.chdir(root)
+    _check(libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+    _check(libc.umount2(b".", MNT_DETACH), "detach the host's root")
+    os.chdir("/")
 
 
 def may_enter(path: str, ident: dict) -> bool:
@@ -112,21 +151,25 @@ def main(spec_path: str) -> None:
     mounts = sorted(spec["mounts"], key=lambda m: m["target"].rstrip("/").count("/"))
     sources = [os.open(m["source"], os.O_PATH) for m in mounts]
     image = [(path, os.open(path, os.O_PATH)) for path in spec.get("image", [])]
+    root = enter_image(spec["rootfs"]) if spec.get("rootfs") else ""
     for m, fd in zip(mounts, sources):
-        if not os.path.lexists(m["target"]):
+        target = root + m["target"]
+        if not os.path.lexists(target):
             if os.path.isdir(m["source"]):
-                os.makedirs(m["target"])
+                os.makedirs(target)
             else:
-                os.makedirs(os.path.dirname(m["target"]), exist_ok=True)
-                open(m["target"], "a").close()
-        mount(f"/proc/self/fd/{fd}", m["target"], MS_BIND | MS_REC)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                open(target, "a").close()
+        mount(f"/proc/self/fd/{fd}", target, MS_BIND | MS_REC)
         if m["read_only"]:
-            mount(None, m["target"], MS_BIND | MS_REMOUNT | MS_RDONLY)
+            mount(None, target, MS_BIND | MS_REMOUNT | MS_RDONLY)
         os.close(fd)
     ident = spec.get("identity") or ROOT
     bind_image(image, mounts, ident)
     socket.sethostname(spec["hostname"])
-    os.makedirs(spec["cwd"], exist_ok=True)  # exists unless it lies inside a volume
+    os.makedirs(root + spec["cwd"], exist_ok=True)  # exists unless it lies inside a volume or the image lacks it
+    if root:
+        pivot_to(root)
     os.chdir(spec["cwd"])
     if ident["read_only_root"]:
         mount(None, "/", MS_BIND | MS_REMOUNT | MS_RDONLY)

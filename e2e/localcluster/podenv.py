@@ -7,8 +7,8 @@ fields below, `configMapKeyRef`/`secretKeyRef` with `optional`), then `$(VAR)` e
 Not emulated: `resourceFieldRef`, and the variables of `enableServiceLinks`.
 
 The process's identity (`identity`): `runAsUser`/`runAsGroup` (the container's over the pod's;
-root where unset, as the venv "image" has no USER; group root without `runAsGroup`, as on a
-cluster), `fsGroup` and `supplementalGroups` as
+the image's USER where unset, root when that is unset too, as for the venv stand-in; group root
+without `runAsGroup` or a group in USER, as on a cluster), `fsGroup` and `supplementalGroups` as
 supplementary groups, `runAsNonRoot` refused for root as the kubelet does, and from the
 container's securityContext `allowPrivilegeEscalation: false` (no_new_privs), `capabilities.drop:
 [ALL]` (an empty bounding set) and `readOnlyRootFilesystem`. Not emulated: seccomp profiles,
@@ -104,19 +104,26 @@ async def container_env(pod: dict, container: dict, get: Getter) -> dict[str, st
     return env
 
 
-def command_line(container: dict, env: dict[str, str]) -> list[str]:
-    """`command` + `args` expanded; the local cluster has no image ENTRYPOINT to fall back to."""
-    argv = [expand(a, env) for a in (container.get("command") or []) + (container.get("args") or [])]
+def command_line(container: dict, env: dict[str, str], entrypoint: list[str] = (),
+                 cmd: list[str] = ()) -> list[str]:
+    """What the container runs, expanded, as Kubernetes combines it with the image's ENTRYPOINT
+    and CMD: `command` replaces the ENTRYPOINT (and drops the CMD), `args` replaces the CMD."""
+    command, args = container.get("command"), container.get("args")
+    argv = (command + (args or [])) if command else [*entrypoint, *(args if args else cmd)]
     if not argv:
-        raise ConfigError(f"container {container['name']}: no command (images have no entrypoint here)")
-    return argv
+        raise ConfigError(f"container {container['name']}: no command, and its image has no "
+                          "ENTRYPOINT or CMD (the venv stand-in has neither)")
+    return [expand(a, env) for a in argv]
 
 
-def identity(pod: dict, container: dict) -> dict:
-    """Who the container's process is and what it may do, for launch.py (see the docstring)."""
+def identity(pod: dict, container: dict, image_user: tuple[int, int | None] | None = None) -> dict:
+    """Who the container's process is and what it may do, for launch.py (see the docstring).
+    `image_user`: the image's USER as (uid, gid or None), if it sets one."""
     pod_ctx = pod.get("spec", {}).get("securityContext") or {}
     ctx = container.get("securityContext") or {}
     merged = pod_ctx | {k: v for k, v in ctx.items() if v is not None}
+    if merged.get("runAsUser") is None and image_user is not None:
+        merged = {"runAsUser": image_user[0], "runAsGroup": image_user[1]} | merged
     uid = merged.get("runAsUser") or 0
     if merged.get("runAsNonRoot") and uid == 0:
         raise ConfigError("container has runAsNonRoot and image will run as root "

@@ -28,34 +28,45 @@ def kmock_options():
     return {"cls": ApiServer}
 
 
-@pytest.fixture
-async def cluster(kmock, tmp_path):
-    """The API server with a running kubelet; `cluster.kubelet`, `cluster.logs(pod)` (the file the
-    API server serves `kubectl logs` from; `previous=True`: `--previous`)."""
+@contextlib.asynccontextmanager
+async def kubelet_cluster(kmock, tmp_path: Path, **options):
+    """The API server with a running kubelet (`Kubelet(**options)`); `cluster.kubelet`,
+    `cluster.logs(pod)` (the file the API server serves `kubectl logs` from; `previous=True`:
+    `--previous`)."""
     require(unavailable_reason())
-    kubelet = Kubelet(str(kmock.url), tmp_path, Path(PY).parents[1], backoff_s=0.5, backoff_cap_s=1)
+    kubelet = Kubelet(str(kmock.url), tmp_path, Path(PY).parents[1], backoff_s=0.5, backoff_cap_s=1, **options)
     task = asyncio.create_task(kubelet.run())
     ready = asyncio.create_task(kubelet.ready.wait())
     await asyncio.wait({task, ready}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
     if task.done():
         task.result()
-    async with Cluster(kmock) as cluster:
-        cluster.kubelet = kubelet
-        kmock.logs = functools.partial(log_path, tmp_path)
-        cluster.logs = lambda pod, c="main", previous=False: _read(kmock.log_file(cluster.get("Pod", pod), c, previous))
+    try:
+        async with Cluster(kmock) as cluster:
+            cluster.kubelet = kubelet
+            kmock.logs = functools.partial(log_path, tmp_path)
+            cluster.logs = lambda pod, c="main", previous=False: _read(kmock.log_file(cluster.get("Pod", pod), c, previous))
+            yield cluster
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await kubelet.shutdown()
+
+
+@pytest.fixture
+async def cluster(kmock, tmp_path):
+    """The kubelet with the venv standing in for every image."""
+    async with kubelet_cluster(kmock, tmp_path) as cluster:
         yield cluster
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    await kubelet.shutdown()
 
 
 def _read(path: Path | None) -> str:
     return path.read_text() if path and path.exists() else ""
 
 
-def pod(name: str, command: list[str], labels: dict | None = None, policy: str = "Never", **extra) -> dict:
-    container = {"name": "main", "image": "venv", "command": command}
+def pod(name: str, command: list[str] | None, labels: dict | None = None, policy: str = "Never", **extra) -> dict:
+    """A pod of one container, `main`; no `command`: the image's."""
+    container = {"name": "main", "image": "venv"} | ({"command": command} if command else {})
     container.update(extra.pop("container", {}))
     return {
         "apiVersion": "v1", "kind": "Pod",

@@ -1,7 +1,8 @@
 """The kubelet with images (images.PodmanImages): a pod runs its image's files, not the host's.
 
 Needs podman and, but for the unbuilt-image test, the runtime image in podman's store (`make
-images`). Each test fails where the kubelet falls back to the host's files (the venv stand-in):
+images`); without them the tests skip, under CI too, as the GPU and kind tests do (a machine
+without the images has nothing to check them on). Each test fails where the kubelet falls back to the host's files (the venv stand-in):
 the model file exists only in the image, the host's root is writable, the stand-in has no USER,
 WORKDIR or CMD, and it runs any `spec.image`."""
 
@@ -14,7 +15,6 @@ import pytest
 
 from e2e.localcluster.images import PodmanImages
 from tests.cluster.test_kubelet import kmock_options, kubelet_cluster, main_status, phase, pod  # noqa: F401 (a fixture)
-from tests.fixtures.prerequisites import require
 from tests.operator.cluster import NS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,9 +32,14 @@ def image_missing(ref: str | None = None) -> str | None:
     return None
 
 
+def skip_without(missing: str | None) -> None:
+    if missing is not None:
+        pytest.skip(missing)
+
+
 @pytest.fixture
 async def cluster(kmock, tmp_path):
-    require(image_missing())
+    skip_without(image_missing())
     async with kubelet_cluster(kmock, tmp_path, images=PodmanImages()) as cluster:
         yield cluster
 
@@ -42,7 +47,7 @@ async def cluster(kmock, tmp_path):
 async def test_the_pod_runs_the_images_files_as_its_user_on_a_read_only_root(cluster, tmp_path):
     """No runAsUser: the image's USER (1000), its HOME and WORKDIR; a file only the image has;
     the root read-only; the claim (root's, before fsGroup) writable through fsGroup."""
-    require(image_missing(RUNTIME))
+    skip_without(image_missing(RUNTIME))
     assert not Path(IN_IMAGE_ONLY).exists()  # or the test proves nothing
     await cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "claim"},
                           "spec": {"accessModes": ["ReadWriteOnce"]}})
@@ -78,7 +83,7 @@ async def test_the_pod_runs_the_images_files_as_its_user_on_a_read_only_root(clu
 async def test_the_images_cmd_exit_codes_termination_messages_and_exec_probes(cluster):
     """No command: the image's CMD (`rlkube --help`). A command's exit code and the message it left
     at /dev/termination-log; an exec probe runs inside the image (it reads the image's file)."""
-    require(image_missing(RUNTIME))
+    skip_without(image_missing(RUNTIME))
     await cluster.create(pod("cmd", None, container={"image": RUNTIME}))
     await cluster.create(pod("fails", ["sh", "-c", "echo no model >/dev/termination-log; exit 3"],
                              container={"image": RUNTIME}))

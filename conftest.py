@@ -32,3 +32,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(work_unit(item)))
     items.sort(key=lambda item: UNITS.index(unit) if (unit := work_unit(item)) in UNITS else len(UNITS))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The figures tests record (`record_property`: recovery times, rewards), printed for every
+    test that ran to its end: a worker's own output is not shown, and a passing run's figures
+    are the ones a note quotes."""
+    reports = [r for kind in ("passed", "failed") for r in terminalreporter.stats.get(kind, [])
+               if r.when == "call" and r.user_properties]
+    if reports:
+        terminalreporter.section("figures")
+        for report in reports:
+            for name, value in report.user_properties:
+                terminalreporter.write_line(f"{report.nodeid}: {name}: {value}")

@@ -17,7 +17,7 @@ CLAIM = "doomed-data"
 ABSENT = "/data/models/absent"
 
 
-def test_a_missing_model_fails_the_run_at_once_with_the_runtimes_error(cluster):
+def test_a_missing_model_fails_the_run_at_once_with_the_runtimes_error(cluster, record_property):
     run = short_rl(NAME, ABSENT, CLAIM, 10)
     run["spec"]["restartPolicy"] = {"backoffLimit": 3}
     applied = time.monotonic()
@@ -28,7 +28,7 @@ def test_a_missing_model_fails_the_run_at_once_with_the_runtimes_error(cluster):
         return status if status.get("phase") == "Failed" else None
 
     status = cluster.wait(failed, 300, f"rlrun/{NAME} Failed", interval=0.25)
-    print(f"\nRLRun with a missing model: apply -> Failed in {time.monotonic() - applied:.1f} s")
+    record_property("apply -> Failed (s)", round(time.monotonic() - applied, 1))
     condition = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert condition["reason"] == "InvalidConfig", condition
     assert "exited with code 2" in condition["message"], condition

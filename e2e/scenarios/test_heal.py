@@ -19,7 +19,8 @@ its claim) through every fault a cluster deals out, in turn, each followed by re
 7. it reaches max_steps (by the trainer's own metrics) and Succeeded; deleting it removes every
    object of every kind the operator makes.
 
-The wall time of each recovery and the steps redone are printed (pytest -s shows them).
+The wall time of each recovery and the steps redone are recorded (the "figures" section of the
+run's summary prints them).
 """
 
 import time
@@ -39,7 +40,7 @@ BATCH_SIZE = 64  # short_rl's
 
 
 @pytest.mark.timeout(2400)
-def test_a_run_heals_from_every_fault(cluster):
+def test_a_run_heals_from_every_fault(cluster, record_property):
     cluster.apply(claim(CLAIM))
     model = cluster.seed_model(CLAIM)
     manifest = short_rl(NAME, model, CLAIM, MAX_STEPS, **{
@@ -71,7 +72,7 @@ def test_a_run_heals_from_every_fault(cluster):
     assert after and 1 < after[0] <= killed_at + 1 and len(redone) <= INTERVAL, \
         f"after a kill at step {killed_at} the trainer trained {after}"
     assert run.status()["restarts"] >= 2
-    print(f"trainer SIGKILL at step {killed_at}: redid steps {redone}")
+    record_property(f"trainer SIGKILL at step {killed_at}: steps redone", redone)
 
     # 3. An inference pod: the run goes on without a gang restart.
     inference_restarts = _restart_count(cluster, run.pod("inference"))
@@ -89,7 +90,7 @@ def test_a_run_heals_from_every_fault(cluster):
     assert cluster.incarnation(run.pod("orchestrator")) != before_kill, "the orchestrator was not restarted"
     redone = [s for s in run.trainer_steps()[before:] if s <= killed_at]
     assert len(redone) <= INTERVAL, f"steps redone after the orchestrator's kill at {killed_at}: {redone}"
-    print(f"orchestrator killed at step {killed_at}: the trainer redid steps {redone}")
+    record_property(f"orchestrator killed at step {killed_at}: steps redone", redone)
 
     # 5. The operator: its replacement adopts the run as it is, and writes its status.
     job, restarts = _trainer_job(cluster), run.status()["restarts"]
@@ -119,7 +120,7 @@ def test_a_run_heals_from_every_fault(cluster):
     resumed = run.trainer_steps()[len(trained):]
     assert resumed == list(range(checkpoint + 1, MAX_STEPS + 1)), \
         f"after a resume from step {checkpoint}'s checkpoint the trainer trained steps {resumed}"
-    print("recovery wall times (s):", {k: round(v, 1) for k, v in run.timings.items()})
+    record_property("recovery wall times (s)", {k: round(v, 1) for k, v in run.timings.items()})
 
     # Every kind is listed (a misspelt one would list nothing, and its deletion would prove nothing).
     assert all(running[kind] for kind in ("PodDisruptionBudget", "NetworkPolicy", "Secret", "Job")), running

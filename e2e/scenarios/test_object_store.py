@@ -40,7 +40,7 @@ def s3(cluster):
 
 
 @pytest.mark.timeout(1800)
-def test_weights_and_checkpoints_through_an_object_store(cluster, s3):
+def test_weights_and_checkpoints_through_an_object_store(cluster, s3, record_property):
     endpoint, client = s3
     cluster.apply(claim(CLAIM), {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-credentials"}, "stringData": CREDENTIALS,
@@ -72,5 +72,5 @@ def test_weights_and_checkpoints_through_an_object_store(cluster, s3):
     status = cluster.wait_phase("rlrun", NAME, {"Succeeded"}, 900)
     assert max(run.trainer_steps()) == MAX_STEPS and status["restarts"] >= 1
     assert any(k.endswith(f"step_{MAX_STEPS}/trainer/COMPLETE") for k in keys())
-    print("recovery wall times (s):", {k: round(v, 1) for k, v in run.timings.items()})
+    record_property("recovery wall times (s)", {k: round(v, 1) for k, v in run.timings.items()})
     cluster.delete("rlrun", NAME)

@@ -19,7 +19,7 @@ ENV_WORKERS = 2
 
 
 @pytest.mark.timeout(2400)
-def test_reverse_text_sft_then_rl_on_the_cluster(cluster):
+def test_reverse_text_sft_then_rl_on_the_cluster(cluster, record_property):
     pvc, sft = short_sft("/data/models/tiny", CLAIM, SFT_STEPS)
     cluster.apply(pvc)
     sft["spec"]["config"]["model"]["name"] = cluster.seed_model(CLAIM)
@@ -55,7 +55,7 @@ def test_reverse_text_sft_then_rl_on_the_cluster(cluster):
     connected = [r["env_workers/connected"] for r in run.metrics("orchestrator") if "env_workers/connected" in r]
     assert max(connected) == ENV_WORKERS, connected
     rise = Rise.of(run.metrics("orchestrator"), run.metrics("trainer"))
-    print(rise.summary())
+    record_property("reward", rise.summary())
     assert rise.rose, rise.explain()
     # On completion inference is torn down (GPUs freed); the trainer's weights stay on the claim.
     cluster.wait(lambda: not cluster.names("statefulsets", "rlkube.dev/run=reverse-text")

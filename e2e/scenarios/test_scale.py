@@ -13,8 +13,8 @@ run's ConfigMap), and touches neither the trainer nor the orchestrator. Asserted
 - `status.inference` (and `kubectl get`'s INFERENCE column) shows ready/desired.
 
 The timeline (seconds from each `kubectl scale` to the new replica Ready, to its first trained
-rollout, and to the removed pod gone; rollouts re-issued) is printed (pytest -s shows it). The
-run is deleted once it is proven, not trained to its end.
+rollout, and to the removed pod gone; rollouts re-issued) is recorded (the "figures" section of
+the run's summary prints it). The run is deleted once it is proven, not trained to its end.
 """
 
 import time
@@ -33,7 +33,7 @@ MAX_OFF_POLICY = 2  # rlrun.yaml's
 
 
 @pytest.mark.timeout(1800)
-def test_kubectl_scale_resizes_inference_mid_run_without_restarting_the_trainer(cluster):
+def test_kubectl_scale_resizes_inference_mid_run_without_restarting_the_trainer(cluster, record_property):
     cluster.apply(claim(CLAIM))
     model = cluster.seed_model(CLAIM)
     cluster.apply(short_rl(NAME, model, CLAIM, 500, **{"ckpt.interval": 100}))
@@ -81,11 +81,11 @@ def test_kubectl_scale_resizes_inference_mid_run_without_restarting_the_trainer(
     replicas = [r["inference/replicas"] for r in batches.values()]
     assert max(replicas) == 2 and replicas[-1] == 1, replicas
     by_size = {n: [r["time/batch"] for r in batches.values() if r["inference/replicas"] == n] for n in (1, 2)}
-    print("seconds per batch by replicas routed to:",
-          {n: round(sum(t) / len(t), 1) for n, t in by_size.items() if t})
-    print("scale timeline (s):", {k: round(v, 1) for k, v in timeline.items()},
-          f"rollouts re-issued after the scale-down: {reissued:g}",
-          f"rollouts served by the new replica: {_sum(run, 'rollouts/on_joined_replicas'):g}")
+    record_property("seconds per batch by replicas routed to",
+                    {n: round(sum(t) / len(t), 1) for n, t in by_size.items() if t})
+    record_property("timeline (s)", {k: round(v, 1) for k, v in timeline.items()})
+    record_property("rollouts re-issued after the scale-down", reissued)
+    record_property("rollouts served by the new replica", _sum(run, "rollouts/on_joined_replicas"))
     cluster.delete("rlrun", NAME)
 
 

@@ -256,7 +256,7 @@ def build_trainer_master_service(run: RunRef, spec: RunSpecBase, status_port: in
     old master still in its grace period."""
     ports = [_tcp("torchrun", TORCHRUN_PORT)]
     weights = getattr(spec.config, "weights", None)
-    if weights is not None and weights.type == "grpc":
+    if weights is not None and weights.type in ("grpc", "nixl"):
         ports.append(_tcp("weights", weights.grpc_port))
     if weights is not None and weights.type == "nccl":
         ports.append(_tcp("nccl", weights.nccl_port))

@@ -108,9 +108,9 @@ def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
         _section(data, "trainer").setdefault("compile_cache_url", url)  # else the PVC keeps it
     # the scraper reaches rank 0's Prometheus endpoint from outside the pod, like the orchestrator's
     _section(data, "trainer", "metrics").update(prometheus_port=trainer_metrics_port(spec), prometheus_host=ANY_ADDRESS)
-    if transfer in ("grpc", "nccl"):
-        # Inference dials (gRPC) or rendezvous at (NCCL) the trainer's rank 0 by its stable
-        # Service; the weight server binds every interface of its pod.
+    if transfer in ("grpc", "nixl", "nccl"):
+        # Inference dials (gRPC; NIXL for its descriptors) or rendezvous at (NCCL) the trainer's
+        # rank 0 by its stable Service; the weight server binds every interface of its pod.
         weights |= {"grpc_host": run.trainer_master, "grpc_bind_host": ANY_ADDRESS}
     return type(spec.config).model_validate(data)
 

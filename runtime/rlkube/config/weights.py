@@ -8,9 +8,11 @@ from rlkube.config.base import Config
 
 
 class WeightTransferConfig(Config):
-    type: Literal["storage", "grpc", "nccl"] = "storage"
+    type: Literal["storage", "grpc", "nixl", "nccl"] = "storage"
     """`storage`: the trainer writes an HF safetensors snapshot to `url` and each replica loads it;
     `grpc`: each replica pulls the snapshot from the trainer's gRPC server (no shared storage);
+    `nixl`: each replica READs the weights out of the trainer's registered memory through NIXL
+    (UCX: TCP or RDMA, `nixl_transports`), told where by the trainer's gRPC server;
     `nccl`: GPU broadcast through vLLM's weight-transfer engine."""
 
     url: str | None = None
@@ -18,15 +20,19 @@ class WeightTransferConfig(Config):
 
     grpc_host: str = "127.0.0.1"
     """The trainer's rank 0 as inference dials it (on Kubernetes, the run's stable trainer
-    master Service). `grpc`: the weight server's address, advertised in every policy location
-    (`grpc://<grpc_host>:<grpc_port>`); `nccl`: the NCCL rendezvous address."""
+    master Service). `grpc`, `nixl`: the weight server's address, advertised in every policy
+    location (`grpc://<grpc_host>:<grpc_port>`, `nixl://...`); `nccl`: the NCCL rendezvous address."""
 
     grpc_bind_host: str | None = None
-    """`grpc`: the address the trainer's weight server binds (`0.0.0.0`: every interface, as in
+    """`grpc`, `nixl`: the address the trainer's weight server binds (`0.0.0.0`: every interface, as in
     a pod, where `grpc_host` names a Service and not a local address); `grpc_host` when unset."""
 
     grpc_port: int = Field(default=50052, ge=1, le=65535)
-    """`grpc`: port of the trainer's weight server."""
+    """`grpc`, `nixl`: port of the trainer's weight server."""
+
+    nixl_transports: list[str] = Field(default=["tcp"], min_length=1)
+    """`nixl`: the UCX transports both sides may use (`UCX_TLS`), e.g. `["rc", "cuda_copy"]` on
+    an InfiniBand cluster. Name them: UCX's defaults failed between two hosts without RDMA."""
 
     nccl_port: int = Field(default=29600, ge=1, le=65535)
     """`nccl`: port of the NCCL rendezvous (a TCP store on the trainer's rank 0)."""

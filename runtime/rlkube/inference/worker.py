@@ -7,7 +7,9 @@ every worker of a replica (all tensor-parallel ranks) loads the same snapshot.
 A location is one of:
 - a local directory `.../step_N` (a PVC);
 - an fsspec URL `s3://bucket/run/weights/step_N`: downloaded to a temporary directory first;
-- `grpc://host:port`: snapshot `step` pulled from the trainer's weight server into memory.
+- `grpc://host:port`: snapshot `step` pulled from the trainer's weight server into memory;
+- `nixl://host:port`: snapshot `step` READ through NIXL out of the trainer's registered memory
+  into a buffer this worker registered once and reuses (rlkube.transport.weights_nixl).
 
 Either way, a snapshot not published yet is waited for up to `timeout` seconds.
 
@@ -35,6 +37,7 @@ from rlkube.inference.routing_capture import RoutingCaptureExtension
 from rlkube.models.hub import checkpoint_dir
 from rlkube.models.lora_math import adapted_modules, merged_weights, scaling_of
 from rlkube.transport.weights_grpc import fetch_snapshot
+from rlkube.transport.weights_nixl import NIXL_SCHEME, NixlReceiver
 from rlkube.transport.weights_snapshot import ADAPTER_CONFIG, ADAPTER_WEIGHTS, iter_safetensors
 from rlkube.transport.weights_storage import local_snapshot
 
@@ -91,6 +94,12 @@ class WeightLoaderExtension(RoutingCaptureExtension):
             else:
                 self._reload(weights_iterator=iter_safetensors(files))
             size = sum(map(len, files.values()))
+        elif location.startswith(NIXL_SCHEME):
+            if not hasattr(self, "_rlkube_nixl"):
+                self._rlkube_nixl = NixlReceiver()
+            _, tensors = self._rlkube_nixl.receive(location.removeprefix(NIXL_SCHEME), int(step), float(timeout))
+            self._reload(weights_iterator=iter(tensors.items()))
+            size = sum(t.numel() * t.element_size() for t in tensors.values())
         else:
             with local_snapshot(location, float(timeout)) as path:
                 if (Path(path) / ADAPTER_CONFIG).is_file():

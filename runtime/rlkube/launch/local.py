@@ -37,7 +37,7 @@ def bound_ports(config: RLConfig) -> list[tuple[str, str, int]]:
     ports += [("rollouts.port", config.rollouts.host, config.rollouts.port),
               ("orchestrator.http_port", config.rollouts.host, config.orchestrator.http_port)]
     weights = config.weights
-    if weights.type == "grpc":
+    if weights.type in ("grpc", "nixl"):
         ports.append(("weights.grpc_port", weights.grpc_bind_host or weights.grpc_host, weights.grpc_port))
     elif weights.type == "nccl":
         ports.append(("weights.nccl_port", weights.grpc_host, weights.nccl_port))

@@ -8,6 +8,8 @@ orchestrator, which tells each inference replica to load it
 
 - `storage`: an HF snapshot under `<url or output_dir/weights>/step_N/` (any fsspec URL);
 - `grpc`: the snapshot is served from memory by rank 0's `Weights` gRPC server;
+- `nixl`: each replica READs the weights out of rank 0's registered host memory
+  (rlkube.transport.weights_nixl), told where by that same gRPC server;
 - `nccl` (GPU): broadcast straight into the inference workers through vLLM's weight-transfer
   engine; the replicas are updated by the time `publish` returns.
 
@@ -28,8 +30,8 @@ def make_publisher(
     """The publisher `config.type` selects. `model_dir` supplies config.json and tokenizer;
     `adapter_config` (PEFT's, a LoRA run) makes every snapshot an adapter directory. Tensors
     are sent in the dtype they are given (the trainer's snapshot casts them to `config.dtype`)."""
-    if adapter_config is not None and config.type == "nccl":
-        raise ValueError("weights.type: 'nccl' broadcasts full weights; a LoRA run (trainer.lora) publishes "
+    if adapter_config is not None and config.type in ("nccl", "nixl"):
+        raise ValueError(f"weights.type: {config.type!r} sends full weights; a LoRA run (trainer.lora) publishes "
                          "its adapters through 'storage' or 'grpc'")
     return _transport_publisher(config, output_dir, model_dir, adapter_config)
 
@@ -45,6 +47,11 @@ def _transport_publisher(
             config.grpc_host, config.grpc_port, model_dir, config.keep_last, bind_host=config.grpc_bind_host,
             adapter_config=adapter_config,
         )
+    if config.type == "nixl":
+        from rlkube.transport.weights_nixl import NixlPublisher
+
+        return NixlPublisher(config.grpc_host, config.grpc_port, config.keep_last, config.nixl_transports,
+                             bind_host=config.grpc_bind_host)
     from rlkube.transport.weights_nccl import NcclPublisher
 
     return NcclPublisher(config)

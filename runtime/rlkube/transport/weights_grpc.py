@@ -79,6 +79,11 @@ class WeightsServicer:
                     del self._snapshots[old]
             self._added.notify_all()
 
+    def discard(self, step: int) -> None:
+        """Stop serving `step` (a transport about to reuse its memory)."""
+        with self._added:
+            self._snapshots.pop(step, None)
+
     def steps(self) -> list[int]:
         with self._added:
             return sorted(self._snapshots)

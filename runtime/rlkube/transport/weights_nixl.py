@@ -41,7 +41,8 @@ NIXL_SCHEME = "nixl://"
 DESCRIPTOR = "nixl.json"
 """The one file of a NIXL snapshot on the weight server: where and how to read the policy."""
 _ALIGN = 64
-READ_BYTES = int(os.environ.get("RK_READ_MB", "64")) * 1024**2
+READ_BYTES = 64 * 1024**2
+"""A READ is posted as pieces of this size, which UCX keeps in flight together."""
 _POLL_S = 0.0005
 
 

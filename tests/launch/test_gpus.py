@@ -3,7 +3,7 @@
 import pytest
 from rlkube.config import InferenceConfig, RLConfig
 from rlkube.entrypoints.rl import main
-from rlkube.launch.gpus import place_gpus, visible_gpus
+from rlkube.launch.gpus import place_gpus, trainer_share, visible_gpus
 from rlkube.launch.local import child_stages, write_process_configs
 
 from tests.fixtures.inference import vllm_args
@@ -86,3 +86,10 @@ def test_tensor_parallel_size_reaches_vllm():
     """Read by vLLM's parser: a GPU engine cannot start here."""
     assert vllm_args(InferenceConfig(tensor_parallel_size=2), on_cpu=False).tensor_parallel_size == 2
     assert vllm_args(InferenceConfig(), on_cpu=False).tensor_parallel_size == 1
+
+
+def test_the_trainer_shares_its_gpu_with_the_inference_replicas_placed_on_it():
+    one_gpu = RLConfig.model_validate({"trainer": {"gpus": [0]}, "inference": {"gpus": [0], "gpu_memory_utilization": 0.35}})
+    assert trainer_share(one_gpu) == pytest.approx(0.65)
+    apart = RLConfig.model_validate({"trainer": {"nproc_per_node": 2}, "inference": {"replicas": 6}})
+    assert trainer_share(apart) == 1.0

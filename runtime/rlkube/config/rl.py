@@ -15,7 +15,7 @@ from rlkube.config.inference import (
     TeacherServerSection,
 )
 from rlkube.config.orchestrator import ClientConfig, OrchestratorSection, RolloutServerConfig
-from rlkube.config.shared import RunConfig
+from rlkube.config.shared import PlannedGpuConfig, RunConfig
 from rlkube.config.trainer import LossConfig, TrainerCommonConfig, TrainerMetricsConfig
 from rlkube.config.weights import WeightTransferConfig
 
@@ -62,7 +62,7 @@ class OrchestratorConfig(RunConfig, OrchestratorSection):
     """Where inference loads new weights from."""
 
 
-class RLConfig(RunConfig):
+class RLConfig(RunConfig, PlannedGpuConfig):
     """`rlkube rl @ rl.toml`: inference, orchestrator and trainer from one file."""
 
     trainer: RLTrainerSection = RLTrainerSection()

@@ -5,7 +5,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from rlkube.config.base import Config
-from rlkube.config.shared import RunConfig
+from rlkube.config.shared import PlannedGpuConfig, RunConfig
 from rlkube.config.trainer import TrainerCommonConfig
 
 
@@ -37,7 +37,7 @@ class SFTDataConfig(Config):
     """Shuffle the dataset every epoch (seeded)."""
 
 
-class SFTConfig(RunConfig, TrainerCommonConfig):
+class SFTConfig(RunConfig, TrainerCommonConfig, PlannedGpuConfig):
     """`rlkube sft @ sft.toml`: fine-tune a model on a chat dataset."""
 
     data: SFTDataConfig = SFTDataConfig()

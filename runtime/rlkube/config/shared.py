@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlkube.config.base import Config
+from rlkube.config.gpus import GpuName
 
 
 class ModelConfig(Config):
@@ -91,6 +92,16 @@ class RunConfig(Config):
 
     log: LogConfig = LogConfig()
     """Logging."""
+
+
+class PlannedGpuConfig(Config):
+    """The GPU a top-level command's config is written for."""
+
+    gpu: GpuName | None = None
+    """The GPU the run is planned for (its memory: `rlkube.config.gpus`). `--dry-run` prints the
+    estimated memory per GPU of the trainer (and of inference) from the model's shape, and the
+    CLI refuses a config whose estimate does not fit this GPU, with the numbers. Unset: the
+    estimate is printed, nothing is refused."""
 
 
 class ModelInitConfig(Config):

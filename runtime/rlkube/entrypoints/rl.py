@@ -12,11 +12,12 @@ import sys
 
 from rlkube.config import RLConfig, parse_cli
 from rlkube.entrypoints.checks import check_references
+from rlkube.entrypoints.memory import check_memory
 
 
 def main(argv: list[str] | None = None) -> int:
     config, dry_run = parse_cli(RLConfig, "rl", argv, check=check_references)
-    from rlkube.launch.gpus import place_gpus, visible_gpus
+    from rlkube.launch.gpus import place_gpus, trainer_share, visible_gpus
     from rlkube.launch.local import check_ports, child_stages, write_process_configs
     from rlkube.launch.progress import RunProgress
     from rlkube.launch.supervisor import Supervisor, install_sigterm_as_interrupt
@@ -33,6 +34,14 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(config.output_dir, ignore_errors=True)
     except (ValueError, RuntimeError) as e:
         print(f"rlkube rl: error: {e}", file=sys.stderr)
+        return 2
+
+    def estimate():
+        from rlkube.trainer.memory import rl_memory
+
+        return rl_memory(config, config.trainer.nproc_per_node, trainer_share(config))
+
+    if not check_memory(estimate, config, dry_run):
         return 2
     paths = write_process_configs(config)
     setup_logging(config.log.level, file=config.output_dir / "logs" / "rl.log")

@@ -90,3 +90,19 @@ def _indices(field: str, given: list[int] | None, count: int, visible: list[str]
     if bad := [i for i in given if not 0 <= i < len(visible)]:
         raise ValueError(f"{field}: {bad} are not among the {len(visible)} visible GPUs (0-{len(visible) - 1})")
     return list(given)
+
+
+def trainer_share(config: RLConfig) -> float:
+    """The fraction of its GPU the trainer's first rank gets on a machine with the GPUs the
+    config asks for: 1, unless inference or teacher replicas share that GPU (`trainer.gpus` and
+    `inference.gpus` naming the same one: one GPU for everything), then what their
+    `gpu_memory_utilization` leaves."""
+    explicit = [i for given in (config.inference.gpus, config.trainer.gpus, config.teacher and config.teacher.gpus)
+                for i in given or []]
+    teacher = config.teacher.replicas * config.teacher.tensor_parallel_size if config.teacher else 0
+    count = config.inference.replicas * config.inference.tensor_parallel_size + config.trainer.nproc_per_node + teacher
+    placement = place_gpus(config, [str(i) for i in range(max([count, *(i + 1 for i in explicit)]))])
+    servers = [(config.inference, placement.inference), (config.teacher, placement.teacher)]
+    claimed = sum(section.gpu_memory_utilization for section, replicas in servers for devices in replicas
+                  if placement.trainer[0] in devices)
+    return max(0.0, 1.0 - claimed)

@@ -18,6 +18,7 @@ from torch import nn
 
 from rlkube.config import LoraConfig, ModelConfig, ParallelConfig
 from rlkube.logs import get_logger
+from rlkube.models.architectures import model_architecture
 from rlkube.models.hub import checkpoint_dir
 from rlkube.models.lora_math import is_adapter_key
 from rlkube.trainer.experts import expert_sources, load_experts
@@ -77,10 +78,11 @@ def build_model(
 
 
 def build_meta_model(config: ModelConfig, **extra) -> nn.Module:
-    """The model's modules on the meta device, in float32: its structure without memory."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """The model's modules on the meta device, in float32: its structure without memory (from
+    its `config.json` alone: `rlkube.models.architectures`)."""
+    from transformers import AutoModelForCausalLM
 
-    model_config = AutoConfig.from_pretrained(checkpoint_dir(config.name), trust_remote_code=config.trust_remote_code)
+    model_config = model_architecture(config.name, config.trust_remote_code)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(
             model_config, dtype=torch.float32, trust_remote_code=config.trust_remote_code, **extra

@@ -59,6 +59,7 @@ PRINTER_COLUMNS = [
     {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
     {"name": "Max", "type": "integer", "jsonPath": ".status.maxSteps", "priority": 1},
     {"name": "Reward", "type": "number", "jsonPath": ".status.reward"},
+    {"name": "Eval", "type": "number", "jsonPath": ".status.evalReward", "kinds": ("RLRun",)},
     {"name": "Inference", "type": "string", "jsonPath": ".status.inference.ready", "kinds": ("RLRun",)},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},

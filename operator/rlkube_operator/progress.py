@@ -18,6 +18,19 @@ def status_url(template: str, *, service: str, namespace: str, port: int) -> str
     return template.format(service=service, namespace=namespace, port=port)
 
 
+ROUNDED = frozenset({"reward", "evalReward"})
+"""The status fields kept to `SIGNIFICANT_DIGITS`: `kubectl get` prints a number as stored."""
+SIGNIFICANT_DIGITS = 4
+
+
+def significant(value):
+    """A number to `SIGNIFICANT_DIGITS` significant digits (0.7159132524809819 -> 0.7159); anything
+    else as it is."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+
+
 def read_progress(url: str) -> dict:
     """The status JSON; raises `podread.Unreadable` saying why it cannot be read (bounded:
     `podread.DEADLINE_S` in all, `podread.MAX_BYTES` of body)."""

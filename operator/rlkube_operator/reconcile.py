@@ -522,9 +522,10 @@ class Reconciler:
                 log.warning("progress of %s %s/%s unreadable: %s", run.kind, run.namespace, run.name, e)
             return
         conditions.set("ProgressReadable", True, "Read", f"{source} status read from {url}")
-        for ours, theirs in (("step", "step"), ("reward", "reward"), ("lastCheckpointStep", "last_checkpoint_step")):
-            if data.get(theirs) is not None:
-                status[ours] = data[theirs]
+        for ours, theirs in (("step", "step"), ("reward", "reward"), ("evalReward", "eval_reward"),
+                             ("lastCheckpointStep", "last_checkpoint_step")):
+            if (value := data.get(theirs)) is not None:
+                status[ours] = progress.significant(value) if ours in progress.ROUNDED else value
 
     @staticmethod
     def _finish(status, phase, message, conditions: Conditions, events, *, stalled, worst=None) -> Result:

@@ -33,7 +33,7 @@ from rlkube_operator.reconcile import Reconciler, Result
 
 log = logging.getLogger(__name__)
 
-PROGRESS_FIELDS = frozenset({"step", "reward", "lastCheckpointStep"})
+PROGRESS_FIELDS = frozenset({"step", "reward", "evalReward", "lastCheckpointStep"})
 FINISHED = ("Succeeded", "Failed")
 
 

@@ -75,7 +75,11 @@ class RunStatus(K8sModel):
     """`config.max_steps`."""
 
     reward: float | None = None
-    """The latest mean training reward (RLRun)."""
+    """The latest mean training reward (RLRun), to 4 significant digits."""
+
+    eval_reward: float | None = None
+    """The latest held-out reward of a run that evaluates (`config.orchestrator.eval`: the mean of
+    its environments' avg@k), to 4 significant digits (RLRun)."""
 
     last_checkpoint_step: int | None = None
     """The step of the newest complete checkpoint."""

@@ -145,18 +145,21 @@ async def test_status_and_printer_columns_follow_the_pods(cluster, orchestrator_
     assert condition(status, "Reconciling")["status"] == "True"  # kstatus: InProgress, not Current
     assert condition(status, "InferenceReady")["status"] == "True"
 
-    # Everything comes up; step and reward come from the orchestrator's /status.
-    orchestrator_status.body |= {"phase": "running", "step": 7, "reward": 0.42, "last_checkpoint_step": 5}
+    # Everything comes up; step and rewards come from the orchestrator's /status, kept to 4
+    # significant digits.
+    orchestrator_status.body |= {"phase": "running", "step": 7, "reward": 0.7159132524809819,
+                                 "eval_reward": 0.81236, "last_checkpoint_step": 5}
     await cluster.patch("Pod", "rt-orchestrator-0", {"status": pod_running()})
     await cluster.run_pods(cluster.get("Job", "rt-trainer-0"), 1)
     # (Both: a pass woken by the orchestrator pod alone may read the step before the trainer runs.)
     status = await cluster.until(lambda: cluster.status("RLRun", "rt").get("step") == 7
                                  and cluster.status("RLRun", "rt")["phase"] == "Running"
                                  and cluster.status("RLRun", "rt"))
-    assert (status["reward"], status["lastCheckpointStep"], status["maxSteps"]) == (0.42, 5, RL_MAX_STEPS)
+    assert (status["reward"], status["evalReward"], status["lastCheckpointStep"], status["maxSteps"]) == (
+        0.7159, 0.8124, 5, RL_MAX_STEPS)
     row = printer_row(cluster.get("RLRun", "rt"))
-    assert {k: row[k] for k in ("Phase", "Step", "Max", "Reward", "Restarts")} == {
-        "Phase": "Running", "Step": 7, "Max": RL_MAX_STEPS, "Reward": 0.42, "Restarts": 0}
+    assert {k: row[k] for k in ("Phase", "Step", "Max", "Reward", "Eval", "Restarts")} == {
+        "Phase": "Running", "Step": 7, "Max": RL_MAX_STEPS, "Reward": 0.7159, "Eval": 0.8124, "Restarts": 0}
     for type_ in ("Ready", "Progressing", "InferenceReady", "OrchestratorReady", "TrainerReady", "SpecAccepted"):
         assert condition(status, type_)["status"] == "True", type_
         assert condition(status, type_)["observedGeneration"] == 1

@@ -48,7 +48,7 @@ def test_periodic_eval_asks_for_the_policy_the_replicas_serve(tiny_model, tmp_pa
 
     from rlkube.config import OrchestratorConfig
     from rlkube.config.inference import POLICY_ADAPTER
-    from rlkube.orchestrator.eval import periodic_eval
+    from rlkube.orchestrator.eval import EVAL_REWARD, periodic_eval
     from rlkube.orchestrator.inference import InferencePool
 
     from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
@@ -69,6 +69,7 @@ def test_periodic_eval_asks_for_the_policy_the_replicas_serve(tiny_model, tmp_pa
 
         metrics = asyncio.run(steps())
     assert all(m["eval/reverse_text/errored_rollouts"] == 0 for m in metrics)
+    assert all(m[EVAL_REWARD] == m["eval/reverse_text/avg@1"] for m in metrics)  # one env: its avg@k
     assert server.fake.requested_models == [str(tiny_model)] * 3 + [POLICY_ADAPTER] * 3
 
 

@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 from rlkube.config import EnvConfig, OrchestratorConfig
 from rlkube.orchestrator import checkpoint
+from rlkube.orchestrator.eval import EVAL_REWARD
 from rlkube.orchestrator.orchestrator import Orchestrator
 from rlkube.orchestrator.rollouts import TaskSampler
 from rlkube.orchestrator.status import PrometheusMetrics, make_app, start_http
@@ -126,7 +127,7 @@ def test_full_run_over_grpc(tmp_path):
         assert loss_tokens == ranks[0][0]["global_loss_tokens"] == 4 * 2
     assert pool.loads == [(s, f"/w/step_{s}") for s in range(1, 5)]
     assert orchestrator.status() | {"reward": None} == {
-        "phase": "finished", "step": 4, "max_steps": 4, "reward": None, "policy_step": 4,
+        "phase": "finished", "step": 4, "max_steps": 4, "reward": None, "eval_reward": None, "policy_step": 4,
         "off_policy_lag": orchestrator.last_lag, "last_checkpoint_step": 4,
     }
     assert checkpoint.resolve_step(tmp_path / "checkpoints", 2) == 2
@@ -300,7 +301,7 @@ def test_status_and_metrics_endpoints(tmp_path):
 
     status, metrics, health = asyncio.run(go())
     assert status == {
-        "phase": "starting", "step": 0, "max_steps": 4, "reward": None, "policy_step": 0,
+        "phase": "starting", "step": 0, "max_steps": 4, "reward": None, "eval_reward": None, "policy_step": 0,
         "off_policy_lag": 0, "last_checkpoint_step": None,
     }
     assert "rlkube_orchestrator_reward_all_mean 0.25" in metrics
@@ -314,12 +315,13 @@ def test_eval_runs_at_step_zero_every_interval_and_at_the_end(tmp_path):
 
     async def evaluate(step):
         evaluated.append(step)
-        return {"eval/fake/avg@1": step / 10}
+        return {"eval/fake/avg@1": step / 10, EVAL_REWARD: step / 10}
 
     orchestrator = Orchestrator(config, [FakeRunner()], FakePool(), lambda m, s: logged.append((s, m)), evaluate)
     asyncio.run(run_with_trainer(orchestrator, config))
     assert evaluated == [0, 2, 4, 5]
     assert [(s, m["eval/fake/avg@1"]) for s, m in logged if "eval/fake/avg@1" in m] == [(0, 0.0), (2, 0.2), (4, 0.4), (5, 0.5)]
+    assert orchestrator.status()["eval_reward"] == 0.5  # the last eval's, for the RLRun's Eval column
 
 
 def test_a_batch_of_only_failed_rollouts_stops_the_run(tmp_path):

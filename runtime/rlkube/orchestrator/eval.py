@@ -237,6 +237,11 @@ async def evaluate(
     return results
 
 
+EVAL_REWARD = "eval/reward"
+"""The metric of a periodic eval's reward: the mean of its environments' avg@k (the orchestrator's
+`/status` `eval_reward`, the RLRun's `status.evalReward`)."""
+
+
 def periodic_eval(config, pool) -> Any:
     """The orchestrator's `evaluate(step) -> metrics` for `config.eval` (an OrchestratorConfig);
     environments are built once. Rollouts run on the replicas of the orchestrator's `pool`
@@ -255,6 +260,7 @@ def periodic_eval(config, pool) -> Any:
             max_concurrent=config.client.max_concurrent, loaded_envs=loaded,
         )
         logger.info("eval at step %d: %s", step, {r.env: round(r.avg_at_k, 4) for r in results})
-        return {k: v for r in results for k, v in r.metrics().items()}
+        mean = sum(r.avg_at_k for r in results) / len(results)
+        return {k: v for r in results for k, v in r.metrics().items()} | {EVAL_REWARD: mean}
 
     return run

@@ -27,6 +27,7 @@ from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.advantage import make_advantage_fn
 from rlkube.orchestrator.buffer import RolloutBuffer
 from rlkube.orchestrator.clock import PolicyClock
+from rlkube.orchestrator.eval import EVAL_REWARD
 from rlkube.orchestrator.metrics import batch_metrics, truncation_warning
 from rlkube.orchestrator.packing import pack_batch
 from rlkube.orchestrator.rollouts import Reissuer, run_group
@@ -98,6 +99,7 @@ class Orchestrator:
         self.trained_step = 0
         """The newest step the trainer finished (reported its policy); /status's `step`."""
         self.last_reward: float | None = None
+        self.last_eval_reward: float | None = None
         self.last_lag = 0
         self.warned_truncation = False
         self.last_checkpoint_step: int | None = None
@@ -194,6 +196,7 @@ class Orchestrator:
             "step": self.trained_step,
             "max_steps": self.config.max_steps,
             "reward": self.last_reward,
+            "eval_reward": self.last_eval_reward,
             "policy_step": self.clock.policy_step,
             "off_policy_lag": self.last_lag,
             "last_checkpoint_step": self.last_checkpoint_step,
@@ -292,6 +295,7 @@ class Orchestrator:
             return
         started = time.perf_counter()
         metrics = await self.evaluate(step)
+        self.last_eval_reward = metrics.get(EVAL_REWARD, self.last_eval_reward)
         self.log_metrics(metrics | {"time/eval": time.perf_counter() - started}, step)
 
     def state_dict(self) -> dict:

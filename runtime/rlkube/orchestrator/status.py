@@ -3,10 +3,11 @@ Prometheus `/metrics`.
 
 `/status` is a fixed contract the operator reads:
 `{"phase": "starting|running|finished|failed", "step": int, "max_steps": int,
-"reward": float|null, "policy_step": int, "off_policy_lag": int, "last_checkpoint_step": int|null}`:
-`step` is the newest step the trainer finished (reported), `policy_step` the newest policy every
-inference replica has loaded, `reward` the mean reward of the newest batch, `off_policy_lag` the
-largest lag in it.
+"reward": float|null, "eval_reward": float|null, "policy_step": int, "off_policy_lag": int,
+"last_checkpoint_step": int|null}`: `step` is the newest step the trainer finished (reported),
+`policy_step` the newest policy every inference replica has loaded, `reward` the mean reward of
+the newest batch, `eval_reward` that of the newest periodic eval (null without `[eval]`: the
+mean of its environments' avg@k), `off_policy_lag` the largest lag in the batch.
 """
 
 import logging
@@ -19,7 +20,8 @@ from rlkube.metrics import PrometheusMetrics
 
 logger = logging.getLogger(__name__)
 
-STATUS_KEYS = ("phase", "step", "max_steps", "reward", "policy_step", "off_policy_lag", "last_checkpoint_step")
+STATUS_KEYS = ("phase", "step", "max_steps", "reward", "eval_reward", "policy_step", "off_policy_lag",
+               "last_checkpoint_step")
 
 
 def make_app(status: Callable[[], dict], prometheus: PrometheusMetrics) -> web.Application:

@@ -9,7 +9,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from rlkube.config import InferenceConfig, RLConfig, SFTConfig, TrainerConfig, load_config
+from rlkube.config import InferenceConfig, RLConfig, SFTConfig, TrainerConfig, load_config, to_toml
 from rlkube.config.gpus import GPUS
 from rlkube_operator import wiring
 from rlkube_operator.spec import RLRunSpec, SFTRunSpec
@@ -91,6 +91,10 @@ def test_the_toml_passes_dry_run_and_its_memory_fits_its_gpu(name, tmp_path, cap
     assert "does NOT fit" not in out and "skipped" not in out
     if setup.kind == "RLRun":
         assert "tokens of KV cache" in out
+    else:  # the resolved config, then the estimate as TOML comments: still one TOML document
+        assert "\n# trainer memory per GPU, estimated" in out
+        resolved = load_config(SFTConfig, argv[:-1])
+        assert tomllib.loads(out) == tomllib.loads(to_toml(resolved))
 
 
 @pytest.mark.parametrize("name", sorted(SETUPS))

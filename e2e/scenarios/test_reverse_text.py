@@ -14,7 +14,7 @@ from e2e.scenarios.runs import Run
 
 pytestmark = pytest.mark.slow
 
-CLAIM = "reverse-text-data"
+CLAIM = "reverse-text-shared"
 ENV_WORKERS = 2
 
 

@@ -21,6 +21,7 @@ import kopf
 import pydantic
 
 from rlkube_operator import GROUP, VERSION, leader, metrics
+from rlkube_operator.guardrails import Guardrails
 from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.names import RUN_UID_LABEL
 from rlkube_operator.reconcile import Reconciler, Settings
@@ -92,6 +93,13 @@ def _json_object(text: str) -> dict:
     return value
 
 
+def _guardrails(text: str) -> Guardrails:
+    try:
+        return Guardrails.model_validate_json(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"invalid guardrails {text!r}: {e}") from None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rlkube-operator", description=__doc__.splitlines()[0])
     scope = parser.add_mutually_exclusive_group()
@@ -130,6 +138,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--no-network-policy", action="store_true",
         help="give runs no NetworkPolicy (only where the cluster fences them some other way: the "
         "runs' APIs then rest on their token alone)",
+    )
+    parser.add_argument(
+        "--guardrails",
+        type=_guardrails,
+        default=Guardrails(),
+        help="what runs may ask of their pods, as the chart's `guardrails` values (JSON; "
+        "default: the chart's defaults); a spec that breaks one is refused, naming the field",
     )
     parser.add_argument("--log-level", default="INFO")
     election = parser.add_argument_group("leader election (several replicas, one reconciling)")
@@ -174,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     settings = Settings(status_url_template=args.status_url,
                         network_policy_peer=None if args.no_network_policy else args.network_policy_peer,
-                        metrics_scraper_peer=args.metrics_scraper_peer)
+                        metrics_scraper_peer=args.metrics_scraper_peer, guardrails=args.guardrails)
     reconciler = Reconciler(Kube(api_client()), settings)
     operator = functools.partial(
         kopf.operator,

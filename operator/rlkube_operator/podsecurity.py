@@ -23,9 +23,10 @@ class PodSecurityContext(K8sModel):
     The defaults meet the `restricted` Pod Security Standard and match the rlkube runtime
     images (uid and gid 1000). Whatever is set here, every container also runs with
     `allowPrivilegeEscalation: false`, every capability dropped, a read-only root filesystem
-    (writable: `/tmp`, the run's volume, `/dev/shm`) and no service-account token. The chart's
-    guardrails refuse root (`runAsUser: 0`, `runAsNonRoot: false`) and `Unconfined` unless the
-    cluster admin allows them."""
+    (writable: `/tmp`, the run's volume, `/dev/shm`) and no service-account token. The guardrails
+    (`guardrails.py`: the operator's, and the chart's admission policy) refuse root
+    (`runAsUser: 0`, `runAsNonRoot: false`) and `Unconfined` unless the cluster admin allows
+    them."""
 
     model_config = ConfigDict(json_schema_extra=cel((
         "!has(self.runAsNonRoot) || !self.runAsNonRoot || !has(self.runAsUser) || self.runAsUser != 0",

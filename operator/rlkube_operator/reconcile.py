@@ -26,6 +26,7 @@ from rlkube.config.cli import format_validation_error
 
 from rlkube_operator import builders, lifetime, observe, podread, progress, queueing
 from rlkube_operator.conditions import Conditions
+from rlkube_operator.guardrails import Guardrails, refusals
 from rlkube_operator.kube import ForeignChild, Kube
 from rlkube_operator.names import SFT_STATUS_PORT, RunRef
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
@@ -98,6 +99,9 @@ class Settings:
 
     metrics_scraper_peer: dict | None = field(default_factory=lambda: dict(SCRAPER_PEER))
     """The NetworkPolicyPeer admitted to the ports that serve `/metrics`; None: no scraper."""
+
+    guardrails: Guardrails = field(default_factory=Guardrails)
+    """What runs may ask of their pods (`guardrails.py`): a spec that breaks it is invalid."""
 
 
 @dataclass
@@ -189,6 +193,9 @@ class Reconciler:
         self.settings = settings or Settings()
         self.custom = queueing.CustomObjects(kube)
         self.kueue = queueing.Kueue(self.custom)
+        self._refused: dict[str, tuple[tuple, list[str]]] = {}
+        """Per run uid: the spec last checked against the guardrails, and what they refused
+        (cel-python takes ~0.25 s a spec, so a spec is checked once)."""
 
     # --- spec ---------------------------------------------------------------------
     def applied_spec(
@@ -224,6 +231,17 @@ class Reconciler:
             f"while it is suspended {_resumable()}. Delete and recreate the run to change the others "
             "(a PVC claimName keeps checkpoints)."
         )
+
+    def guardrail_refusals(self, run: RunRef, spec: RunSpecBase) -> tuple[list[str], bool]:
+        """What the guardrails refuse of `spec`, as the admission policy would of the run, and
+        whether it was checked now (rather than remembered from an earlier pass)."""
+        seen = spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"config"})
+        key = (run.kind, run.name, json.dumps(seen, sort_keys=True))
+        if (cached := self._refused.get(run.uid)) is not None and cached[0] == key:
+            return cached[1], False
+        obj = {"kind": run.kind, "metadata": {"name": run.name, "namespace": run.namespace}, "spec": seen}
+        self._refused[run.uid] = key, refusals(obj, self.settings.guardrails)
+        return self._refused[run.uid][1], True
 
     # --- children ---------------------------------------------------------------------
     def trainer_jobs(self, run: RunRef) -> tuple[dict | None, list[dict]]:
@@ -322,6 +340,13 @@ class Reconciler:
             invalid = format_validation_error(e).replace("invalid config:\n", "invalid spec: ").replace("\n", ";")
         except ValueError as e:  # the run's queue-name label contradicts spec.queue
             desired, invalid = None, f"invalid spec: {e}"
+        refused, checked = self.guardrail_refusals(run, desired) if desired is not None else ([], False)
+        if refused:
+            why = f"forbidden by the guardrails: {'; '.join(refused)}"
+            if self.settings.guardrails.enforced:
+                desired, invalid = None, why
+            elif checked:  # [Warn, Audit]: said once per spec, and the run goes on
+                events.append(("Warning", "Forbidden", why))
         spec, refusal = self.applied_spec(run, workload, desired)
         if invalid or refusal:
             reason, why = ("InvalidSpec", invalid) if invalid else ("ChangeRequiresRecreate", refusal)

@@ -1,15 +1,19 @@
-"""The chart's guardrails: its ValidatingAdmissionPolicy, rendered by the real Helm engine,
-validated against the official schemas, and its CEL evaluated with cel-python as the API server
-would (variables first, then each validation; the object with the CRD's defaults applied) against
-hostile runs and benign ones (the local API server enforces it too: tests/cluster)."""
+"""The guardrails, enforced twice from one definition (rlkube_operator/guardrails.py): the chart's
+ValidatingAdmissionPolicy, rendered by the real Helm engine, validated against the official
+schemas, and its CEL evaluated with cel-python as the API server would (variables first, then
+each validation; the object with the CRD's defaults applied) against hostile runs and benign
+ones (the local API server enforces it too: tests/cluster); and the operator, which refuses the
+same runs with the same messages."""
 
 import copy
 
 import kubernetes_validate
 import pytest
 from pydantic import ValidationError
-from rlkube_operator import crd
-from rlkube_operator.spec import RLRunSpec
+from rlkube_operator import crd, guardrails
+from rlkube_operator.names import RunRef
+from rlkube_operator.reconcile import Reconciler, Settings
+from rlkube_operator.spec import KINDS, RLRunSpec
 
 from e2e.localcluster import policies
 from e2e.localcluster.admission import with_defaults
@@ -49,6 +53,8 @@ def run(kind: str = "RLRun", **spec) -> dict:
 def with_pod(component: str, **pod) -> dict:
     obj = run()
     obj["spec"].setdefault(component, {})["pod"] = pod
+    if component == "teacher":
+        obj["spec"]["teacher"]["model"] = {"name": "teacher-model"}
     return obj
 
 
@@ -80,7 +86,88 @@ HOSTILE = {
                       "spec.trainer.pod.runtimeClassName unsandboxed is not allowed"),
     "unlisted registry": (run(image="docker.io/someone/rlkube:latest"),
                           "spec.image docker.io/someone/rlkube:latest is not from a registry"),
+    "projected service-account token": (
+        with_pod("orchestrator", volumes=[{"name": "sa", "projected": {"sources": [
+            {"configMap": {"name": "c"}}, {"serviceAccountToken": {"path": "token", "audience": "vault"}}]}}]),
+        "spec.orchestrator.pod.volumes: a projected serviceAccountToken"),
+    "csi volume": (with_pod("trainer", volumes=[{"name": "s", "csi": {"driver": "secrets-store.csi.k8s.io"}}]),
+                   "spec.trainer.pod.volumes: volume s is a csi volume"),
+    "ephemeral volume cloning a claim": (
+        with_pod("trainer", volumes=[{"name": "e", "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "dataSource": {"kind": "PersistentVolumeClaim", "name": "other-data"}}}}}]),
+        "spec.trainer.pod.volumes: volume e is a ephemeral volume"),
+    "another run's claim, as a volume": (
+        with_pod("inference", volumes=[{"name": "o", "persistentVolumeClaim": {"claimName": "other-data"}}]),
+        "spec.inference.pod.volumes: a claim or Secret is named like another run's claim"),
+    "another run's claim, as storage": (run(storage={"pvc": {"claimName": "other-sft-data"}}),
+                                        "spec.storage: a claim or Secret is named like another run's claim"),
+    "another run's token, secretKeyRef": (
+        with_pod("envWorkers", env=[{"name": "T", "valueFrom": {"secretKeyRef": {"name": "other-token", "key": "token"}}}]),
+        "spec.envWorkers.pod.env/envFrom: a Secret is named like another run's"),
+    "another run's token, envFrom": (with_pod("trainer", envFrom=[{"secretRef": {"name": "other-sft-token"}}]),
+                                     "spec.trainer.pod.env/envFrom: a Secret is named like another run's"),
+    "another run's token, secret volume": (
+        with_pod("trainer", volumes=[{"name": "t", "secret": {"secretName": "other-token"}}]),
+        "spec.trainer.pod.volumes: a claim or Secret is named like another run's"),
+    "another run's token, as the store's secret": (
+        run(storage={"pvc": {"size": "1Gi"}, "objectStore": {"url": "s3://b", "secretName": "other-token"}}),
+        "spec.storage: a claim or Secret is named like another run's"),
+    "control-plane toleration": (
+        run(scheduling={"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+                                         "effect": "NoSchedule"}]}),
+        "spec.scheduling.tolerations: a toleration of the control plane's taint"),
+    "pinned to the control plane": (with_pod("orchestrator", nodeSelector={"node-role.kubernetes.io/control-plane": ""}),
+                                    "spec.orchestrator.pod.nodeSelector: choosing nodes by name"),
+    "pinned to a node by affinity": (
+        with_pod("trainer", affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["cp-0"]}]}]}}}),
+        "spec.trainer.pod.affinity.nodeAffinity: choosing nodes by name"),
+    "scheduler": (run(scheduling={"schedulerName": "my-scheduler"}),
+                  "spec.scheduling.schedulerName my-scheduler is not allowed"),
+    "component scheduler": (with_pod("teacher", schedulerName="my-scheduler"),
+                            "spec.teacher.pod.schedulerName my-scheduler is not allowed"),
+    "queue priority": (run(queue={"name": "q", "priorityClassName": "urgent"}),
+                       "spec.queue.priorityClassName urgent is not allowed"),
 }
+
+
+def operator_refusals(obj: dict, values: dict | None = None) -> list[str]:
+    """What the operator refuses of `obj`, with the guardrails the chart gives it for `values`."""
+    (deployment,) = [o for o in render(values or {}) if o["kind"] == "Deployment"]
+    (arg,) = [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+              if a.startswith("--guardrails=")]
+    reconciler = Reconciler(None, Settings(guardrails=guardrails.Guardrails.model_validate_json(arg.split("=", 1)[1])))
+    meta = obj["metadata"]
+    spec = KINDS[obj["kind"]].model_validate(obj["spec"])
+    refused, checked = reconciler.guardrail_refusals(RunRef(obj["kind"], meta["name"], meta["namespace"], "u"), spec)
+    assert checked
+    return refused
+
+
+def test_the_chart_policy_is_the_operators_definition():
+    """The chart takes its rules from the file the operator writes, and its variables from the
+    values the operator gets: one definition (the file's freshness: test_crds)."""
+    for values in ({}, {"guardrails": {"allowedSchedulers": ["volcano"], "allowNodePinning": True}}):
+        spec = Policy(values).policy["spec"]
+        (deployment,) = [o for o in render(values) if o["kind"] == "Deployment"]
+        (arg,) = [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+                  if a.startswith("--guardrails=")]
+        given = guardrails.Guardrails.model_validate_json(arg.split("=", 1)[1])
+        assert spec["variables"] == given.variables() and spec["validations"] == guardrails.VALIDATIONS
+    assert guardrails.Guardrails() == given.model_copy(update={"allowed_schedulers": [], "allow_node_pinning": False})
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_the_operator_refuses_what_admission_refuses(policy, case):
+    """A cluster without the policy (< 1.30, guardrails.enabled=false, CRDs without the chart)
+    is still guarded: the operator refuses the same runs, with the same messages."""
+    obj, message = HOSTILE[case]
+    if case == "runAsUser 0":  # with runAsNonRoot (the default) the spec itself is refused first
+        obj = run(securityContext={"runAsUser": 0, "runAsNonRoot": False})
+        message = "spec.securityContext.runAsUser: 0 is root"
+    refused = operator_refusals(obj)
+    assert message in "\n".join(refused) and refused == policy.refusals(obj), refused
 
 
 def test_the_guardrails_are_valid_kubernetes_objects(policy):
@@ -110,6 +197,12 @@ def test_benign_runs_pass(policy, kind):
     bare = run(kind)
     del bare["spec"]["securityContext"]
     assert policy.refusals(bare) == []
+    assert operator_refusals(run(kind)) == []
+    # Its own claim and token by name, and a shared name the admin lists.
+    own = "r-data" if kind == "RLRun" else "r-sft-data"
+    assert policy.refusals(run(kind, storage={"pvc": {"claimName": own}})) == []
+    lets = Policy({"guardrails": {"allowedSharedNames": ["team-data"]}})
+    assert lets.refusals(run(kind, storage={"pvc": {"claimName": "team-data"}})) == []
 
 
 def test_what_the_admin_allows_passes_and_nothing_more():

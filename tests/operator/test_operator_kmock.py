@@ -96,7 +96,7 @@ async def test_rlrun_creates_every_child_with_the_right_spec(cluster):
     assert "--master-addr=rt-trainer-master.team-a.svc" in command
     assert command[-3:] == ["rlkube.entrypoints.trainer", "@", "/etc/rlkube/trainer.toml"]
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == "reverse-text-data"
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == "reverse-text-shared"
 
     data = cluster.get("ConfigMap", "rt-config")["data"]
     orchestrator = tomllib.loads(data["orchestrator.toml"])
@@ -591,6 +591,29 @@ async def test_invalid_spec_is_refused_with_the_field_and_an_event(cluster):
     # Fixing the spec is picked up (level-triggered), and the run starts.
     await cluster.patch("RLRun", "rt", {"spec": {"config": {"orchestrator": {"batch_size": 32}}}})
     await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer after fix")
+
+
+@pytest.mark.usefixtures("crd_rules_off")  # the fix below changes fields fixed at creation
+async def test_a_run_the_guardrails_forbid_fails_naming_the_field(cluster):
+    """This API server has no admission policy (a cluster < 1.30, or `guardrails.enabled=false`):
+    the operator applies the guardrails itself, root included, before it creates anything."""
+    bad = rlrun()
+    bad["spec"]["securityContext"] = {"runAsNonRoot": False, "runAsUser": 0}
+    bad["spec"]["trainer"]["pod"] = {"volumes": [{"name": "sa", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token"}}]}}]}
+    await cluster.create(bad)
+    status = await cluster.until(lambda: cluster.status("RLRun", "rt").get("phase") and cluster.status("RLRun", "rt"))
+    accepted = condition(status, "SpecAccepted")
+    assert (status["phase"], accepted["reason"]) == ("Failed", "InvalidSpec")
+    assert accepted["message"].startswith("forbidden by the guardrails: spec.securityContext.runAsNonRoot: false")
+    assert "spec.trainer.pod.volumes: a projected serviceAccountToken" in accepted["message"]
+    assert not cluster.names("Job") and not cluster.names("ConfigMap")
+    event = await cluster.until(lambda: next(e for e in cluster.events() if e["reason"] == "Failed"))
+    assert event["type"] == "Warning" and "guardrails.allowRoot" in event["message"]
+
+    await cluster.patch("RLRun", "rt", {"spec": {"securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
+                                                 "trainer": {"pod": {"volumes": []}}}})
+    await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer after the fix")
 
 
 @pytest.mark.usefixtures("crd_rules_off")

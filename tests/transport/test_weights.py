@@ -3,6 +3,7 @@
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -166,6 +167,30 @@ def test_storage_on_s3_round_trip(moto_s3, monkeypatch, model_dir):
         assert not path.startswith("s3://")
         with open(f"{path}/model.safetensors", "rb") as f:
             assert torch.equal(load(f.read())["norm.weight"], state(2)["norm.weight"])
+
+
+def test_an_object_store_gets_each_shard_streamed_with_safetensors_own_bytes(moto_s3, monkeypatch, model_dir):
+    """Sharded, to an object store: the files are byte for byte what safetensors makes, written
+    from the tensors' memory in pieces (a shard's whole bytes are never built: `save` is not
+    called), in a layout of every dtype, a scalar and an empty tensor."""
+    import safetensors.torch
+
+    for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": moto_s3}.items():
+        monkeypatch.setenv(key, value)
+    tensors = {
+        **state(3), "bf16": torch.randn(5, 3).bfloat16(), "long": torch.arange(7), "scalar": torch.tensor(1.5),
+        "empty": torch.zeros(0, 4), "mask": torch.tensor([True, False]),
+    }
+    expected = Snapshot(tensors, 4, model_dir, max_shard_bytes=300).files()
+    monkeypatch.setattr("rlkube.transport.weights_snapshot.WRITE_BYTES", 100)
+    monkeypatch.setattr(safetensors.torch, "save", lambda *a, **k: pytest.fail("a shard was serialized whole"))
+    url = f"s3://{S3_BUCKET}/streamed/weights"
+    location = write_snapshot(url, Snapshot(tensors, 4, model_dir, max_shard_bytes=300))
+    with local_snapshot(location) as path:
+        shards = sorted(p.name for p in Path(path).glob("*.safetensors"))
+        assert len(shards) > 1
+        for name in shards:
+            assert (Path(path) / name).read_bytes() == expected[name], name
 
 
 def test_grpc_publish_and_fetch(model_dir):

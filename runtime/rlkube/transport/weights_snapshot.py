@@ -15,6 +15,7 @@ serves as a vLLM LoRA adapter or merges into its own base weights (`trainer.lora
 import json
 import posixpath
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -28,6 +29,11 @@ COMPLETE = "COMPLETE"
 
 MAX_SHARD_BYTES = 4 * 1024**3
 """Safetensors shards are cut at this size (HF's convention is a few GB per shard)."""
+PARALLEL_SHARDS = 4
+"""Shards written at once (each its own upload to an object store)."""
+WRITE_BYTES = 32 * 1024**2
+"""A shard goes to an object store in writes of at most this size (fsspec uploads a part
+whenever its buffer passes the file's block size)."""
 
 _MODEL_FILES = ("config.json", "generation_config.json", "chat_template.jinja", "rlkube_model.json")
 _TOKENIZER_PREFIXES = ("tokenizer", "special_tokens_map", "vocab", "merges")
@@ -119,23 +125,47 @@ class Snapshot:
         return {**self.model_files, **shards, COMPLETE: self.marker()}
 
     def write_files(self, fs, directory: str) -> None:
-        """Every file but the marker into `directory` on `fs` (the caller writes the marker last)."""
-        from fsspec.implementations.local import LocalFileSystem
-        from safetensors.torch import save, save_file
-
+        """Every file but the marker into `directory` on `fs` (the caller writes the marker
+        last), the shards in parallel."""
         for name, data in self.model_files.items():
             fs.pipe_file(f"{directory}/{name}", data)
-        for name, shard in self.shards.items():
-            if isinstance(fs, LocalFileSystem):
-                save_file(shard, f"{directory}/{name}", metadata=_METADATA)
-            else:
-                fs.pipe_file(f"{directory}/{name}", save(shard, metadata=_METADATA))
+        with ThreadPoolExecutor(max_workers=min(len(self.shards), PARALLEL_SHARDS)) as pool:
+            for done in [pool.submit(_write_shard, fs, f"{directory}/{name}", shard)
+                         for name, shard in self.shards.items()]:
+                done.result()
+
+
+def _write_shard(fs, path: str, shard: dict[str, torch.Tensor]) -> None:
+    """One safetensors file, the bytes `safetensors.torch.save` makes. On a local disk
+    `save_file` streams it into the file; elsewhere (an object store) it is written piece by
+    piece from the tensors' own memory, uploaded in parts as it goes, never held whole."""
+    from fsspec.implementations.local import LocalFileSystem
+    from safetensors.torch import save_file
+
+    if isinstance(fs, LocalFileSystem):
+        save_file(shard, path, metadata=_METADATA)
+        return
+    ordered = sorted(shard.items(), key=lambda item: (-item[1].element_size(), item[0]))  # safetensors' order
+    header, offset = {"__metadata__": _METADATA}, 0
+    for name, tensor in ordered:
+        nbytes = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _NAMES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with fs.open(path, "wb") as f:
+        f.write(len(encoded).to_bytes(8, "little") + encoded)
+        for _, tensor in ordered:
+            data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+            for start in range(0, len(data), WRITE_BYTES):
+                f.write(data[start : start + WRITE_BYTES])
 
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
 }
+_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 
 def iter_safetensors(files: dict[str, bytes | bytearray]) -> Iterator[tuple[str, torch.Tensor]]:

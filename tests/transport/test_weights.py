@@ -9,6 +9,7 @@ import pytest
 import torch
 from rlkube.config import WeightTransferConfig
 from rlkube.transport.publishers import make_publisher
+from rlkube.transport.rlkube_pb2 import WeightsChunk, WeightsRequest
 from rlkube.transport.weights import GrpcPublisher, StoragePublisher
 from rlkube.transport.weights_grpc import CONNECT_TIMEOUT_S, fetch_snapshot
 from rlkube.transport.weights_snapshot import (
@@ -78,7 +79,7 @@ def test_large_state_dicts_are_sharded_with_an_index(model_dir):
     index = json.loads(files["model.safetensors.index.json"])
     assert set(index["weight_map"]) == set(state())
     for name, shard in index["weight_map"].items():
-        assert name in load(files[shard])
+        assert name in load(bytes(files[shard]))
 
 
 def test_storage_writes_the_same_bytes_as_the_in_memory_snapshot(tmp_path, model_dir):
@@ -210,6 +211,38 @@ def test_grpc_publish_and_fetch(model_dir):
             fetch_snapshot(address, 1, timeout=30)  # pruned by keep_last=1
         with pytest.raises(ConnectionError, match=r"NOT_FOUND.*held: \[2\]"):
             fetch_snapshot(address, 99, timeout=4)  # never published by this trainer: refused
+    finally:
+        publisher.close()
+
+
+def test_grpc_serves_a_held_snapshot_and_reuses_its_buffers_only_once_no_fetch_sends_them(model_dir, monkeypatch):
+    """Chunks are encoded per Fetch from the held files (here 100-byte chunks: many per file,
+    lengths over one varint byte); a dropped snapshot's buffer goes to the next publish, but not
+    while a Fetch is still sending it, which then sends the bytes it started with."""
+    monkeypatch.setattr("rlkube.transport.weights_grpc.CHUNK_BYTES", 300)
+    publisher = GrpcPublisher("127.0.0.1", free_port(), str(model_dir), keep_last=1)
+    servicer = publisher.servicer
+    try:
+        publisher.publish(state(1), 1)
+        expected = Snapshot(state(1), 1, model_dir).files()
+        assert fetch_snapshot(publisher.address, 1, timeout=30) == expected
+        size = len(expected["model.safetensors"])
+
+        class Context:
+            def time_remaining(self):
+                return None
+
+        sending = servicer.Fetch(WeightsRequest(step=1), Context())
+        first = next(sending)
+        publisher.publish(state(2), 2)  # step 1 is dropped while that Fetch still sends it
+        fresh = servicer.buffer(size)
+        chunks = [WeightsChunk.FromString(first), *map(WeightsChunk.FromString, sending)]
+        files = {}
+        for chunk in chunks:
+            files[chunk.file] = files.get(chunk.file, b"") + chunk.data
+        assert files == expected, "the Fetch sent step 1's bytes to its end"
+        reused = servicer.buffer(size)
+        assert reused is not fresh and bytes(reused) == expected["model.safetensors"], "step 1's buffer, now spare"
     finally:
         publisher.close()
 

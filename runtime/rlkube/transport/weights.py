@@ -72,7 +72,8 @@ class GrpcPublisher(WeightPublisher):
         self.server = serve_weights(self.servicer, f"{bind_host or host}:{port}")
 
     def publish(self, state_dict, step):
-        self.servicer.add(step, Snapshot(state_dict, step, self.model_dir, adapter_config=self.adapter_config).files())
+        snapshot = Snapshot(state_dict, step, self.model_dir, adapter_config=self.adapter_config)
+        self.servicer.add(step, snapshot.files(self.servicer.buffer))
         return f"grpc://{self.address}"
 
     def expect(self, step):

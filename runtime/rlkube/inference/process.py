@@ -35,8 +35,11 @@ class InferenceProcess:
     """One `rlkube inference` child. `with InferenceProcess(...) as server:` starts it (not yet
     healthy: call `wait_until_healthy`) and always stops it."""
 
-    def __init__(self, config: InferenceConfig, workdir: Path, env: dict[str, str] | None = None):
-        self.config = config
+    def __init__(self, config: InferenceConfig, workdir: Path, env: dict[str, str] | None = None,
+                 netns: str | None = None):
+        """`netns`: run the server in that network namespace (`ip netns exec`), as in a pod of
+        its own (the weight benchmark); its port is then not checked from here."""
+        self.config, self.netns = config, netns
         self.workdir = Path(workdir)
         self.env = {**os.environ, **(env or {})}
         self.log = self.workdir / "logs" / "inference.log"
@@ -47,11 +50,14 @@ class InferenceProcess:
         return f"http://{self.config.host}:{self.config.port}"
 
     def start(self) -> Self:
-        ensure_port_free(self.config.host, self.config.port)
+        if self.netns is None:
+            ensure_port_free(self.config.host, self.config.port)
         config_file = self.workdir / "configs" / "inference.toml"
         write_toml(self.config, config_file)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "rlkube.entrypoints.inference", "@", str(config_file)]
+        if self.netns is not None:
+            command = ["ip", "netns", "exec", self.netns, *command]
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, env=self.env,

@@ -6,12 +6,13 @@ from rlkube.inference import client
 from rlkube.transport.weights import StoragePublisher
 from rlkube.transport.weights_nixl import NixlPublisher
 
+from tests.fixtures import prerequisites
 from tests.fixtures.inference import free_port
 from tests.inference.test_server import greedy_ids, load, served
 from tests.inference.weights import perturbed_state_dict
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("nixl_cu12", reason="nixl-cu12 (the cpu extra) is not installed")
+prerequisites.import_module("nixl_cu12", "nixl-cu12, from the cpu extra")
 
 
 async def test_a_policy_read_over_nixl_serves_exactly_what_storage_serves(inference_server, tmp_path):

@@ -14,10 +14,12 @@ from rlkube.config import WeightTransferConfig
 from rlkube.transport.publishers import make_publisher
 from rlkube.transport.weights_nixl import NixlPublisher, NixlReceiver
 
+from e2e.localcluster.network import Network, unavailable_reason
+from tests.fixtures import prerequisites
 from tests.fixtures.inference import free_port
 from tests.transport.nixl_peer import state
 
-pytest.importorskip("nixl_cu12", reason="nixl-cu12 (the cpu extra) is not installed")
+prerequisites.import_module("nixl_cu12", "nixl-cu12, from the cpu extra")
 
 PEER = Path(__file__).with_name("nixl_peer.py")
 
@@ -103,10 +105,8 @@ def test_config_selects_nixl_and_refuses_what_it_cannot_do(tmp_path):
 
 @pytest.fixture
 def two_pods():
-    network = pytest.importorskip("e2e.localcluster.network")
-    if reason := network.unavailable_reason():
-        pytest.skip(reason)
-    net = network.Network()
+    prerequisites.require(unavailable_reason())
+    net = Network()
     try:
         yield net.add_pod(), net.add_pod()
     finally:

@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-.PHONY: install reverse-text test test-fast e2e-local proto crds lint clean gpu-wheels gpu-check images image-tools
+.PHONY: install reverse-text test test-fast e2e-local proto crds lint clean gpu-wheels gpu-check images image-tools cluster-tools
 
 install: $(VENV)/.installed
 
@@ -25,15 +25,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 reverse-text: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/reverse_text/run.sh
 
-test: install
+test: install cluster-tools
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
-test-fast: install
+test-fast: install cluster-tools
 	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The cluster scenarios (e2e/scenarios) on the local executing cluster (e2e/localcluster): needs
 # root with network namespaces and kubectl. `make test` runs them too.
-e2e-local: install
+e2e-local: install cluster-tools
 	$(PY) -m pytest -ra -s tests/cluster e2e/scenarios $(PYTEST_ARGS)
 
 proto: install
@@ -67,6 +67,12 @@ images:
 
 image-tools:
 	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman buildah runc debootstrap
+
+# nft, with which the local cluster enforces NetworkPolicy (e2e/localcluster/netpolicy.py): from
+# Debian's packages where it is missing and this is root (the local cluster needs root anyway).
+cluster-tools:
+	@command -v nft >/dev/null || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables)
 
 lint: install
 	$(VENV)/bin/ruff check runtime operator tests benchmarks e2e

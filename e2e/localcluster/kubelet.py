@@ -56,6 +56,7 @@ import aiohttp
 from e2e.localcluster import probes, volumes
 from e2e.localcluster.client import Api
 from e2e.localcluster.images import Image, ImageNotPresent, PodmanImages, VenvImage
+from e2e.localcluster.netpolicy import Fences, Member
 from e2e.localcluster.network import Endpoint, Network, PodNet, hosts_file, write_in_place
 from e2e.localcluster.podenv import ConfigError, command_line, container_env, identity
 
@@ -105,6 +106,7 @@ class Kubelet:
         self.pods: dict[str, PodRunner] = {}
         self.ended: set[str] = set()
         self.services: list[dict] = []
+        self.fences = Fences()  # NetworkPolicy ingress (netpolicy.py)
         self.ready = asyncio.Event()  # set once the network is up and the first sync is done
         self._loop_task: asyncio.Task | None = None
 
@@ -124,6 +126,8 @@ class Kubelet:
     async def sync(self) -> None:
         pods = await self.api.list(self.api.core("pods"))
         self.services = await self.api.list(self.api.core("services"))
+        self.fences.policies = await self.api.list(self.api.kind("networking.k8s.io/v1", "NetworkPolicy"))
+        self.fences.namespaces = {n["metadata"]["name"]: n for n in await self.api.list(self.api.core("namespaces"))}
         for svc in self.services:
             _warn_unproxied_ports(svc)
         present = set()
@@ -143,6 +147,7 @@ class Kubelet:
             if uid not in present:
                 runner.request_stop(0, vanished=True)
         self.update_dns()
+        await self.update_fences()
         configmaps = {(c["metadata"]["namespace"], c["metadata"]["name"]): c
                       for c in await self.api.list(self.api.core("configmaps"))}
         for runner in self.pods.values():
@@ -166,6 +171,11 @@ class Kubelet:
             if hosts != r.hosts:
                 r.hosts = hosts
                 write_in_place(r.net.hosts_file, hosts)
+
+    async def update_fences(self) -> None:
+        """Every running pod's ingress rules as the NetworkPolicies say (netpolicy.py)."""
+        await self.fences.update([(Member(r.pod, r.net.ip), r.net.netns) for r in self.pods.values()
+                                  if r.net and not r.finished], self.network.host_ip)
 
     async def shutdown(self, grace_s: float = 2.0) -> None:
         """Stop syncing, stop every pod (SIGTERM, `grace_s`, SIGKILL) and remove the network;
@@ -263,6 +273,7 @@ class PodRunner:
         if self.pod["spec"].get("nodeName") != self.kubelet.node_name:
             await self.kubelet.api.patch(self.pod, {"spec": {"nodeName": self.kubelet.node_name}})
         self.net = self.kubelet.network.add_pod()
+        await self.kubelet.update_fences()  # before anything in the pod listens
         self.start_time = _now()
         self.kubelet.update_dns()
         await self.report()

@@ -51,7 +51,7 @@ def unavailable_reason() -> str | None:
     """Why pod networking cannot work on this machine, or None when it can (tests skip on it)."""
     if os.geteuid() != 0:
         return "the local cluster needs root (network namespaces, bind mounts)"
-    for tool in ("ip", "nsenter"):
+    for tool in ("ip", "nsenter", "nft"):  # nft: NetworkPolicy (netpolicy.py), `make cluster-tools`
         if shutil.which(tool) is None:
             return f"the local cluster needs `{tool}` on PATH"
     probe = f"rlk-probe-{os.getpid()}"

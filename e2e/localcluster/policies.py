@@ -47,7 +47,9 @@ class Denial:
                 f"{self.message}")
 
 
-def _selects(selector: dict | None, labels: dict[str, str]) -> bool:
+def selects(selector: dict | None, labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector (`matchLabels`, `matchExpressions`) takes these labels; an empty
+    or missing one takes every object."""
     selector = selector or {}
     if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
         return False
@@ -111,7 +113,7 @@ def denials(policies: list[dict], bindings: list[dict], *, group: str, version: 
         rules = (policy["spec"].get("matchConstraints") or {}).get("resourceRules") or []
         if not any(_rule_takes(r, group, version, plural, operation) for r in rules):
             continue
-        if namespace_labels is not None and not _selects((spec.get("matchResources") or {}).get("namespaceSelector"),
+        if namespace_labels is not None and not selects((spec.get("matchResources") or {}).get("namespaceSelector"),
                                                          namespace_labels):
             continue
         out += [Denial(policy["metadata"]["name"], binding["metadata"]["name"], message, reason)

@@ -150,31 +150,55 @@ def build_servers_pdb(run: RunRef, component: str) -> dict:
     }
 
 
-def build_network_policy(run: RunRef, operator_peer: dict, status_port: int, scraper_peer: dict | None,
-                         metrics_ports: list[int]) -> dict:
-    """Only the run's own pods reach its pods (rollouts and weights over gRPC, vLLM's HTTP,
-    torchrun and NCCL); the operator reaches `status_port` (`GET /status`), and a metrics
-    scraper (`scraper_peer`) the ports that serve `/metrics` (`metrics_ports`: the status port,
-    vLLM's, where every other route needs the run's token). Nothing else, unless another
-    NetworkPolicy allows it (policies add up). One per run, selecting its uid's pods: a
-    NetworkPolicy cannot say "the same run as the target"."""
-    own = {"podSelector": {"matchLabels": run.pod_labels()}}
-    ingress = [
-        {"from": [own]},
-        {"from": [operator_peer], "ports": [{"protocol": "TCP", "port": status_port}]},
-    ]
+def _tcp_ports_except(*closed: int) -> list[dict]:
+    """Every TCP port but `closed`, as NetworkPolicy port ranges (`endPort`, Kubernetes >= 1.25)."""
+    out, start = [], 1
+    for port in sorted(set(closed)):
+        if port > start:
+            out.append({"protocol": "TCP", "port": start, "endPort": port - 1})
+        start = port + 1
+    return out + [{"protocol": "TCP", "port": start, "endPort": 65535}]
+
+
+def build_network_policies(run: RunRef, operator_peer: dict, status_port: int, scraper_peer: dict | None,
+                           metrics_ports: list[int], nccl_port: int | None) -> list[dict]:
+    """Only the run's own pods reach its pods; the operator reaches `status_port` (`GET
+    /status`), and a metrics scraper (`scraper_peer`, a namespace) the ports that serve
+    `/metrics` (`metrics_ports`). Nothing else, unless another NetworkPolicy allows it
+    (policies add up). Within the run, the stores that take no token are fenced further:
+    torchrun's (`TORCHRUN_PORT`) admits only the trainer's pods, the NCCL weight transfer's
+    (`nccl_port`, on trainer pod 0; its values are unpickled by every inference worker) only the
+    trainer's and the inference servers'. So two policies: one for the trainer's pods, one for
+    the others (none in an SFTRun). A NetworkPolicy cannot say "the same run as the target", so
+    each run gets its own, selecting its uid's pods."""
+    uid = run.pod_labels()
+
+    def pods(operator: str, components: list[str]) -> dict:
+        expression = {"key": "app.kubernetes.io/component", "operator": operator, "values": components}
+        return {"matchLabels": uid, "matchExpressions": [expression]}
+
+    def peer(operator: str, components: list[str]) -> dict:
+        return {"podSelector": pods(operator, components)}
+
+    outside = [{"from": [operator_peer], "ports": [{"protocol": "TCP", "port": status_port}]}]
     if scraper_peer is not None:
-        ingress.append({"from": [scraper_peer], "ports": [{"protocol": "TCP", "port": p} for p in metrics_ports]})
-    return {
+        outside.append({"from": [scraper_peer], "ports": [{"protocol": "TCP", "port": p} for p in metrics_ports]})
+    stores = [TORCHRUN_PORT] + ([nccl_port] if nccl_port else [])
+    trainer = [
+        {"from": [peer("In", ["trainer"])]},
+        {"from": [peer("In", ["inference"])], "ports": _tcp_ports_except(TORCHRUN_PORT)},
+        {"from": [peer("NotIn", ["trainer", "inference"])], "ports": _tcp_ports_except(*stores)},
+    ]
+    policies = [("trainer-network-policy", pods("In", ["trainer"]), trainer + outside)]
+    if nccl_port is not None:  # an RLRun: its other pods admit each other on every port
+        policies.insert(0, ("network-policy", pods("NotIn", ["trainer"]), [{"from": [{"podSelector": {
+            "matchLabels": uid}}]}, *outside]))
+    return [{
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": run.metadata("network-policy"),
-        "spec": {
-            "podSelector": {"matchLabels": run.pod_labels()},
-            "policyTypes": ["Ingress"],
-            "ingress": ingress,
-        },
-    }
+        "metadata": run.metadata(name),
+        "spec": {"podSelector": selector, "policyTypes": ["Ingress"], "ingress": ingress},
+    } for name, selector, ingress in policies]
 
 
 def build_orchestrator_service(run: RunRef, spec: RLRunSpec) -> dict:

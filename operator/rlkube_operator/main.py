@@ -93,6 +93,18 @@ def _json_object(text: str) -> dict:
     return value
 
 
+def _scraper_peer(text: str) -> dict:
+    """A peer any tenant could join (a pod label, from any namespace) is refused: the scraper
+    reaches ports that take no token."""
+    peer = _json_object(text)
+    if "ipBlock" not in peer and not any((peer.get("namespaceSelector") or {}).values()):
+        raise argparse.ArgumentTypeError(
+            f"{text}: a metrics scraper is admitted by its namespace (a non-empty namespaceSelector, such as "
+            '{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}) or an '
+            "ipBlock, never by pod labels from any namespace: any tenant can label a pod")
+    return peer
+
+
 def _guardrails(text: str) -> Guardrails:
     try:
         return Guardrails.model_validate_json(text)
@@ -129,10 +141,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--metrics-scraper-peer",
-        type=_json_object,
+        type=_scraper_peer,
         default=Settings().metrics_scraper_peer,
-        help="a NetworkPolicyPeer (JSON) the runs' NetworkPolicies admit to the ports serving /metrics "
-        "(default: pods labelled rlkube.dev/metrics-scraper=true in any namespace)",
+        help="a NetworkPolicyPeer (JSON) the runs' NetworkPolicies admit to the ports serving /metrics: "
+        "a namespaceSelector naming the monitoring namespace (and a podSelector in it, if you like), or "
+        "an ipBlock; never pod labels from any namespace (default: no scraper)",
     )
     parser.add_argument(
         "--no-network-policy", action="store_true",

@@ -83,8 +83,6 @@ WORKLOADS = {
 
 OPERATOR_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlkube-operator"}}}
 """The chart's operator pods (`rlkube.selectorLabels`), in any namespace."""
-SCRAPER_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"rlkube.dev/metrics-scraper": "true"}}}
-"""Pods labelled `rlkube.dev/metrics-scraper: "true"` (a Prometheus), in any namespace."""
 
 
 @dataclass
@@ -97,8 +95,10 @@ class Settings:
     only its own pods, and this peer on its status port. None: no NetworkPolicies (a cluster
     that fences runs some other way)."""
 
-    metrics_scraper_peer: dict | None = field(default_factory=lambda: dict(SCRAPER_PEER))
-    """The NetworkPolicyPeer admitted to the ports that serve `/metrics`; None: no scraper."""
+    metrics_scraper_peer: dict | None = None
+    """The NetworkPolicyPeer admitted to the ports that serve `/metrics`: a namespace (the
+    monitoring one), never pod labels alone, which any tenant can set (`scraper_peer`). None: no
+    scraper."""
 
     guardrails: Guardrails = field(default_factory=Guardrails)
     """What runs may ask of their pods (`guardrails.py`): a spec that breaks it is invalid."""
@@ -256,6 +256,12 @@ class Reconciler:
         so the other components wait at zero too (the Job itself is left as it is). `queued`:
         the run's Kueue admission, whose flavours place the pods (`queueing.place`)."""
         k = self.kube
+        if self.settings.network_policy_peer is not None:  # before any pod that listens
+            nccl_port = spec.config.weights.nccl_port if "inference" in workload.components else None
+            for policy in builders.build_network_policies(
+                    run, self.settings.network_policy_peer, _status_port(workload, spec),
+                    self.settings.metrics_scraper_peer, _metrics_ports(workload, spec), nccl_port):
+                k.ensure(policy)
         if (pvc := builders.build_pvc(run, spec)) is not None:
             k.ensure(pvc)
         k.ensure(builders.build_token_secret(run))  # before any pod: they read it at start
@@ -282,9 +288,6 @@ class Reconciler:
                 k.ensure(queueing.place(builders.build_env_worker_deployment(
                     run, spec, replicas * spec.env_workers.replicas), queued))
         k.ensure(builders.build_trainer_master_service(run, spec, workload.trainer_status_port, attempt=attempt))
-        if self.settings.network_policy_peer is not None:
-            k.ensure(builders.build_network_policy(run, self.settings.network_policy_peer, _status_port(workload, spec),
-                                                   self.settings.metrics_scraper_peer, _metrics_ports(workload, spec)))
         job = builders.build_trainer_job(
             run, spec, module=workload.module, config_file=workload.config_file,
             attempt=attempt, restarts=restarts, suspend=spec.suspend, status_port=workload.trainer_status_port,

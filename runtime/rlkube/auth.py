@@ -14,14 +14,16 @@ Clients send it with `http_headers()` / `grpc_metadata()`; verifiers' clients ge
 
 The token comes from one place, the `RLKUBE_TOKEN` environment variable (`run_token`): the
 operator sets it in every pod from the run's Secret `<run>-token`; `rlkube rl` makes a fresh
-one per run for its children. The processes that run environments take it out of their
-environment at start (`rlkube.withheld`), so that the programs environments start never see it. A server started without it serves everyone, and says so
-loudly at start (a standalone `rlkube inference` on a workstation).
+one per run for its children. A server without it serves everyone and says so loudly (a
+standalone `rlkube inference` on a workstation), but on a Kubernetes cluster it refuses to
+start (`serve_open`). The processes that run environments take it out of their environment
+at start (`rlkube.withheld`), so that the programs environments start never see it.
 """
 
 import hmac
 import json
 import logging
+import os
 import secrets
 
 import grpc
@@ -66,7 +68,18 @@ def grpc_metadata() -> tuple[tuple[str, str], ...]:
     return ((METADATA_KEY, _bearer(token)),) if token else ()
 
 
-def warn_open(server: str) -> None:
+IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
+"""Set by the kubelet in every container of a Kubernetes pod."""
+
+
+def serve_open(server: str) -> None:
+    """`server` has no token to require. On a Kubernetes cluster it refuses to start (anyone
+    in the cluster who reaches its port could drive it: under the operator every pod has the
+    token, so a pod without one is misconfigured); elsewhere (a standalone `rlkube inference`
+    on a workstation) it serves everyone and says so loudly."""
+    if os.environ.get(IN_CLUSTER_ENV):
+        raise RuntimeError(f"{server} would serve WITHOUT a token on a Kubernetes cluster: set {TOKEN_ENV} "
+                           "(the operator sets it in every pod of a run) to require `Authorization: Bearer <token>`")
     logger.warning(
         "%s serves WITHOUT a token: anyone who reaches its port can call it. Set %s (the operator "
         "and `rlkube rl` always do) to require `Authorization: Bearer <token>`.", server, TOKEN_ENV
@@ -128,10 +141,10 @@ class AioTokenInterceptor(grpc.aio.ServerInterceptor):
 
 
 def server_interceptors(server: str, aio: bool) -> list:
-    """The interceptors a gRPC server named `server` needs: none (and a warning) without a token."""
+    """The interceptors a gRPC server named `server` needs: none without a token (`serve_open`)."""
     token = run_token()
     if token is None:
-        warn_open(server)
+        serve_open(server)
         return []
     return [AioTokenInterceptor(token) if aio else TokenInterceptor(token)]
 
@@ -145,7 +158,7 @@ class RequireToken:
         self.app = app
         self.token = run_token()
         if self.token is None:
-            warn_open("rlkube inference (vLLM's routes, /collective_rpc and /pause included)")
+            serve_open("rlkube inference (vLLM's routes, /collective_rpc and /pause included)")
 
     async def __call__(self, scope, receive, send):
         if self.token is None or scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_ROUTES:

@@ -2,6 +2,7 @@
 SDK as a shared library; no binary, no network), its objects validated against the Kubernetes
 schemas, and its RBAC compared with the API requests the operator really makes."""
 
+import json
 from pathlib import Path
 
 import helm_python as helm
@@ -165,17 +166,31 @@ def operator_args(values: dict) -> list[str]:
     return deploy["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
-def test_network_policies_are_on_by_default_and_admit_the_operators_pods_and_a_labelled_scraper():
+def test_network_policies_are_on_by_default_and_admit_the_operators_pods_and_the_scrapers_namespace():
     from rlkube_operator.main import parse_args
 
     deploy = next(o for o in render({}) if o["kind"] == "Deployment")
     args = parse_args(operator_args({}))
     assert args.network_policy_peer == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlkube-system"}},
                                         "podSelector": {"matchLabels": deploy["spec"]["template"]["metadata"]["labels"]}}
-    assert args.metrics_scraper_peer == {"namespaceSelector": {},
-                                         "podSelector": {"matchLabels": {"rlkube.dev/metrics-scraper": "true"}}}
+    assert args.metrics_scraper_peer is None  # no scraper until the admin names its namespace
     assert not args.no_network_policy
     assert parse_args(operator_args(NETWORK_POLICY_OFF)).no_network_policy
+    prometheus = {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+    values = {"networkPolicy": {"metricsScraper": {"namespaces": ["monitoring"], "podSelector": prometheus}}}
+    assert parse_args(operator_args(values)).metrics_scraper_peer == {"namespaceSelector": {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]}, "podSelector": prometheus}
+
+
+@pytest.mark.parametrize("peer", [{"podSelector": {"matchLabels": {"rlkube.dev/metrics-scraper": "true"}}},
+                                  {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "prometheus"}}}])
+def test_a_scraper_peer_any_tenant_could_join_is_refused(peer, capsys):
+    """A pod label alone (from the run's namespace, or any) is no fence: any tenant can set it."""
+    from rlkube_operator.main import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--metrics-scraper-peer", json.dumps(peer)])
+    assert "never by pod labels from any namespace" in capsys.readouterr().err
 
 
 def test_a_malformed_network_policy_peer_is_refused_saying_why(capsys):

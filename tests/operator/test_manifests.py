@@ -86,7 +86,8 @@ TUNED_SFTRUN = example("sftrun.yaml")["spec"] | {"trainer": TUNED_PODS["trainer"
 RUN = RunRef("RLRun", "big", "ml", "1234-uid")
 OPERATOR_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlkube"}},
                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlkube-operator"}}}
-SCRAPER_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"rlkube.dev/metrics-scraper": "true"}}}
+SCRAPER_PEER = {"namespaceSelector": {"matchExpressions": [
+    {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]}}
 
 
 def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[dict]:
@@ -115,8 +116,9 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
             out.append(builders.build_env_worker_deployment(run, spec, spec.env_workers.replicas))
     out += [
         builders.build_trainer_master_service(run, spec, workload.trainer_status_port, attempt=attempt),
-        builders.build_network_policy(run, OPERATOR_PEER, _status_port(workload, spec), SCRAPER_PEER,
-                                      _metrics_ports(workload, spec)),
+        *builders.build_network_policies(run, OPERATOR_PEER, _status_port(workload, spec), SCRAPER_PEER,
+                                         _metrics_ports(workload, spec),
+                                         spec.config.weights.nccl_port if kind == "RLRun" else None),
         builders.build_trainer_job(run, spec, module=workload.module, config_file=workload.config_file,
                                    attempt=attempt, restarts=attempt, suspend=suspend,
                                    status_port=workload.trainer_status_port),
@@ -420,6 +422,7 @@ def test_env_workers_are_a_cpu_deployment_running_the_orchestrators_config(tmp_p
     assert RUN.pod_labels().items() <= labels.items() and labels["team"] == "rl"
     policy = next(o for o in objs if o["kind"] == "NetworkPolicy")
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert labels["app.kubernetes.io/component"] not in policy["spec"]["podSelector"]["matchExpressions"][0]["values"]
     pod = template["spec"]
     (main,) = pod["containers"]
     assert main["command"] == ["rlkube", "env-worker", "@", "/etc/rlkube/orchestrator.toml",
@@ -625,8 +628,9 @@ def test_a_scraper_reaches_the_rl_trainers_metrics_on_the_port_its_pod_service_a
     assert {"name": "metrics", "port": port, "protocol": "TCP"}.items() <= next(
         p for p in objs["Service", "big-trainer-master"]["spec"]["ports"] if p["name"] == "metrics").items()
 
-    policy = objs["NetworkPolicy", "big-network-policy"]["spec"]["ingress"]
-    assert {"from": [SCRAPER_PEER], "ports": [{"protocol": "TCP", "port": p} for p in sorted((8000, 8080, port))]} in policy
+    for name in ("big-network-policy", "big-trainer-network-policy"):
+        policy = objs["NetworkPolicy", name]["spec"]["ingress"]
+        assert {"from": [SCRAPER_PEER], "ports": [{"protocol": "TCP", "port": p} for p in sorted((8000, 8080, port))]} in policy
 
     with MetricsSink(tmp_path, "trainer", console=False,
                      prometheus=(trainer.metrics.prometheus_host, trainer.metrics.prometheus_port)) as sink:
@@ -737,3 +741,68 @@ def test_compiled_kernels_outlive_the_trainer_pod(storage, cache_url, tmp_path):
     (tmp_path / "trainer.toml").write_text(cm["data"]["trainer.toml"])
     trainer = load_config(TrainerConfig, ["@", str(tmp_path / "trainer.toml")])
     assert trainer.compile_cache_url == cache_url
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """A LabelSelector (matchLabels, matchExpressions In/NotIn/Exists) on `labels`."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    tests = {"In": lambda v, vs: v in vs, "NotIn": lambda v, vs: v not in vs,
+             "Exists": lambda v, vs: v is not None, "DoesNotExist": lambda v, vs: v is None}
+    return all(tests[e["operator"]](labels.get(e["key"]), e.get("values") or []) for e in selector.get("matchExpressions") or [])
+
+
+def admitted(policies: list[dict], source: tuple[str, dict], target: dict, port: int) -> bool:
+    """Whether a pod (namespace, labels) may connect to a pod of the run's namespace with
+    `target` labels on `port`, as an enforcing network plugin reads the policies: isolated by
+    any policy that selects it, then admitted by any of their ingress rules."""
+    namespace, labels = source
+    selecting = [p["spec"] for p in policies if p["metadata"]["namespace"] == RUN.namespace
+                 and _selects(p["spec"]["podSelector"], target)]
+    assert selecting, "every pod of the run is isolated by a policy"
+
+    def peer_matches(peer: dict) -> bool:
+        in_namespace = (_selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace})
+                        if "namespaceSelector" in peer else namespace == RUN.namespace)
+        return in_namespace and _selects(peer.get("podSelector", {}), labels)
+
+    def port_matches(rule: dict) -> bool:
+        return not rule.get("ports") or any(r["port"] <= port <= r.get("endPort", r["port"]) for r in rule["ports"])
+
+    return any(port_matches(rule) and any(peer_matches(p) for p in rule["from"])
+               for spec in selecting for rule in spec["ingress"])
+
+
+def test_the_stores_and_the_runs_ports_admit_only_whom_they_serve():
+    """Issue 35: torchrun's store (29500) and the NCCL weight transfer's (`nccl_port`, whose
+    values every inference worker unpickles) take no token, so only the pods that need them
+    reach them; a pod labelled as a scraper, or as the run's own pods, in another namespace
+    reaches nothing; the scraper's namespace reaches the /metrics ports only."""
+    spec = RLRunSpec.model_validate(GPU_RLRUN | {"envWorkers": {"replicas": 1}, "teacher": TEACHER})
+    objs = manifests("RLRun", spec)
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    templates = {o["metadata"]["name"].removeprefix("big-"): o["spec"]["template"]["metadata"]["labels"]
+                 for o in objs if o["kind"] in ("StatefulSet", "Deployment", "Job")}
+    trainer, inference, orchestrator = templates["trainer-0"], templates["inference"], templates["orchestrator"]
+    nccl, grpc = spec.config.weights.nccl_port, spec.config.rollouts.port
+    here = {name: (RUN.namespace, labels) for name, labels in templates.items()}
+    assert admitted(policies, here["trainer-0"], trainer, 29500)
+    assert admitted(policies, here["trainer-0"], trainer, nccl)
+    assert admitted(policies, here["inference"], trainer, nccl)
+    assert admitted(policies, here["inference"], trainer, 50052)  # gRPC weights, NCCL's data ports
+    assert not admitted(policies, here["inference"], trainer, 29500)
+    for other in ("orchestrator", "env-worker", "teacher"):
+        assert not admitted(policies, here[other], trainer, 29500), other
+        assert not admitted(policies, here[other], trainer, nccl), other
+        assert admitted(policies, here[other], orchestrator, grpc), other
+    assert admitted(policies, here["trainer-0"], orchestrator, grpc)
+    assert admitted(policies, here["orchestrator"], inference, 8000)
+
+    scraper_label = {"rlkube.dev/metrics-scraper": "true"}
+    for intruder in (("tenant-b", scraper_label), ("tenant-b", trainer), (RUN.namespace, scraper_label)):
+        for target, port in ((inference, 8000), (orchestrator, 8080), (trainer, 29500), (trainer, nccl)):
+            assert not admitted(policies, intruder, target, port), (intruder, port)
+    assert admitted(policies, ("monitoring", {}), inference, 8000)
+    assert not admitted(policies, ("monitoring", {}), trainer, 29500)
+    assert not admitted(policies, ("monitoring", {}), orchestrator, grpc)
+

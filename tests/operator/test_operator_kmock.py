@@ -13,7 +13,7 @@ import yaml
 from rlkube_operator.crd import PRINTER_COLUMNS
 from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.names import TRAINER_METRICS_PORT
-from rlkube_operator.reconcile import OPERATOR_PEER, SCRAPER_PEER, Reconciler, Settings
+from rlkube_operator.reconcile import OPERATOR_PEER, Reconciler, Settings
 
 from tests.operator.cluster import (
     NS,
@@ -238,27 +238,43 @@ async def test_inference_pods_have_a_disruption_budget_of_their_run(cluster):
     assert cluster.get("PodDisruptionBudget", "other-inference") is not None
 
 
-async def test_by_default_a_run_admits_only_its_own_pods_the_operator_and_a_labelled_scraper(cluster):
-    """Each run's NetworkPolicy selects its pods (every port: gRPC, HTTP, torchrun) and admits
-    its own pods, the operator on the port it reads /status from, and a labelled scraper on the
-    ports that serve /metrics (the orchestrator's HTTP port, the RL trainer's and vLLM's)."""
+SCRAPER_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+
+
+@pytest.mark.parametrize("operator_settings", [{"metrics_scraper_peer": SCRAPER_PEER}])
+async def test_by_default_a_run_admits_only_its_own_pods_the_operator_and_the_scrapers_namespace(cluster):
+    """Each run's NetworkPolicies select its pods, made before any of them: the trainer's admit
+    its own pods (torchrun's store from the trainer's only, the NCCL store's from the trainer's
+    and inference's), the operator on the port it reads /status from, and the scraper's
+    namespace on the ports that serve /metrics (test_manifests checks who gets through)."""
+    from tests.operator.embedded import VERBS, operator_calls
+
     uid = (await cluster.create(rlrun()))["metadata"]["uid"]
     sft = example("sftrun.yaml")
     sft["metadata"]["name"] = "rt"
     await cluster.create(sft)
     policy = await cluster.until(lambda: cluster.get("NetworkPolicy", "rt-network-policy"), what="policy")
+    trainer = await cluster.until(lambda: cluster.get("NetworkPolicy", "rt-trainer-network-policy"), what="policy")
     assert policy["metadata"]["ownerReferences"][0]["uid"] == uid
     run_pods = {"matchLabels": {"rlkube.dev/run-uid": uid}}
-    assert policy["spec"] == {"podSelector": run_pods, "policyTypes": ["Ingress"], "ingress": [
+    component = {"key": "app.kubernetes.io/component", "values": ["trainer"]}
+    assert policy["spec"] == {"podSelector": run_pods | {"matchExpressions": [component | {"operator": "NotIn"}]},
+                              "policyTypes": ["Ingress"], "ingress": [
         {"from": [{"podSelector": run_pods}]},
         {"from": [OPERATOR_PEER], "ports": [{"protocol": "TCP", "port": 8080}]},
         {"from": [SCRAPER_PEER], "ports": [{"protocol": "TCP", "port": p} for p in (8000, 8080, TRAINER_METRICS_PORT)]}]}
+    assert trainer["spec"]["podSelector"] == run_pods | {"matchExpressions": [component | {"operator": "In"}]}
+    assert trainer["spec"]["ingress"][1]["ports"][-2:] == [{"protocol": "TCP", "port": 1, "endPort": 29499},
+                                                          {"protocol": "TCP", "port": 29501, "endPort": 65535}]
     await start_everything(cluster)
     selected = {n for n in cluster.names("Pod") if cluster.get("Pod", n)["metadata"]["labels"].items()
                 >= run_pods["matchLabels"].items()}
     assert selected == {"rt-inference-0", "rt-orchestrator-0", "rt-trainer-0-0"}
-    sft_policy = await cluster.until(lambda: cluster.get("NetworkPolicy", "rt-sft-network-policy"))
-    assert sft_policy["spec"]["ingress"][1]["ports"] == [{"protocol": "TCP", "port": 8080}]  # trainer pod 0's
+    sft_policy = await cluster.until(lambda: cluster.get("NetworkPolicy", "rt-sft-trainer-network-policy"))
+    assert sft_policy["spec"]["ingress"][-2]["ports"] == [{"protocol": "TCP", "port": 8080}]  # trainer pod 0's
+    assert cluster.get("NetworkPolicy", "rt-sft-network-policy") is None  # an SFTRun has no other pods
+    created = [resource for request, resource in operator_calls(cluster.server) if VERBS[request.action.value] == "create"]
+    assert created.index("networkpolicies") < min(created.index(r) for r in ("statefulsets", "deployments", "jobs"))
 
 
 @pytest.mark.parametrize("operator_settings", [{"network_policy_peer": None}])

@@ -108,3 +108,23 @@ def test_the_weight_server_streams_the_model_only_to_holders_of_the_token(token,
             fetch_snapshot(f"127.0.0.1:{port}", 3, timeout=10)
     finally:
         server.stop(0)
+
+
+def test_a_server_without_the_token_refuses_to_start_on_a_cluster(monkeypatch, caplog):
+    """On a Kubernetes cluster (the kubelet sets KUBERNETES_SERVICE_HOST in every pod) a server
+    with no token to require refuses to start, whoever reaches its port could drive it; on a
+    workstation it serves everyone, with a warning."""
+    from rlkube.auth import IN_CLUSTER_ENV, RequireToken
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.setenv(IN_CLUSTER_ENV, "10.96.0.1")
+    with pytest.raises(RuntimeError, match="weight server .* WITHOUT a token on a Kubernetes cluster"):
+        serve_weights(WeightsServicer(keep_last=1), f"127.0.0.1:{free_port()}")
+    with pytest.raises(RuntimeError, match="orchestrator's gRPC .* WITHOUT a token on a Kubernetes cluster"):
+        asyncio.run(start_server(None, "127.0.0.1", 0, workers=None))
+    with pytest.raises(RuntimeError, match="rlkube inference .* WITHOUT a token on a Kubernetes cluster"):
+        RequireToken(app=None)
+
+    monkeypatch.delenv(IN_CLUSTER_ENV)
+    assert RequireToken(app=None).token is None
+    assert "serves WITHOUT a token" in caplog.text

@@ -1,6 +1,6 @@
 """NetworkPolicy ingress on the local cluster (netpolicy.py): connections are tried from inside
-client pods' network namespaces to a fenced server pod, as a tenant's pod would, in three
-namespaces of one cluster."""
+client pods' network namespaces to fenced server pods, as a tenant's pod would, across the
+namespaces of one cluster; under policies written here and under the operator's own for a run."""
 
 import subprocess
 import sys
@@ -13,17 +13,21 @@ from e2e.scenarios.harness import LocalCluster
 from tests.cluster.conftest import LocalApi
 from tests.fixtures.prerequisites import require
 
-# Two ports, so that one the policy does not list can be tried.
-SERVE = "python -m http.server 8080 --bind 0.0.0.0 & exec python -m http.server 8081 --bind 0.0.0.0"
+# Listens on each port given (the kernel completes a connection without an accept()).
+LISTEN = "import socket, sys, time; s = [socket.create_server(('', int(p))) for p in sys.argv[1:]]; time.sleep(3600)"
+WEB_PORTS = {"web": 8080, "other": 8081}  # two, so that one a policy does not list can be tried
 CONNECT = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3]))"
 REFUSED_WITHIN_S = 1.5  # a dropped SYN: the client waits this long, then counts it refused
 
 
-def pod(name: str, labels: dict, serve: bool) -> dict:
-    container = {"name": "main", "image": "ignored", "command": ["sh", "-c", SERVE if serve else "exec sleep 600"]}
-    if serve:
-        container["readinessProbe"] = {"tcpSocket": {"port": 8081}, "periodSeconds": 1}
-        container["ports"] = [{"name": "web", "containerPort": 8080}, {"name": "other", "containerPort": 8081}]
+def pod(name: str, labels: dict, ports: dict[str, int] | None = None) -> dict:
+    """A pod listening on `ports` (by name), ready once it does; without, a client that sleeps."""
+    ports = ports or {}
+    container = {"name": "main", "image": "ignored",
+                 "command": ["python", "-c", LISTEN, *map(str, ports.values())] if ports else ["sleep", "600"]}
+    if ports:
+        container["readinessProbe"] = {"tcpSocket": {"port": min(ports.values())}, "periodSeconds": 1}
+        container["ports"] = [{"name": name, "containerPort": port} for name, port in ports.items()]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
             "spec": {"terminationGracePeriodSeconds": 0, "containers": [container]}}
 
@@ -51,9 +55,9 @@ class Net:
         """Whether a TCP connection from `client`'s network namespace to `server`'s IP is
         accepted within `timeout` (the container's process is in the pod's namespace)."""
         pid = client["status"]["containerStatuses"][0]["containerID"].removeprefix("localcluster://")
-        done = subprocess.run(["nsenter", "-t", pid, "-n", sys.executable, "-c", CONNECT,
+        done = subprocess.run(["nsenter", "-t", pid, "-n", sys.executable, "-I", "-S", "-c", CONNECT,
                                server["status"]["podIP"], str(port), str(timeout)],
-                              check=False, capture_output=True, text=True, timeout=timeout + 30)
+                              check=False, capture_output=True, text=True, timeout=timeout + 120)
         return done.returncode == 0
 
     def until_connects(self, client: dict, server: dict, port: int, expected: bool, what: str) -> None:
@@ -101,12 +105,12 @@ WEB_FENCE = fence("web", [
 def test_a_fenced_pod_admits_only_what_its_policy_names(net, spaces):
     home, stranger, monitoring = spaces["home"], spaces["stranger"], spaces["monitoring"]
     net.create(home, WEB_FENCE)
-    for ns, name, labels, serve in [(home, "web", {"app": "web"}, True), (home, "open", {"app": "open"}, True),
-                                    (home, "friend", {"role": "client"}, False),
-                                    (stranger, "outsider", {"role": "client"}, False),
-                                    (monitoring, "scraper", {"role": "client"}, False),
-                                    (monitoring, "unlabelled", {}, False)]:
-        net.create(ns, pod(name, labels, serve))
+    for ns, name, labels, ports in [(home, "web", {"app": "web"}, WEB_PORTS), (home, "open", {"app": "open"}, WEB_PORTS),
+                                    (home, "friend", {"role": "client"}, None),
+                                    (stranger, "outsider", {"role": "client"}, None),
+                                    (monitoring, "scraper", {"role": "client"}, None),
+                                    (monitoring, "unlabelled", {}, None)]:
+        net.create(ns, pod(name, labels, ports))
     web, open_ = net.running(home, "web"), net.running(home, "open")
     friend, outsider = net.running(home, "friend"), net.running(stranger, "outsider")
     scraper, unlabelled = net.running(monitoring, "scraper"), net.running(monitoring, "unlabelled")
@@ -122,8 +126,8 @@ def test_a_fenced_pod_admits_only_what_its_policy_names(net, spaces):
 def test_rules_follow_policies_and_namespace_labels(net, spaces):
     home, stranger = spaces["home"], spaces["stranger"]
     net.create(home, WEB_FENCE)
-    net.create(home, pod("web", {"app": "web"}, True))
-    net.create(stranger, pod("outsider", {"role": "client"}, False))
+    net.create(home, pod("web", {"app": "web"}, WEB_PORTS))
+    net.create(stranger, pod("outsider", {"role": "client"}))
     web, outsider = net.running(home, "web"), net.running(stranger, "outsider")
     assert not net.connects(outsider, web, 8080)
 
@@ -133,3 +137,50 @@ def test_rules_follow_policies_and_namespace_labels(net, spaces):
 
     net.api.delete(f"/apis/networking.k8s.io/v1/namespaces/{home}/networkpolicies/web")
     net.until_connects(outsider, web, 8081, True, "every port open once the policy is deleted")
+
+
+def test_a_runs_networkpolicies_fence_its_ports(net):
+    """The operator's NetworkPolicies for an RLRun, rendered by its builders (as
+    tests/operator/test_manifests.py renders them), on pods with the run's real pod labels
+    listening on its ports: the stores admit only the run's pods that need them, another
+    namespace's pods (with the run's labels or the scraper's) reach nothing, the scraper's
+    namespace reaches only /metrics ports and the operator only the status port."""
+    from rlkube_operator.spec import RLRunSpec
+
+    from tests.operator.test_manifests import GPU_RLRUN, RUN, manifests
+
+    spec = RLRunSpec.model_validate(GPU_RLRUN)
+    objs = manifests("RLRun", spec)
+    labels = {o["metadata"]["name"].removeprefix(f"{RUN.name}-"): o["spec"]["template"]["metadata"]["labels"]
+              for o in objs if o["kind"] in ("StatefulSet", "Deployment", "Job")}
+    nccl, grpc = spec.config.weights.nccl_port, spec.config.rollouts.port
+    vllm, status = spec.config.inference.port, spec.config.orchestrator.http_port
+    for ns in (RUN.namespace, "tenant-b", "monitoring", "rlkube"):
+        net.api.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+    for policy in (o for o in objs if o["kind"] == "NetworkPolicy"):
+        policy["metadata"].pop("ownerReferences")  # no RLRun here: the garbage collector would take it
+        net.create(RUN.namespace, policy)
+    for ns, name, pod_labels, ports in [
+        (RUN.namespace, "trainer-0", labels["trainer-0"], {"torchrun": 29500, "nccl": nccl}),
+        (RUN.namespace, "trainer-1", labels["trainer-0"], None),
+        (RUN.namespace, "inference-0", labels["inference"], {"http": vllm}),
+        (RUN.namespace, "orchestrator", labels["orchestrator"], {"grpc": grpc, "http": status}),
+        ("tenant-b", "lookalike", labels["trainer-0"], None),
+        ("tenant-b", "fake-scraper", {"rlkube.dev/metrics-scraper": "true"}, None),
+        ("monitoring", "prometheus", {}, None),
+        ("rlkube", "operator", {"app.kubernetes.io/name": "rlkube-operator"}, None),
+    ]:
+        net.create(ns, pod(name, pod_labels, ports))
+    trainer, trainer_1 = net.running(RUN.namespace, "trainer-0"), net.running(RUN.namespace, "trainer-1")
+    inference, orchestrator = net.running(RUN.namespace, "inference-0"), net.running(RUN.namespace, "orchestrator")
+    lookalike, fake_scraper = net.running("tenant-b", "lookalike"), net.running("tenant-b", "fake-scraper")
+    prometheus, operator = net.running("monitoring", "prometheus"), net.running("rlkube", "operator")
+
+    for client, server, port in [(trainer_1, trainer, 29500), (inference, trainer, nccl),
+                                 (orchestrator, inference, vllm), (trainer, orchestrator, grpc),
+                                 (prometheus, inference, vllm), (operator, orchestrator, status)]:
+        assert net.connects(client, server, port, timeout=10), (client["metadata"]["name"], server["metadata"]["name"], port)
+    for client, server, port in [(inference, trainer, 29500), (orchestrator, trainer, 29500), (orchestrator, trainer, nccl),
+                                 (lookalike, trainer, 29500), (lookalike, inference, vllm), (fake_scraper, inference, vllm),
+                                 (prometheus, trainer, 29500), (operator, orchestrator, grpc)]:
+        assert not net.connects(client, server, port), (client["metadata"]["name"], server["metadata"]["name"], port)

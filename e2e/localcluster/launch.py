@@ -80,6 +80,31 @@ def enter_image(rootfs: dict) -> str:
     return root
 
 
+def in_root(root: str, path: str) -> str:
+    """Where `path` of the container lies on the host before `pivot_to(root)`: its symlinks
+    resolved inside `root` (an image's `/var/run -> /run` must not lead to the host's /run)."""
+    if not root:
+        return path
+    parts, done, hops = path.strip("/").split("/"), "", 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            done = done.rsplit("/", 1)[0]
+            continue
+        link = root + done + "/" + part
+        if os.path.islink(link) and hops < 40:
+            hops += 1
+            target = os.readlink(link)
+            parts = target.strip("/").split("/") + parts
+            if target.startswith("/"):
+                done = ""
+            continue
+        done += "/" + part
+    return root + done
+
+
 def pivot_to(root: str) -> None:
     """Make `root` the process's `/` and detach the host's root from its mount namespace."""
     os.chdir(root)
@@ -153,7 +178,7 @@ def main(spec_path: str) -> None:
     image = [(path, os.open(path, os.O_PATH)) for path in spec.get("image", [])]
     root = enter_image(spec["rootfs"]) if spec.get("rootfs") else ""
     for m, fd in zip(mounts, sources):
-        target = root + m["target"]
+        target = in_root(root, m["target"])
         if not os.path.lexists(target):
             if os.path.isdir(m["source"]):
                 os.makedirs(target)
@@ -167,7 +192,7 @@ def main(spec_path: str) -> None:
     ident = spec.get("identity") or ROOT
     bind_image(image, mounts, ident)
     socket.sethostname(spec["hostname"])
-    os.makedirs(root + spec["cwd"], exist_ok=True)  # exists unless it lies inside a volume or the image lacks it
+    os.makedirs(in_root(root, spec["cwd"]), exist_ok=True)  # exists unless it lies inside a volume or the image lacks it
     if root:
         pivot_to(root)
     os.chdir(spec["cwd"])

@@ -99,6 +99,19 @@ async def test_the_images_cmd_exit_codes_termination_messages_and_exec_probes(cl
     await cluster.delete("Pod", "probed")
 
 
+async def test_a_volume_under_an_images_symlink_lands_inside_the_container(cluster, tmp_path):
+    """The image's /var/run is a link to /run: the volume must follow it inside the image, not
+    to the host's /run."""
+    skip_without(image_missing(RUNTIME))
+    target = f"/var/run/rlkube-test-{tmp_path.name}"
+    await cluster.create(pod("linked", ["sh", "-c", f"echo hi > {target}/x && cat /run/{Path(target).name}/x"],
+                             volumes=[{"name": "scratch", "emptyDir": {}}],
+                             container={"image": RUNTIME, "volumeMounts": [{"name": "scratch", "mountPath": target}]}))
+    await cluster.until(lambda: phase(cluster, "linked") in ("Succeeded", "Failed"), 60, "the pod to end")
+    assert (phase(cluster, "linked"), cluster.logs("linked")) == ("Succeeded", "hi\n")
+    assert not Path(f"/run/{Path(target).name}").exists()
+
+
 async def test_a_pod_whose_image_was_never_built_waits_in_image_pull_backoff(cluster):
     never = "ghcr.io/rlkube/never-built:0.0.0"
     await cluster.create(pod("unbuilt", ["true"], container={"image": never}))

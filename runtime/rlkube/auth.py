@@ -95,15 +95,11 @@ def _presented(details: grpc.HandlerCallDetails) -> str | None:
     return dict(details.invocation_metadata or ()).get(METADATA_KEY)
 
 
-def _refusing_handler(handler, abort):
-    """A handler of `handler`'s kind (so the call is framed as the client expects) that aborts."""
-    kind = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }[(handler.request_streaming, handler.response_streaming)]
-    return kind(abort)
+def _refusing_handler(abort):
+    """A handler that aborts without reading the call's request: declared request-streaming,
+    so grpcio reads no message (of up to the server's 1 GiB limit) before the refusal. The wire
+    framing is the same for every kind, so any client reads the status as usual."""
+    return grpc.stream_stream_rpc_method_handler(abort)
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
@@ -117,10 +113,10 @@ class TokenInterceptor(grpc.ServerInterceptor):
         if handler is None or is_authorized(_presented(details), self.token):
             return handler
 
-        def abort(request, context):
+        def abort(requests, context):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, _refusal(details.method))
 
-        return _refusing_handler(handler, abort)
+        return _refusing_handler(abort)
 
 
 class AioTokenInterceptor(grpc.aio.ServerInterceptor):
@@ -134,10 +130,10 @@ class AioTokenInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or is_authorized(_presented(details), self.token):
             return handler
 
-        async def abort(request, context):
+        async def abort(requests, context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _refusal(details.method))
 
-        return _refusing_handler(handler, abort)
+        return _refusing_handler(abort)
 
 
 def server_interceptors(server: str, aio: bool) -> list:

@@ -128,3 +128,39 @@ def test_a_server_without_the_token_refuses_to_start_on_a_cluster(monkeypatch, c
     monkeypatch.delenv(IN_CLUSTER_ENV)
     assert RequireToken(app=None).token is None
     assert "serves WITHOUT a token" in caplog.text
+
+
+def _unary_call_that_never_sends_its_request(address: str, method: str):
+    """A call to the unary method `method` that sends its headers, no token, and then nothing:
+    a server that read the request before checking the token would wait for it."""
+    import threading
+
+    never = threading.Event()
+
+    def requests():
+        never.wait(30)
+        yield b""
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            channel.stream_unary(method)(requests(), timeout=5)
+        except grpc.RpcError as e:
+            return e.code()
+        finally:
+            never.set()
+
+
+def test_a_call_without_the_token_is_refused_before_its_request_is_read(token):
+    """No message of a call is read (up to the servers' 1 GiB limit) before its token is
+    checked: the refusal comes at the headers, on the orchestrator's aio server and the
+    trainer's thread-pool one alike."""
+    port = free_port()
+    with ServerThread(FakeSource(), port):
+        assert _unary_call_that_never_sends_its_request(
+            f"127.0.0.1:{port}", "/rlkube.v1.Rollouts/ReportPolicy") == grpc.StatusCode.UNAUTHENTICATED
+    weights = serve_weights(WeightsServicer(keep_last=1), f"127.0.0.1:{(port := free_port())}")
+    try:
+        assert _unary_call_that_never_sends_its_request(
+            f"127.0.0.1:{port}", "/rlkube.v1.Weights/Fetch") == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        weights.stop(0)

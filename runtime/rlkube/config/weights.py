@@ -7,6 +7,15 @@ from pydantic import Field
 from rlkube.config.base import Config
 
 
+class DeltaConfig(Config):
+    """Delta updates (`weights.delta`): after a full snapshot, each policy travels as the wire-dtype
+    elements that changed since the one before (rlkube.transport.weights_delta)."""
+
+    full_every: int = Field(default=10, ge=1)
+    """A full snapshot at least every this many publishes: bounds what a replica that joins,
+    restarts or missed updates fetches (one full snapshot, then the deltas after it)."""
+
+
 class WeightTransferConfig(Config):
     type: Literal["storage", "grpc", "nixl", "nccl"] = "storage"
     """`storage`: the trainer writes an HF safetensors snapshot to `url` and each replica loads it;
@@ -53,6 +62,10 @@ class WeightTransferConfig(Config):
     bfloat16 gets half the bytes and the weights it would round to anyway. `float32` sends the
     trainer's float32 master weights (an engine computing in float32 then samples from exactly
     the trainer's weights); `bfloat16` halves every update."""
+
+    delta: DeltaConfig | None = None
+    """`storage` and `grpc`: publish only the elements that changed (bit-exact on the replicas;
+    at RL learning rates in bfloat16 a few percent of them change per step). Off when unset."""
 
     overlap: bool = True
     """Publish policy N in the background while step N+1 computes: after the optimizer step the

@@ -9,7 +9,9 @@ A location is one of:
 - an fsspec URL `s3://bucket/run/weights/step_N`: downloaded to a temporary directory first;
 - `grpc://host:port`: snapshot `step` pulled from the trainer's weight server into memory;
 - `nixl://host:port`: snapshot `step` READ through NIXL out of the trainer's registered memory
-  into a buffer this worker registered once and reuses (rlkube.transport.weights_nixl).
+  into a buffer this worker registered once and reuses (rlkube.transport.weights_nixl);
+- `delta:<a storage or grpc location>` (`weights.delta`): the worker keeps the policy it serves and patches it
+  with the elements that changed (rlkube.transport.weights_delta).
 
 Either way, a snapshot not published yet is waited for up to `timeout` seconds.
 
@@ -36,6 +38,7 @@ from rlkube.inference.moe_reload import prepacked_on_reload
 from rlkube.inference.routing_capture import RoutingCaptureExtension
 from rlkube.models.hub import checkpoint_dir
 from rlkube.models.lora_math import adapted_modules, merged_weights, scaling_of
+from rlkube.transport.weights_delta import DELTA_SCHEME, ChainReader, PolicyReplica
 from rlkube.transport.weights_grpc import fetch_snapshot
 from rlkube.transport.weights_nixl import NIXL_SCHEME, NixlReceiver
 from rlkube.transport.weights_snapshot import ADAPTER_CONFIG, ADAPTER_WEIGHTS, iter_safetensors
@@ -87,7 +90,12 @@ class WeightLoaderExtension(RoutingCaptureExtension):
         (vLLM's `/collective_rpc` only forwards strings). Returns a one-line summary."""
         start = time.perf_counter()
         self._remember_served_model()
-        if location.startswith(GRPC_SCHEME):
+        if location.startswith(DELTA_SCHEME):  # weights.delta: a replica keeps the policy it serves
+            replica = self.__dict__.setdefault("_rlkube_policy", PolicyReplica())
+            reader = ChainReader(location, float(timeout))
+            self._reload(weights_iterator=iter(replica.update(reader.first(int(step)), reader.read).items()))
+            size = None
+        elif location.startswith(GRPC_SCHEME):
             files = fetch_snapshot(location.removeprefix(GRPC_SCHEME), int(step), float(timeout))
             if ADAPTER_CONFIG in files:
                 self._load_adapter(files)

@@ -13,6 +13,9 @@ orchestrator, which tells each inference replica to load it
 - `nccl` (GPU): broadcast straight into the inference workers through vLLM's weight-transfer
   engine; the replicas are updated by the time `publish` returns.
 
+`weights.delta` wraps `storage` or `grpc`: after a full snapshot, only the elements that changed
+travel (rlkube.transport.weights_delta).
+
 A LoRA run (`adapter_config` given) publishes its adapters alone as a PEFT directory through
 `storage` or `grpc`; inference serves them as a vLLM LoRA adapter or merges them into its base
 weights (`trainer.lora.serving`).
@@ -33,7 +36,14 @@ def make_publisher(
     if adapter_config is not None and config.type in ("nccl", "nixl"):
         raise ValueError(f"weights.type: {config.type!r} sends full weights; a LoRA run (trainer.lora) publishes "
                          "its adapters through 'storage' or 'grpc'")
-    return _transport_publisher(config, output_dir, model_dir, adapter_config)
+    if config.delta is not None and adapter_config is not None:
+        raise ValueError("weights.delta: a LoRA run publishes its adapters, small already; unset it")
+    publisher = _transport_publisher(config, output_dir, model_dir, adapter_config)
+    if config.delta is None:
+        return publisher
+    from rlkube.transport.weights_delta import DeltaPublisher
+
+    return DeltaPublisher(publisher, model_dir, config.delta.full_every)
 
 
 def _transport_publisher(

@@ -41,9 +41,12 @@ class StoragePublisher(WeightPublisher):
         self.adapter_config = adapter_config
 
     def publish(self, state_dict, step):
+        return self.publish_snapshot(Snapshot(state_dict, step, self.model_dir, adapter_config=self.adapter_config))
+
+    def publish_snapshot(self, snapshot: Snapshot) -> str:
+        """Write a prepared snapshot (a full one or a delta: rlkube.transport.weights_delta)."""
         from rlkube.transport.weights_storage import prune, write_snapshot
 
-        snapshot = Snapshot(state_dict, step, self.model_dir, adapter_config=self.adapter_config)
         location = write_snapshot(self.root, snapshot)
         prune(self.root, self.keep_last)
         return location
@@ -72,8 +75,11 @@ class GrpcPublisher(WeightPublisher):
         self.server = serve_weights(self.servicer, f"{bind_host or host}:{port}")
 
     def publish(self, state_dict, step):
-        snapshot = Snapshot(state_dict, step, self.model_dir, adapter_config=self.adapter_config)
-        self.servicer.add(step, snapshot.files(self.servicer.buffer))
+        return self.publish_snapshot(Snapshot(state_dict, step, self.model_dir, adapter_config=self.adapter_config))
+
+    def publish_snapshot(self, snapshot: Snapshot) -> str:
+        """Serve a prepared snapshot (a full one or a delta: rlkube.transport.weights_delta)."""
+        self.servicer.add(snapshot.step, snapshot.files(self.servicer.buffer))
         return f"grpc://{self.address}"
 
     def expect(self, step):

@@ -16,6 +16,7 @@ Fetch must never wait on something that cannot come:
 The orchestrator retries a refused or failed load (a resume's, and a restarted replica's sync).
 """
 
+import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ import grpc
 
 from rlkube import auth
 from rlkube.transport import keepalive, rlkube_pb2, rlkube_pb2_grpc
-from rlkube.transport.weights_snapshot import COMPLETE
+from rlkube.transport.weights_snapshot import COMPLETE, bases_needed
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class WeightsServicer:
         self._snapshots: dict[int, dict[str, bytes | bytearray]] = {}
         self._sending: dict[int, int] = {}  # id of a snapshot's files -> Fetches sending them
         self._spare: list[bytearray] = []
+        self._bases: dict[int, int | None] = {}  # step -> the step its delta builds on
         self._expected: int | None = None
         self._added = threading.Condition()
 
@@ -96,19 +98,27 @@ class WeightsServicer:
         return bytearray(size)
 
     def add(self, step: int, files: dict[str, bytes | bytearray]) -> None:
+        """Hold `files` as snapshot `step`; drop all but the newest `keep_last` (and those their
+        deltas build on)."""
         with self._added:
             replaced = self._snapshots.get(step)
             self._snapshots[step] = files
+            self._bases[step] = json.loads(bytes(files[COMPLETE])).get("base")
             if replaced is not None:
                 self._release(replaced)
             if self.keep_last is not None:
-                for old in sorted(self._snapshots)[: -self.keep_last]:
-                    self._release(self._snapshots.pop(old))
+                held = sorted(self._snapshots)
+                needed = bases_needed(held[-self.keep_last :], self._bases.get)
+                for old in held[: -self.keep_last]:
+                    if old not in needed:
+                        del self._bases[old]
+                        self._release(self._snapshots.pop(old))
             self._added.notify_all()
 
     def discard(self, step: int) -> None:
         """Stop serving `step` (a transport about to reuse its memory)."""
         with self._added:
+            self._bases.pop(step, None)
             if (files := self._snapshots.pop(step, None)) is not None:
                 self._release(files)
 

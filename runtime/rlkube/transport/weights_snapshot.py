@@ -44,6 +44,18 @@ def step_dir(root: str, step: int) -> str:
     return posixpath.join(root.rstrip("/"), f"step_{step}")
 
 
+def bases_needed(kept: list[int], base_of: Callable[[int], int | None]) -> set[int]:
+    """The steps the `kept` snapshots build on, back to full snapshots: a delta's marker names
+    its `base` step (rlkube.transport.weights_delta), a full snapshot's none. Pruning spares them."""
+    needed: set[int] = set()
+    for step in kept:
+        base = base_of(step)
+        while base is not None and base not in needed:
+            needed.add(base)
+            base = base_of(base)
+    return needed
+
+
 def model_files(model_dir: str | Path) -> dict[str, bytes]:
     """The non-weight files of a local model directory (config, generation config, tokenizer)."""
     model_dir = Path(model_dir)

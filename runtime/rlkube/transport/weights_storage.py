@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from rlkube.transport.weights_snapshot import COMPLETE, Snapshot, step_dir
+from rlkube.transport.weights_snapshot import COMPLETE, Snapshot, bases_needed, step_dir
 
 logger = logging.getLogger(__name__)
 
@@ -56,16 +56,26 @@ def list_steps(root: str) -> dict[int, bool]:
 
 
 def prune(root: str, keep_last: int | None) -> list[int]:
-    """Delete all but the newest `keep_last` complete snapshots, and incomplete ones older than
-    the newest complete one (left by a crash mid-publish). Returns the deleted steps."""
+    """Delete all but the newest `keep_last` complete snapshots (and those their deltas build
+    on), and incomplete ones older than the newest complete one (left by a crash mid-publish).
+    Returns the deleted steps."""
     steps = list_steps(root)
     complete = sorted(s for s, done in steps.items() if done)
     if not complete:
         return []
     doomed = [s for s, done in steps.items() if not done and s < complete[-1]]
     if keep_last is not None:
-        doomed += complete[:-keep_last]
+        needed = bases_needed(complete[-keep_last:], lambda step: _base_of(root, step))
+        doomed += [s for s in complete[:-keep_last] if s not in needed]
     return _delete(root, doomed)
+
+
+def _base_of(root: str, step: int) -> int | None:
+    """The step a delta snapshot applies to (None: a full snapshot, or none there)."""
+    try:
+        return read_marker(step_dir(root, step)).get("base")
+    except FileNotFoundError:
+        return None
 
 
 def discard_after(root: str, step: int) -> list[int]:

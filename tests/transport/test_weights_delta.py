@@ -56,6 +56,18 @@ class Training:
         return {name: tensor.to(torch.bfloat16) for name, tensor in self.master.items()}
 
 
+def test_gaps_past_16_bits_and_a_tensor_of_one_element_round_trip():
+    base = {"long": torch.zeros(300_000, dtype=torch.bfloat16), "one": torch.zeros(1, dtype=torch.bfloat16)}
+    new = {name: tensor.clone() for name, tensor in base.items()}
+    new["long"][[0, 40_000, 40_001, 240_000, 299_999]] = 1.0  # gaps of 40k (a negative int16) and 200k
+    new["one"][0] = 2.0
+    delta = encode_delta(base, new)
+    assert delta["long@gap"].numel() == 5 + 3, "199,999 = 3 words of 65535 skipped + 3394"
+    patched = {name: tensor.clone() for name, tensor in base.items()}
+    apply_delta(patched, delta)
+    assert_bit_exact(patched, new)
+
+
 def test_a_delta_carries_exactly_the_changed_bits():
     base = {"w": torch.randn(1000).bfloat16(), "same": torch.randn(10).bfloat16(), "most": torch.randn(30).bfloat16(),
             "signs": torch.tensor([0.0, 1.0, float("nan")] * 10).bfloat16()}
@@ -65,8 +77,8 @@ def test_a_delta_carries_exactly_the_changed_bits():
     new["signs"][0] = -0.0  # equal values, other bits
     new["signs"][2] = float("nan")  # the same NaN: unchanged
     delta = encode_delta(base, new)
-    assert sorted(delta) == ["most", "signs@idx", "signs@val", "w@idx", "w@val"]
-    assert delta["w@idx"].tolist() == [3, 500, 999] and delta["w@idx"].dtype == torch.int32
+    assert sorted(delta) == ["most", "signs@gap", "signs@val", "w@gap", "w@val"]
+    assert delta["w@gap"].tolist() == [4, 497, 499] and delta["w@gap"].dtype == torch.int16
     patched = {name: tensor.clone() for name, tensor in base.items()}
     apply_delta(patched, delta)
     assert_bit_exact(patched, new)

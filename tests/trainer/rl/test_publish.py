@@ -16,6 +16,7 @@ from rlkube.trainer.rl.trainer import RLTrainer
 from rlkube.transport.client import RolloutClient
 from rlkube.transport.publishers import make_publisher
 from rlkube.transport.weights import WeightPublisher
+from rlkube.transport.weights_delta import ChainReader, PolicyReplica
 from rlkube.transport.weights_grpc import fetch_snapshot
 from rlkube.transport.weights_snapshot import iter_safetensors
 
@@ -162,8 +163,8 @@ def test_at_most_one_publish_is_in_flight(tiny_model, tmp_path, world_of_one):
     assert not second.is_alive()
     trainer.close()
     published = trainer.publishing.publisher.inner.published
-    assert all(torch.equal(published[1][k], policy_1[k]) for k in policy_1), "policy 1 was not overwritten"
-    assert all(torch.equal(published[2][k], policy_1[k] + 1) for k in policy_1)
+    assert all(torch.equal(published[1][k], policy_1[k]) for k in published[1]), "policy 1 was not overwritten"
+    assert all(torch.equal(published[2][k], policy_1[k] + 1) for k in published[2])
 
 
 def test_a_background_publish_failure_stops_the_trainer(tiny_model, tmp_path, world_of_one):
@@ -269,3 +270,42 @@ def test_a_synchronous_orchestrator_gets_each_policy_while_the_trainer_waits_for
         serving.join(60)
     assert pool.loads == [(step, f"memory://{step}") for step in (1, 2, 3)]
     assert orchestrator.status()["phase"] == "finished" and orchestrator.last_lag == 0
+
+
+class KeepingPublisher(WeightPublisher):
+    """`inner`, keeping a copy of each policy it is given: what a full publish would send."""
+
+    def __init__(self, inner: WeightPublisher):
+        self.inner, self.policies = inner, {}
+
+    def publish(self, state_dict, step):
+        self.policies[step] = {name: tensor.clone() for name, tensor in state_dict.items()}
+        return self.inner.publish(state_dict, step)
+
+    def close(self):
+        self.inner.close()
+
+
+@pytest.mark.parametrize("transport", ["storage", "grpc"])
+def test_the_trainers_delta_publishes_rebuild_each_policy_bit_exact(tiny_model, tmp_path, world_of_one, transport):
+    """`weights.delta` in the background over the trainer's reused buffers: a replica that
+    loads every reported policy holds, bit for bit, what a full publish would have sent."""
+    config = trainer_config(tiny_model, tmp_path, type=transport, dtype="bfloat16", delta={"full_every": 10})
+    config = config.model_copy(update={"optim": config.optim.model_copy(update={"lr": 1e-6})})
+    publisher = KeepingPublisher(make_publisher(config.weights, config.output_dir, config.model.name))
+    trainer = make_trainer(config, publisher)
+    source, replica = SyntheticSource(batch_for(trainer)), PolicyReplica()
+    try:
+        with Server(source, config.rollouts.port):
+            trainer.train()
+        assert [step for step, _ in source.reports] == [1, 2, 3]
+        for step, location in source.reports:
+            reader = ChainReader(location, timeout=30)
+            held = replica.update(reader.first(step), reader.read)
+            for name, tensor in publisher.policies[step].items():
+                assert torch.equal(held[name].view(torch.int16), tensor.view(torch.int16)), f"policy {step}: {name}"
+        full = sum(t.nbytes for t in publisher.policies[3].values())
+        assert 0 < publisher.inner.last_bytes < full / 2, "step 3 went as a delta"
+    finally:
+        trainer.close()
+        publisher.close()

@@ -3,8 +3,8 @@ write (storage), serving (gRPC) or broadcast (NCCL) and the `ReportPolicy(N)` on
 thread while step N+1 computes.
 
 The snapshot is the only part the training loop waits for. Every rank takes part (gathering a
-sharded parameter is a collective); rank 0 copies each full tensor, cast to the wire dtype,
-into a host buffer allocated at the first publish and reused at every later one: fresh host
+sharded parameter is a collective, in the wire dtype); rank 0 copies each full tensor into a
+host buffer allocated at the first publish and reused at every later one: fresh host
 memory is paged in at ~1 GB/s where a reused buffer takes a copy at several GB/s. On CUDA the
 buffers are pinned and the device-to-host copies run on a side stream, bucket by bucket: the
 training loop waits only for the copies of all but the last bucket (which bounds the device
@@ -63,7 +63,7 @@ class HostSnapshot:
         pending: list[torch.cuda.Event] = []
         bucket = 0
         for name, tensor in state_dict.items():
-            full = (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+            full = _gathered(tensor, self.dtype).detach()
             if not self.is_main:
                 continue
             buffer = self._buffer(name, full)
@@ -96,6 +96,15 @@ class HostSnapshot:
         if self._copied is not None:
             self._copied.synchronize()
             self._copied = None
+
+
+def _gathered(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The whole of `tensor` (collective for a sharded one), floating point in the wire dtype:
+    each rank casts its shard before the all-gather, so a bfloat16 wire gathers half the bytes
+    of float32 (casting commutes with gathering: the same values)."""
+    if not isinstance(tensor, DTensor):
+        return tensor
+    return (tensor.to(dtype) if tensor.is_floating_point() else tensor).full_tensor()
 
 
 class PolicyPublishing:

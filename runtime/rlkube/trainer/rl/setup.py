@@ -39,10 +39,15 @@ class TrainingEnv:
     def policy_tensors(self) -> dict[str, torch.Tensor]:
         """What a policy update carries, as this rank holds it (sharded DTensors; the
         publisher's snapshot gathers them): the adapters alone, under PEFT's names, in a LoRA
-        run (`trainer.lora.serving`: served as an adapter or merged), else every weight."""
+        run (`trainer.lora.serving`: served as an adapter or merged), else every weight but a
+        tied output head: it is the embedding's tensor, which would be gathered, copied and sent
+        a second time, and inference ties it itself (as for a `save_pretrained` checkpoint)."""
         if self.lora:
             return {PEFT_PREFIX + name: p for name, p in self.model.named_parameters() if is_adapter_key(name)}
-        return get_model_state_dict(self.model)
+        state = get_model_state_dict(self.model)
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        return state
 
     def barrier(self) -> None:
         if self.world_size > 1:

@@ -35,6 +35,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: UNITS.index(unit) if (unit := work_unit(item)) in UNITS else len(UNITS))
 
 
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """pytest-xdist groups tests by appending the group to their ids; with a pytest that keeps ids
+    where it does not look (9.2), every test would be its own unit, silently: a local cluster and
+    the engines started once per worker. Fail instead."""
+    if getattr(session.config.option, "loadgroup", False) and session.items and "@" not in session.items[0].nodeid:
+        raise pytest.UsageError("pytest-xdist did not group the tests (--dist loadgroup): use the pytest "
+                                "constraints.txt pins")
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """The figures tests record (`record_property`: recovery times, rewards), printed for every
     test that ran to its end: a worker's own output is not shown, and a passing run's figures

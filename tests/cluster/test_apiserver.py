@@ -29,12 +29,12 @@ def test_kubectl_apply_get_describe_delete_an_rlrun(local_api, ns):
     out = local_api.kubectl("apply", "-n", ns, "-f", str(RLRUN))
     assert "rlrun.rlkube.dev/reverse-text created" in out
     header = local_api.kubectl("get", "rlruns", "-n", ns).splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "STEP", "REWARD", "INFERENCE", "RESTARTS", "AGE"]
+    assert header == ["NAME", "PHASE", "STEP", "REWARD", "EVAL", "INFERENCE", "RESTARTS", "AGE"]
 
     local_api.patch(rlrun_path(ns, "reverse-text") + "/status",
                     {"status": {"phase": "Running", "step": 7, "reward": 0.625, "restarts": 1}})
     row = local_api.kubectl("get", "rlr", "reverse-text", "-n", ns, "--no-headers").split()
-    assert row[:5] == ["reverse-text", "Running", "7", "0.625", "<none>"]
+    assert row[:6] == ["reverse-text", "Running", "7", "0.625", "<none>", "<none>"]  # no eval yet, no inference
     assert "Phase:" in local_api.kubectl("describe", "rlrun", "reverse-text", "-n", ns)
     listed = local_api.request("GET", rlrun_path(ns))
     assert (listed["kind"], listed["apiVersion"]) == ("RLRunList", "rlkube.dev/v1alpha1")
@@ -71,7 +71,7 @@ def test_kubectl_scale_an_rlrun_through_its_scale_subresource(local_api, ns):
     assert "Expected replicas to be 2, was 3" in refused
     stale = scale | {"metadata": scale["metadata"] | {"resourceVersion": "1"}, "spec": {"replicas": 1}}
     local_api.request("PUT", rlrun_path(ns, "s") + "/scale", stale, ok=(409,))
-    assert local_api.kubectl("get", "rlrun", "s", "-n", ns, "--no-headers").split()[4] == "1/1"
+    assert local_api.kubectl("get", "rlrun", "s", "-n", ns, "--no-headers").split()[5] == "1/1"  # INFERENCE, after EVAL
 
 
 def test_status_subresource_generation_and_conflicts(local_api, ns):

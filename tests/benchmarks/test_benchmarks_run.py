@@ -15,6 +15,7 @@ BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
 TINY = {
     "compile_cache.py": (["--tiny"], "restart / cold"),
+    "delta_weights.py": (["--tiny"], "fewer bytes"),
     "grpc_transport.py": (["--rows", "4", "--seq-len", "512", "--micro-batch-rows", "2", "--repeats", "1"], "GB/s"),
     "lora_weights.py": (["--ranks", "8"], "lora r=8"),
     "model_build.py": (["--layers", "2", "--hidden", "128"], "read own slices"),

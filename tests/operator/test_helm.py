@@ -240,3 +240,23 @@ async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster, values):
     used = operator_requests(cluster)
     assert used - _granted(values) == set(), "the operator needs verbs the chart does not grant"
     assert _granted(values) - used == set(), "the chart grants verbs the operator never uses"
+
+
+@pytest.mark.parametrize("scraper", [[], ["monitoring"]])
+def test_the_operators_metrics_reach_only_the_scrapers_namespace(scraper):
+    """The operator's /metrics lists every run's namespace, name and step: the chart's own
+    NetworkPolicy isolates the operator's pods and admits the scraper's namespace, on the
+    metrics port only (none when no namespace is named)."""
+    values = {"networkPolicy": {"metricsScraper": {"namespaces": scraper}}}
+    objects = render(values)
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    kubernetes_validate.validate(policy, "1.37.0", strict=True)
+    deploy = next(o for o in objects if o["kind"] == "Deployment")
+    assert policy["metadata"]["namespace"] == deploy["metadata"]["namespace"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    expected = [{"from": [{"namespaceSelector": {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": scraper}]}}],
+        "ports": [{"protocol": "TCP", "port": 8080}]}] if scraper else []
+    assert policy["spec"]["ingress"] == expected
+    assert not [o for o in render(NETWORK_POLICY_OFF) if o["kind"] == "NetworkPolicy"]

@@ -27,3 +27,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- .Release.Namespace -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* The NetworkPolicyPeer of the metrics scraper (networkPolicy.metricsScraper), as JSON; empty
+     when no namespace is named: a scraper is admitted by its namespace, never by pod labels alone. */}}
+{{- define "rlkube.scraperPeer" -}}
+{{- with .Values.networkPolicy.metricsScraper }}
+{{- if .namespaces }}
+{{- $peer := dict "namespaceSelector" (dict "matchExpressions" (list (dict "key" "kubernetes.io/metadata.name" "operator" "In" "values" .namespaces))) }}
+{{- if .podSelector }}{{ $_ := set $peer "podSelector" .podSelector }}{{ end }}
+{{- $peer | toJson }}
+{{- end }}
+{{- end }}
+{{- end -}}

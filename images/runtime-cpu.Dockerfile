@@ -38,8 +38,9 @@ COPY runtime runtime
 COPY operator operator
 RUN pip install --no-deps --force-reinstall . && rm -rf build *.egg-info
 
-# The reverse-text example starts from a tiny model made here (no download at run time).
-RUN rlkube model init --out /opt/rlkube/models/tiny-reverse-text
+# The reverse-text example starts from a tiny model made here (no download at run time), readable
+# by every uid (transformers writes model.safetensors 0600, root's alone).
+RUN rlkube model init --out /opt/rlkube/models/tiny-reverse-text && chmod -R a+rX /opt/rlkube/models
 
 USER 1000:1000
 WORKDIR /home/rlkube

@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 RUNTIME = f"ghcr.io/rlkube/rlkube-runtime-cpu:{VERSION}"
 IN_IMAGE_ONLY = "/opt/rlkube/models/tiny-reverse-text/config.json"  # made by the image's build
+MODEL_WEIGHTS = "/opt/rlkube/models/tiny-reverse-text/model.safetensors"  # root's, read by uid 1000
 
 
 def image_missing(ref: str | None = None) -> str | None:
@@ -54,6 +55,7 @@ async def test_the_pod_runs_the_images_files_as_its_user_on_a_read_only_root(clu
     probe = (
         "import os\n"
         f"print('image file', os.path.exists({IN_IMAGE_ONLY!r}))\n"
+        f"print('image model', len(open({MODEL_WEIGHTS!r}, 'rb').read(8)))\n"
         "print('id', os.getuid(), os.getgid(), sorted(os.getgroups()), os.environ['HOME'], os.getcwd())\n"
         "for path in ('/data/out', '/opt/rlkube/x', '/x'):\n"
         "    try:\n"
@@ -71,6 +73,7 @@ async def test_the_pod_runs_the_images_files_as_its_user_on_a_read_only_root(clu
     assert phase(cluster, "from-image") == "Succeeded", out
     assert out == [
         "image file True",
+        "image model 8",
         "id 1000 1000 [1000] /home/rlkube /home/rlkube",
         "wrote /data/out",
         "refused /opt/rlkube/x Read-only file system",

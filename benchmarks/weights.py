@@ -39,7 +39,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TRANSPORTS = ("storage", "object store", "grpc", "nixl")
 BUCKET = "rlkube-bench"
-S3_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
+    # moto assembles a multipart upload slowly on a loaded machine: past botocore's 60 s read
+    # timeout the client retried CompleteMultipartUpload, which moto then failed (500)
+    "FSSPEC_S3": json.dumps({"config_kwargs": {"read_timeout": 900}}),
+}
 TCP_BYTES = 512 * 1024**2
 
 
@@ -228,7 +233,7 @@ async def run(args, tmp: Path) -> tuple[list[dict], dict]:
         config = InferenceConfig.model_validate({
             "model": {"name": str(model_dir)}, "host": pods.inference.ip, "port": free_port(),
             "kv_cache_space_gb": 1, "max_model_len": 512, "max_num_seqs": 8, "startup_timeout_s": 900,
-            "start_paused": False,
+            "start_paused": False, "enforce_eager": True,  # no compilation: only reloads are timed
         })
         try:
             with InferenceProcess(config, tmp / "server", env=env, netns=pods.inference.netns) as server:

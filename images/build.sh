@@ -60,10 +60,24 @@ ensure_base() {  # $1: a FROM reference
   fi  # Docker pulls it itself
 }
 
+# What an image is built from: its Dockerfile and context (git's hashes of the tracked files). An
+# image labelled with the same hash is not rebuilt (CI builds once per machine; BUILD_ALWAYS=1).
+context_hash() {
+  { git ls-files -s "$1" images pyproject.toml constraints.txt README.md runtime operator
+    git diff HEAD -- images pyproject.toml constraints.txt README.md runtime operator
+  } | sha256sum | cut -c1-16
+}
+
 for name in "${names[@]}"; do
   dockerfile=images/$name.Dockerfile
   [ -f "$dockerfile" ] || { echo "images: no $dockerfile" >&2; exit 2; }
   image=$REGISTRY/rlkube-$name:$TAG
+  hash=$(context_hash "$dockerfile")
+  if [ "$ENGINE" = buildah ] && [ -z "${BUILD_ALWAYS:-}" ] && [ "$(buildah inspect --type image \
+      --format '{{index .OCIv1.Config.Labels "org.rlkube.context"}}' "$image" 2>/dev/null)" = "$hash" ]; then
+    echo "images: $image is up to date (context $hash)"
+    continue
+  fi
   for base in $(sed -n 's/^FROM[[:space:]]\+\([^[:space:]]*\).*/\1/p' "$dockerfile"); do
     case $base in python:*) ensure_base "$base" ;; esac
   done
@@ -71,7 +85,7 @@ for name in "${names[@]}"; do
   if [ "$ENGINE" = buildah ]; then
     "${NICE[@]}" buildah bud --layers --pull=never --runtime runc --network host \
       --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
-      "${buildah_args[@]}" "${volumes[@]}" -f "$dockerfile" -t "$image" .
+      --label "org.rlkube.context=$hash" "${buildah_args[@]}" "${volumes[@]}" -f "$dockerfile" -t "$image" .
     size=$(buildah images --format '{{.Size}}' "$image")
   else
     DOCKER_BUILDKIT=1 docker build "${docker_args[@]}" -f "$dockerfile" -t "$image" .

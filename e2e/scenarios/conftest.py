@@ -5,7 +5,9 @@
 - otherwise the local cluster (e2e/localcluster), where the operator runs as pods too, from the
   same Helm chart with the same values (`e2e/operator-values.yaml`). It needs
   root with network namespaces and kubectl; without them every scenario skips with the reason
-  (fails under `CI=true`: `tests.fixtures.prerequisites.require`).
+  (fails under `CI=true`: `tests.fixtures.prerequisites.require`). `RLKUBE_E2E_IMAGES=podman`:
+  every pod runs from its image in podman's store (`make images`; `.ci/run` does so); by default
+  the project's virtualenv stands in for the images.
 """
 
 import os
@@ -33,7 +35,8 @@ def cluster(tmp_path_factory):
         return
     if reason := _local_unavailable():
         require(f"the local cluster cannot run here: {reason}")
-    local = LocalCluster(tmp_path_factory.mktemp("localcluster"), NAMESPACE).start()
+    images = os.environ.get("RLKUBE_E2E_IMAGES", "venv")
+    local = LocalCluster(tmp_path_factory.mktemp("localcluster"), NAMESPACE, images=images).start()
     try:
         local.apply(*operator_manifests(local))
         local.operator_leader()

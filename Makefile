@@ -5,9 +5,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 RLKUBE := $(VENV)/bin/rlkube
 PYTEST_ARGS ?=
-# Test workers (pytest-xdist); conftest.py says how the suite is spread over them.
-TEST_WORKERS ?= 2
-XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+# Test workers. One by default: with two (pytest-xdist, spread as conftest.py says) the cluster
+# scenarios' engine restarts compete with the other worker for two cores, and a recovery passed
+# the scenarios' 180 s bound (docs/operator.md). `make test TEST_WORKERS=2` on more cores.
+TEST_WORKERS ?= 1
+XDIST := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 .PHONY: install reverse-text test test-fast e2e-local proto crds lint clean gpu-wheels gpu-check images image-tools cluster-tools
 

@@ -1,15 +1,17 @@
-"""How the suite is spread over pytest-xdist workers (`make test` runs `-n 2 --dist loadgroup`).
+"""How the suite is ordered, and spread over pytest-xdist workers when asked
+(`make test TEST_WORKERS=2` runs `-n 2 --dist loadgroup`; `make test` runs one process, in the
+files' own order).
 
-On two cores much of the suite waits rather than computes (engines and pods starting, keepalive
-and retry deadlines), so two workers share the machine well. Each test file is one unit of work,
-so a module's fixtures are made once, except for what several files share:
+Each test file is one unit of work, so a module's fixtures are made once, except for what
+several files share:
 
-- "cluster": every scenario (e2e/scenarios), on the one local cluster a worker makes; the
-  longest unit, so it is handed out first;
+- "cluster": every scenario (e2e/scenarios), on the one local cluster a worker makes (torn
+  down after the last scenario); the longest unit, so it is handed out first;
 - "vllm": every test of the session's vLLM engines (`inference_server`, `moe_inference_server`),
   so each engine starts once.
 
-Run without `-n`, the marks change nothing but the order: the two shared units come first.
+Two workers on two cores: the scenarios' engine restarts compete with the other worker, and in
+the run that tried it a recovery passed the scenarios' 180 s bound, so CI runs one process.
 """
 
 import pytest
@@ -29,7 +31,9 @@ def work_unit(item: pytest.Item) -> str:
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks into the items' ids
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("dist", "no") == "no":
+        return  # one process: the files' own order (the scenarios last)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(work_unit(item)))
     items.sort(key=lambda item: UNITS.index(unit) if (unit := work_unit(item)) in UNITS else len(UNITS))

@@ -1,4 +1,4 @@
-"""The cluster the scenarios run on, once per session.
+"""The cluster the scenarios run on, once for all of them.
 
 - `RLKUBE_E2E_KUBECONFIG=<path>`: a real cluster (kind: e2e/run.sh) with the operator installed
   and the runtime image loaded; scenarios run in `$RLKUBE_E2E_NAMESPACE` (default rlkube-e2e).
@@ -6,8 +6,8 @@
   same Helm chart with the same values (`e2e/operator-values.yaml`). It needs
   root with network namespaces and kubectl; without them every scenario skips with the reason
   (fails under `CI=true`: `tests.fixtures.prerequisites.require`). `RLKUBE_E2E_IMAGES=podman`:
-  every pod runs from its image in podman's store (`make images`; `.ci/run` does so); by default
-  the project's virtualenv stands in for the images.
+  every pod runs from its image in podman's store (built by `make images`; `.ci/run` does not
+  build them yet); by default the project's virtualenv stands in for the images.
 """
 
 import os
@@ -28,7 +28,7 @@ def _local_unavailable() -> str | None:
     return kubectl_missing() or unavailable_reason()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # torn down after the last scenario, whatever runs next
 def cluster(tmp_path_factory):
     if kubeconfig := os.environ.get("RLKUBE_E2E_KUBECONFIG"):
         yield KubeCluster(Path(kubeconfig), NAMESPACE)

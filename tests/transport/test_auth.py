@@ -2,6 +2,7 @@
 sockets: the orchestrator's Rollouts and EnvWorkers services and the trainer's Weights.Fetch."""
 
 import asyncio
+import json
 
 import grpc
 import pytest
@@ -89,7 +90,8 @@ def test_env_workers_cannot_join_without_the_token(token, monkeypatch):
 
 def test_the_weight_server_streams_the_model_only_to_holders_of_the_token(token, monkeypatch):
     servicer = WeightsServicer(keep_last=2)
-    servicer.add(3, {"model.safetensors": b"weights" * 100, COMPLETE: b""})
+    marker = json.dumps({"step": 3, "files": ["model.safetensors"]}).encode()  # as Snapshot.marker() writes
+    servicer.add(3, {"model.safetensors": b"weights" * 100, COMPLETE: marker})
     port = free_port()
     server = serve_weights(servicer, f"127.0.0.1:{port}")
     try:

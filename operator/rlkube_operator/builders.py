@@ -6,7 +6,6 @@ manifest carries the run's ownerReference, so deleting the run deletes its child
 
 import base64
 import json
-import secrets
 
 from rlkube.config import InferenceServerConfig
 from rlkube.config.cli import EXIT_INVALID
@@ -21,6 +20,7 @@ from rlkube_operator.names import (
     RunRef,
 )
 from rlkube_operator.pods import container, http_probes, pod_settings, pod_template
+from rlkube_operator.runtoken import run_token
 from rlkube_operator.spec import RLRunSpec, RunSpecBase
 from rlkube_operator.wiring import INFERENCE_URLS, trainer_metrics_port
 
@@ -39,12 +39,12 @@ def build_configmap(run: RunRef, tomls: dict[str, str], applied_spec: dict) -> d
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": run.metadata("config"), "data": data}
 
 
-def build_token_secret(run: RunRef) -> dict:
+def build_token_secret(run: RunRef, key: bytes) -> dict:
     """`<run>-token`: the run's token (`rlkube.auth`), which every server of the run requires and
-    every pod gets (`pods.token_env`). A fresh random one each time this is built, but the
-    operator only ever creates it (`Kube.ensure` leaves an existing Secret as it is) and it is
-    immutable: a restarted operator never rotates it under running pods."""
-    token = base64.b64encode(secrets.token_urlsafe(32).encode()).decode()
+    every pod gets (`pods.token_env`), derived from the run's uid and the operator's `key`
+    (`runtoken`): the same for every pass and every operator, so the operator only ever creates
+    it (`Kube.create`) and never reads it back. Immutable: nothing rotates it under running pods."""
+    token = base64.b64encode(run_token(key, run.uid).encode()).decode()
     return {"apiVersion": "v1", "kind": "Secret", "metadata": run.metadata("token"), "type": "Opaque",
             "immutable": True, "data": {TOKEN_KEY: token}}
 

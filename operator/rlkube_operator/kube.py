@@ -2,7 +2,8 @@
 
 `ensure` is idempotent: create, and when the object already exists, merge-patch it to the
 desired state, only where it differs (or leave it, for objects whose spec is immutable once
-made, like Jobs and PVCs).
+made, like Jobs and PVCs). `create` only creates, and never reads: for the runs' token Secrets,
+whose content the operator derives (`runtoken`), so that it needs no `get` on Secrets.
 It touches only objects controlled by the same owner as the desired one: anything else under
 that name (a recreated run's predecessor awaiting garbage collection, someone else's object)
 raises `ForeignChild`, and is neither patched nor read further.
@@ -35,9 +36,8 @@ KINDS = {
     "NetworkPolicy": (client.NetworkingV1Api, "network_policy"),
     "Event": (client.CoreV1Api, "event"),
 }
-IMMUTABLE = {"Job", "PersistentVolumeClaim", "Secret"}
-"""Created once, never patched: a Job's and a claim's spec cannot change; the run's token Secret
-must not (rotating it under running pods would lock them out of each other)."""
+IMMUTABLE = {"Job", "PersistentVolumeClaim"}
+"""Created once, never patched: a Job's and a claim's spec cannot change."""
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -134,6 +134,19 @@ class Kube:
         if obj is None or controller_uid(obj) != owner_uid:
             return False
         return self.delete(kind, namespace, name, uid=obj["metadata"]["uid"])
+
+    def create(self, obj: dict) -> bool:
+        """Create `obj`; False if an object of that name is already there, which is neither read
+        nor changed (a Secret's value must not be rotated under the pods that read it)."""
+        meta = obj["metadata"]
+        try:
+            self._method("create", obj["kind"])(meta["namespace"], obj, _preload_content=False)
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        log.info("created %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
+        return True
 
     def ensure(self, obj: dict) -> dict:
         """Create `obj`, or bring the existing object to it, if it has the same controller."""

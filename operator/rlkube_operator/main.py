@@ -1,7 +1,7 @@
 """rlkube-operator: the routing table from kopf events to handlers, and the entry point.
 
     rlkube-operator [--namespace NS ... | --all-namespaces] [--interval 60] [--progress-interval 60]
-                    [--metrics-port 8080]
+                    [--metrics-port 8080] --token-key-file /etc/rlkube/token-key/key
                     [--network-policy-peer '{"namespaceSelector": …, "podSelector": …}']
 
 Every RLRun/SFTRun is reconciled by one daemon (`runloop.RunLoops`, passes of the level-triggered
@@ -26,6 +26,7 @@ from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.names import RUN_UID_LABEL
 from rlkube_operator.reconcile import Reconciler, Settings
 from rlkube_operator.runloop import Pacing, RunLoops
+from rlkube_operator.runtoken import KEY_SETTING, read_key
 
 PLURALS = {"RLRun": "rlruns", "SFTRun": "sftruns"}
 # (group, version, plural) of the children whose watch events wake their run: the workloads
@@ -159,6 +160,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="what runs may ask of their pods, as the chart's `guardrails` values (JSON; "
         "default: the chart's defaults); a spec that breaks one is refused, naming the field",
     )
+    parser.add_argument(
+        KEY_SETTING,
+        help="a file holding the key (at least 32 bytes) each run's token is derived from, so the operator "
+        "creates runs' token Secrets without ever reading one (the chart mounts it from a Secret); required",
+    )
     parser.add_argument("--log-level", default="INFO")
     election = parser.add_argument_group("leader election (several replicas, one reconciling)")
     election.add_argument("--leader-elect", action="store_true",
@@ -195,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.all_namespaces and not args.namespace:
         print("rlkube-operator: give --namespace NS (repeatable) or --all-namespaces", file=sys.stderr)
         return 2
+    try:
+        token_key = read_key(args.token_key_file)
+    except ValueError as e:
+        print(f"rlkube-operator: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.metrics_port:
         from prometheus_client import start_http_server
@@ -202,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     settings = Settings(status_url_template=args.status_url,
                         network_policy_peer=None if args.no_network_policy else args.network_policy_peer,
-                        metrics_scraper_peer=args.metrics_scraper_peer, guardrails=args.guardrails)
+                        metrics_scraper_peer=args.metrics_scraper_peer, guardrails=args.guardrails,
+                        token_key=token_key)
     reconciler = Reconciler(Kube(api_client()), settings)
     operator = functools.partial(
         kopf.operator,

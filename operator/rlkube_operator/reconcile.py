@@ -29,6 +29,7 @@ from rlkube_operator.conditions import Conditions
 from rlkube_operator.guardrails import Guardrails, refusals
 from rlkube_operator.kube import ForeignChild, Kube
 from rlkube_operator.names import SFT_STATUS_PORT, RunRef
+from rlkube_operator.runtoken import KEY_SETTING
 from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
 from rlkube_operator.wiring import rl_files, sft_tomls, trainer_metrics_port
 
@@ -102,6 +103,15 @@ class Settings:
 
     guardrails: Guardrails = field(default_factory=Guardrails)
     """What runs may ask of their pods (`guardrails.py`): a spec that breaks it is invalid."""
+
+    token_key: bytes | None = None
+    """The key each run's token is derived from (`runtoken`), read from `--token-key-file`;
+    needed to create a run's children."""
+
+    def key(self) -> bytes:
+        if self.token_key is None:
+            raise ValueError(f"the operator has no token key ({KEY_SETTING}): it cannot create a run's token")
+        return self.token_key
 
 
 @dataclass
@@ -196,6 +206,10 @@ class Reconciler:
         self._refused: dict[str, tuple[tuple, list[str]]] = {}
         """Per run uid: the spec last checked against the guardrails, and what they refused
         (cel-python takes ~0.25 s a spec, so a spec is checked once)."""
+        self._token_made: dict[str, tuple[int, bool]] = {}
+        """Per run uid: the (attempt, paused) for which this operator last created the run's token
+        Secret. Created again when those change (new pods are about to start: a Secret lost meanwhile
+        is made again, with the same token), not on every pass: a steady run costs no write."""
 
     # --- spec ---------------------------------------------------------------------
     def applied_spec(
@@ -264,7 +278,10 @@ class Reconciler:
                 k.ensure(policy)
         if (pvc := builders.build_pvc(run, spec)) is not None:
             k.ensure(pvc)
-        k.ensure(builders.build_token_secret(run))  # before any pod: they read it at start
+        # The token Secret before any pod: they read it at start.
+        if self._token_made.get(run.uid) != (made := (attempt, spec.suspend or held)):
+            k.create(builders.build_token_secret(run, self.settings.key()))
+            self._token_made[run.uid] = made
         tomls = workload.tomls(run, spec)
         config = k.ensure(builders.build_configmap(run, tomls, _dump(spec)))
         if (group := queueing.build_pod_group(run, spec)) is not None:  # before its pods

@@ -19,6 +19,8 @@ from rlkube_operator.reconcile import Reconciler, Settings
 from tests.fixtures.inference import free_port
 from tests.operator.cluster import AGENT, NS, ApiServer, Cluster
 
+TOKEN_KEY = b"the operator's key for the runs' tokens, in tests"
+"""The operators' `--token-key-file` key (`runtoken`): the runs' tokens are derived from it."""
 READS = ("get", "list", "watch")
 WRITES = ("create", "patch", "delete")
 VERBS = {"FETCH": "get", "LIST": "list", "WATCH": "watch", "CREATE": "create", "UPDATE": "patch", "DELETE": "delete"}
@@ -100,7 +102,8 @@ async def running_operator(server: ApiServer, status_url: str, *, settings: dict
     stop = asyncio.Event()
 
     async def operate():
-        reconciler = Reconciler(Kube(api_client(url)), Settings(status_url_template=status_url, **(settings or {})))
+        reconciler = Reconciler(Kube(api_client(url)), Settings(status_url_template=status_url, token_key=TOKEN_KEY,
+                                                                  **(settings or {})))
         registry = build_registry(reconciler, login=login, **registry_options)
         await kopf.operator(registry=registry, settings=kopf_settings, standalone=True, namespaces=[NS],
                             stop_flag=stop, ready_flag=ready, liveness_endpoint=liveness)

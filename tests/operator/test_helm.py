@@ -2,6 +2,7 @@
 SDK as a shared library; no binary, no network), its objects validated against the Kubernetes
 schemas, and its RBAC compared with the API requests the operator really makes."""
 
+import base64
 import json
 from pathlib import Path
 
@@ -58,7 +59,8 @@ def test_rendered_objects_validate(name):
         if obj["apiVersion"] == "monitoring.coreos.com/v1":
             continue  # the Prometheus Operator's CRD, not in the Kubernetes schemas
         kubernetes_validate.validate(obj, "1.37.0", strict=True)
-    assert "Secret" not in {o["kind"] for o in objects}
+    # The one Secret: the key of the runs' tokens (test_the_operator_gets_its_token_key_…).
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == ["rlkube-rlkube-operator-token-key"]
 
 
 @pytest.mark.parametrize(("values", "field"), [
@@ -91,6 +93,44 @@ def test_rbac_scope_follows_the_watch_mode():
     args = next(o for o in render(VALUES["two-namespaces"]) if o["kind"] == "Deployment")[
         "spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:2] == ["--namespace=team-a", "--namespace=team-b"]
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_the_operator_may_create_secrets_but_never_read_one(name):
+    """Every run's token is derived from the operator's key (`runtoken`): its RBAC, in any mode,
+    has no get/list/watch on Secrets."""
+    rules = [rule for o in render(VALUES[name]) if o["kind"] in ("Role", "ClusterRole") for rule in o["rules"]]
+    on_secrets = {verb for rule in rules if "" in rule["apiGroups"] and {"secrets", "*"} & set(rule["resources"])
+                  for verb in rule["verbs"]}
+    assert on_secrets == {"create"}
+
+
+@pytest.mark.parametrize("existing", ["", "our-token-key"])
+def test_the_operator_gets_its_token_key_from_a_secret_mounted_for_it(existing, tmp_path):
+    """The chart's own Secret (a random key of 64 characters), or the admin's: mounted read-only
+    where `--token-key-file` points, and usable as a key."""
+    from rlkube_operator.main import parse_args
+    from rlkube_operator.runtoken import read_key
+
+    objects = render({"tokenKey": {"existingSecret": existing}})
+    deploy = next(o for o in objects if o["kind"] == "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    path = parse_args(operator_args({"tokenKey": {"existingSecret": existing}})).token_key_file
+    (item,) = volume["secret"]["items"]
+    assert path == f"{mount['mountPath']}/{item['path']}"
+    secrets = [o for o in objects if o["kind"] == "Secret"]
+    if existing:
+        assert volume["secret"]["secretName"] == existing and secrets == []
+        return
+    (secret,) = secrets
+    assert (secret["metadata"]["name"], secret["metadata"]["namespace"]) == (volume["secret"]["secretName"], "rlkube-system")
+    (tmp_path / "key").write_bytes(base64.b64decode(secret["data"][item["key"]]))
+    assert len(read_key(str(tmp_path / "key"))) == 64
+    again = next(o for o in render({}) if o["kind"] == "Secret")
+    assert again["data"] != secret["data"], "not random: every install would share one key"
 
 
 def test_operator_pod_is_non_root_with_a_read_only_root_filesystem():

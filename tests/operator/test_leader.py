@@ -28,6 +28,7 @@ from rlkube_operator.reconcile import Reconciler, Settings
 from tests.fixtures import processes
 from tests.fixtures.inference import free_port
 from tests.operator.cluster import NS, Cluster
+from tests.operator.embedded import TOKEN_KEY
 from tests.operator.hostile import serve_status_pods
 from tests.operator.test_helm import operator_args, render
 from tests.operator.test_operator_kmock import rlrun
@@ -105,7 +106,8 @@ class Replica:
         if self._workers:
             self._loop.set_default_executor(ThreadPoolExecutor(self._workers, thread_name_prefix=f"{self.name}-pass"))
         api = self._api()
-        registry = build_registry(Reconciler(Kube(api), Settings(status_url_template=self._status_url)),
+        registry = build_registry(Reconciler(Kube(api), Settings(status_url_template=self._status_url,
+                                                                    token_key=TOKEN_KEY)),
                                   interval=0.3, login=self._login)
         settings = kopf.OperatorSettings()
         settings.watching.reconnect_backoff = 0.2
@@ -340,10 +342,12 @@ def start_operator(cluster: Cluster, name: str, config_dir: Path, *flags: str, e
     from the downward API), against the emulator with a bearer token `name`; `flags` add to or
     override its arguments, `env` to its environment."""
     config = kubeconfig(config_dir / f"{name}.kubeconfig", str(cluster.server.url).rstrip("/"), name)
+    key = config_dir / "token-key"
+    key.write_bytes(TOKEN_KEY)
     return processes.spawn(
         [sys.executable, "-m", "rlkube_operator.main", f"--namespace={NS}", "--metrics-port=0",
          f"--liveness={free_port_url()}", "--leader-elect", f"--lease-namespace={NS}", f"--lease-name={LEASE}",
-         *flags],
+         f"--token-key-file={key}", *flags],
         env=os.environ | (env or {}) | {"POD_NAME": name, "KUBECONFIG": str(config)})
 
 

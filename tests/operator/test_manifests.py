@@ -95,7 +95,7 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
     workload = WORKLOADS[kind]
     run = RunRef(kind, RUN.name, RUN.namespace, RUN.uid)
     out = [builders.build_configmap(run, workload.tomls(run, spec), spec.model_dump(mode="json")),
-           builders.build_token_secret(run)]
+           builders.build_token_secret(run, b"k" * 32)]
     if (pvc := builders.build_pvc(run, spec)) is not None:
         out.append(pvc)
     if kind == "RLRun":

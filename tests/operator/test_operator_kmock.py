@@ -14,6 +14,7 @@ from rlkube_operator.crd import PRINTER_COLUMNS
 from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.names import TRAINER_METRICS_PORT
 from rlkube_operator.reconcile import OPERATOR_PEER, Reconciler, Settings
+from rlkube_operator.runtoken import run_token
 
 from tests.operator.cluster import (
     NS,
@@ -25,7 +26,7 @@ from tests.operator.cluster import (
     pod_unschedulable,
     pod_waiting,
 )
-from tests.operator.embedded import running_operator
+from tests.operator.embedded import TOKEN_KEY, operator_requests, running_operator
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
 
@@ -287,11 +288,14 @@ async def test_with_network_policies_off_no_network_policy_is_made(cluster):
 async def test_a_runs_token_is_made_once_owned_by_it_and_reaches_every_pod(cluster, kmock, orchestrator_status):
     """The Secret `<run>-token` is created before the pods, owned by the run, immutable, and
     every container reads the token from it; neither later passes nor a restarted operator
-    make a new one (running pods would be locked out of each other)."""
+    make a new one (running pods would be locked out of each other). Its token is derived from
+    the run's uid and the operator's key, so no operator ever reads a Secret: not to make it,
+    not to find it there already."""
     uid = (await cluster.create(rlrun()))["metadata"]["uid"]
     secret = await cluster.until(lambda: cluster.get("Secret", "rt-token"), what="token Secret")
     assert [(r["uid"], r["controller"]) for r in secret["metadata"]["ownerReferences"]] == [(uid, True)]
-    assert secret["immutable"] is True and len(base64.b64decode(secret["data"]["token"])) >= 32
+    assert secret["immutable"] is True
+    assert base64.b64decode(secret["data"]["token"]).decode() == run_token(TOKEN_KEY, uid)
     await start_everything(cluster)
     from_secret = {"name": "RLKUBE_TOKEN", "valueFrom": {"secretKeyRef": {"name": "rt-token", "key": "token"}}}
     for pod in cluster.names("Pod"):
@@ -303,11 +307,20 @@ async def test_a_runs_token_is_made_once_owned_by_it_and_reaches_every_pod(clust
     await cluster.stop_operator()
     kube = Kube(api_client(str(kmock.url).rstrip("/")))
     await asyncio.to_thread(kube.delete, "Service", NS, "rt-inference")
-    restarted = Reconciler(kube, Settings(status_url_template=orchestrator_status.url))
+    restarted = Reconciler(kube, Settings(status_url_template=orchestrator_status.url, token_key=TOKEN_KEY))
     result = await asyncio.to_thread(restarted.reconcile, "RLRun", cluster.get("RLRun", "rt"), "2026-01-01T00:00:00Z")
     assert result.error is None and cluster.get("Service", "rt-inference") is not None, "no pass of the new operator"
     kept = cluster.get("Secret", "rt-token")
     assert (kept["metadata"]["uid"], kept["data"]) == (secret["metadata"]["uid"], secret["data"]), "the token was rotated"
+    # A Secret lost meanwhile is made again (by the next operator) with the same token: the pods
+    # started before and those started after still agree.
+    await asyncio.to_thread(kube.delete, "Secret", NS, "rt-token")
+    again = Reconciler(kube, Settings(status_url_template=orchestrator_status.url, token_key=TOKEN_KEY))
+    result = await asyncio.to_thread(again.reconcile, "RLRun", cluster.get("RLRun", "rt"), "2026-01-01T00:00:01Z")
+    assert result.error is None and cluster.get("Secret", "rt-token")["data"] == secret["data"]
+    requests = operator_requests(kmock)
+    assert {verb for verb, path in requests if path == "secrets"} == {"create", "delete"}, requests  # delete: the test's
+    assert requests["create", "secrets"] >= 3  # one by each operator, whether the Secret was there or not
 
 
 async def start_everything(cluster, name: str = "rt", attempt: int = 0) -> None:

@@ -1,0 +1,38 @@
+"""Each run's token, derived from a key only the operator holds: an HMAC of the run's uid.
+
+The operator writes a run's token Secret and never reads one: the same run always gets the same
+token, so creating the Secret again (a restarted operator, a retried pass) needs no look at what
+is there, and the operator's RBAC has no `get` on Secrets. Whoever lacks the key cannot compute
+a run's token from its uid, which every reader of the run sees.
+"""
+
+import base64
+import hashlib
+import hmac
+from pathlib import Path
+
+MIN_KEY_BYTES = 32
+KEY_SETTING = "--token-key-file"
+"""The operator's setting naming the key's file (the chart mounts it from a Secret: `tokenKey`)."""
+
+
+def run_token(key: bytes, uid: str) -> str:
+    """The run's token: HMAC-SHA256 of its uid, URL-safe base64 without padding (43 characters,
+    as `secrets.token_urlsafe(32)`)."""
+    digest = hmac.new(key, uid.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def read_key(path: str | None) -> bytes:
+    """The key from its file, surrounding whitespace stripped; ValueError naming the setting when
+    it is not given, unreadable or shorter than `MIN_KEY_BYTES`."""
+    if not path:
+        raise ValueError(f"{KEY_SETTING} is required: the key each run's token is derived from (the Helm "
+                         "chart mounts one from its Secret, `tokenKey` in its values)")
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as e:
+        raise ValueError(f"{KEY_SETTING}: cannot read {path}: {e.strerror}") from None
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"{KEY_SETTING}: the key in {path} has {len(key)} bytes; at least {MIN_KEY_BYTES} are needed")
+    return key

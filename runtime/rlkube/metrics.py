@@ -73,12 +73,14 @@ class PrometheusMetrics:
         return generate_latest(self.registry)
 
     def serve(self, host: str, port: int):
-        """Serve `/metrics` from a daemon thread; returns the server (`.shutdown()` stops it,
-        `.server_port` is the bound port)."""
-        from prometheus_client import start_http_server
+        """Serve `/metrics` from a daemon thread, with bounded connections and idle sockets
+        closed (`readonly_http`: it runs inside the training process); returns the server
+        (`.shutdown()` stops it, `.server_port` is the bound port)."""
+        from prometheus_client.exposition import MetricsHandler
 
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return server
+        from rlkube import readonly_http
+
+        return readonly_http.serve(host, port, MetricsHandler.factory(self.registry), f"{self.process}-metrics")
 
 
 class MetricsSink:

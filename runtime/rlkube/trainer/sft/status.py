@@ -3,14 +3,18 @@ columns: the SFT counterpart of the orchestrator's (orchestrator/status.py), wit
 SFT run has: `{"phase": "running|finished|failed", "step": int, "max_steps": int,
 "loss": float|null, "last_checkpoint_step": int|null}`.
 
-The standard library's threaded HTTP server, on a daemon thread: the training loop is
-synchronous, and a request only copies a small dict under a lock.
+The standard library's HTTP handling, on a daemon thread: the training loop is synchronous,
+and a request only copies a small dict under a lock. Bounded connections, idle ones closed
+(`readonly_http`): it runs inside the training process.
 """
 
 import json
 import logging
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
+
+from rlkube import readonly_http
 
 logger = logging.getLogger(__name__)
 
@@ -21,24 +25,22 @@ class StatusServer:
         self._status = {"phase": "running", "step": step, "max_steps": max_steps, "loss": None,
                         "last_checkpoint_step": None}
         try:
-            self._http = ThreadingHTTPServer((host, port), self._handler())
+            self._http = readonly_http.serve(host, port, self.handler_for(self.snapshot), "sft-status")
         except OSError as e:
             raise OSError(e.errno, f"status_port: cannot serve on {host}:{port}: {e.strerror}") from e
-        self._http.daemon_threads = True
-        self.port = self._http.server_address[1]
-        self._thread = threading.Thread(target=self._http.serve_forever, name="sft-status", daemon=True)
-        self._thread.start()
+        self.port = self._http.server_port
         logger.info("SFT status (GET /status) on %s:%d", host, self.port)
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
+    @staticmethod
+    def handler_for(snapshot: Callable[[], dict]) -> type[BaseHTTPRequestHandler]:
+        """Answers `GET /status` with `snapshot()` as JSON, anything else 404."""
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path != "/status":
                     self.send_error(404)
                     return
-                body = json.dumps(server.snapshot()).encode()
+                body = json.dumps(snapshot()).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

@@ -3,6 +3,7 @@
     rlkube-operator [--namespace NS ... | --all-namespaces] [--interval 60] [--progress-interval 60]
                     [--metrics-port 8080] --token-key-file /etc/rlkube/token-key/key
                     [--network-policy-peer '{"namespaceSelector": …, "podSelector": …}']
+                    [--egress-policy '{"allowed": [{"cidr": …, "ports": […]}]}']
 
 Every RLRun/SFTRun is reconciled by one daemon (`runloop.RunLoops`, passes of the level-triggered
 `Reconciler.reconcile`), woken by watch events of the run and its children, else every
@@ -21,6 +22,7 @@ import kopf
 import pydantic
 
 from rlkube_operator import GROUP, VERSION, leader, metrics
+from rlkube_operator.egress import Egress
 from rlkube_operator.guardrails import Guardrails
 from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.names import RUN_UID_LABEL
@@ -106,6 +108,13 @@ def _scraper_peer(text: str) -> dict:
     return peer
 
 
+def _egress(text: str) -> Egress:
+    try:
+        return Egress.model_validate_json(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"invalid egress policy {text!r}: {e}") from None
+
+
 def _guardrails(text: str) -> Guardrails:
     try:
         return Guardrails.model_validate_json(text)
@@ -152,6 +161,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--no-network-policy", action="store_true",
         help="give runs no NetworkPolicy (only where the cluster fences them some other way: the "
         "runs' APIs then rest on their token alone)",
+    )
+    parser.add_argument(
+        "--egress-policy",
+        type=_egress,
+        help='give each run an egress NetworkPolicy: its pods reach only DNS, the run\'s own pods and the '
+        'CIDRs listed, never the cloud metadata addresses (JSON: {"dns": NetworkPolicyPeer, "allowed": '
+        '[{"cidr": "10.0.0.0/8", "ports": [443]}]}; default: no egress policy)',
     )
     parser.add_argument(
         "--guardrails",
@@ -213,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     settings = Settings(status_url_template=args.status_url,
                         network_policy_peer=None if args.no_network_policy else args.network_policy_peer,
-                        metrics_scraper_peer=args.metrics_scraper_peer, guardrails=args.guardrails,
+                        metrics_scraper_peer=args.metrics_scraper_peer, egress=args.egress_policy,
+                        guardrails=args.guardrails,
                         token_key=token_key)
     reconciler = Reconciler(Kube(api_client()), settings)
     operator = functools.partial(

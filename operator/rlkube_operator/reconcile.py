@@ -26,6 +26,7 @@ from rlkube.config.cli import format_validation_error
 
 from rlkube_operator import builders, lifetime, observe, podread, progress, queueing
 from rlkube_operator.conditions import Conditions
+from rlkube_operator.egress import Egress, build_egress_policy
 from rlkube_operator.guardrails import Guardrails, refusals
 from rlkube_operator.kube import ForeignChild, Kube
 from rlkube_operator.names import SFT_STATUS_PORT, RunRef
@@ -103,6 +104,10 @@ class Settings:
 
     guardrails: Guardrails = field(default_factory=Guardrails)
     """What runs may ask of their pods (`guardrails.py`): a spec that breaks it is invalid."""
+
+    egress: Egress | None = None
+    """Where the runs' pods may connect (`egress.py`): each run gets an egress NetworkPolicy.
+    None (the default): no egress policy, the pods may dial anything."""
 
     token_key: bytes | None = None
     """The key each run's token is derived from (`runtoken`), read from `--token-key-file`;
@@ -276,6 +281,8 @@ class Reconciler:
                     run, self.settings.network_policy_peer, _status_port(workload, spec),
                     self.settings.metrics_scraper_peer, _metrics_ports(workload, spec), nccl_port):
                 k.ensure(policy)
+        if self.settings.egress is not None:
+            k.ensure(build_egress_policy(run, self.settings.egress))
         if (pvc := builders.build_pvc(run, spec)) is not None:
             k.ensure(pvc)
         # The token Secret before any pod: they read it at start.

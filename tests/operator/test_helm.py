@@ -24,6 +24,7 @@ VALUES = {
     "two-namespaces": {"watch": {"namespaces": ["team-a", "team-b"]}, "imagePullSecrets": [{"name": "reg"}]},
     "kueue": {"kueue": {"enabled": True}},
     "gang-scheduling": {"gangScheduling": {"enabled": True}},
+    "egress": {"networkPolicy": {"egress": {"enabled": True, "allowed": [{"cidr": "10.0.0.0/8", "ports": [443]}]}}},
 }
 
 

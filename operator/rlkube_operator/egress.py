@@ -1,0 +1,75 @@
+"""The run's optional egress NetworkPolicy: where a run's pods may connect to, when the admin
+turns it on (`--egress-policy`, the chart's `networkPolicy.egress`).
+
+Off by default: a run's pods may dial anything (the store, a model hub). On, they reach only DNS,
+their own run's pods and the CIDRs the admin lists (the object store's endpoints, on its ports),
+and never the cloud's instance metadata service (node credentials on most clouds), which is cut
+out of every listed CIDR that contains it (`ipBlock.except`). It needs a network plugin that
+enforces egress rules.
+"""
+
+import ipaddress
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rlkube_operator.names import RunRef
+
+METADATA_ADDRESSES = (ipaddress.ip_network("169.254.169.254/32"), ipaddress.ip_network("fd00:ec2::254/128"))
+"""The instance metadata services of AWS, GCP, Azure and OpenStack (IPv4), and AWS's IPv6 one."""
+KUBE_DNS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
+"""The cluster's DNS pods, as kubeadm, kind, EKS, GKE and AKS label them (CoreDNS included)."""
+
+
+class Destination(BaseModel):
+    """A CIDR the run's pods may connect to, on `ports` (TCP; none listed: every port)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cidr: str
+    ports: list[int] = Field(default_factory=list)
+
+    @field_validator("cidr")
+    @classmethod
+    def _network(cls, value: str) -> str:
+        return str(ipaddress.ip_network(value, strict=True))
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, value: list[int]) -> list[int]:
+        if bad := [p for p in value if not 1 <= p <= 65535]:
+            raise ValueError(f"ports must be 1-65535, not {bad}")
+        return value
+
+
+class Egress(BaseModel):
+    """Where a run's pods may connect when the egress policy is on."""
+
+    model_config = ConfigDict(extra="forbid")
+    dns: dict = Field(default_factory=lambda: dict(KUBE_DNS))
+    """The NetworkPolicyPeer of the cluster's DNS, reached on port 53 (UDP and TCP)."""
+    allowed: list[Destination] = Field(default_factory=list)
+    """The object store's endpoints and whatever else the runs must reach (a model hub)."""
+
+
+def ip_block(cidr: str) -> dict:
+    """`cidr` without the metadata addresses inside it."""
+    network = ipaddress.ip_network(cidr)
+    cut = [str(m) for m in METADATA_ADDRESSES
+           if m.version == network.version and m.subnet_of(network) and m != network]
+    return {"cidr": cidr, "except": cut} if cut else {"cidr": cidr}
+
+
+def build_egress_policy(run: RunRef, egress: Egress) -> dict:
+    """`<run>-egress-network-policy`: every pod of the run may connect only to DNS, the run's own
+    pods, and `egress.allowed`."""
+    dns = {"to": [egress.dns], "ports": [{"protocol": p, "port": 53} for p in ("UDP", "TCP")]}
+    own = {"to": [{"podSelector": {"matchLabels": run.pod_labels()}}]}
+    allowed = [{"to": [{"ipBlock": ip_block(d.cidr)}]} | (
+        {"ports": [{"protocol": "TCP", "port": p} for p in d.ports]} if d.ports else {}) for d in egress.allowed]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": run.metadata("egress-network-policy"),
+        "spec": {"podSelector": {"matchLabels": run.pod_labels()}, "policyTypes": ["Egress"],
+                 "egress": [dns, own, *allowed]},
+    }

@@ -24,16 +24,16 @@ def test_replicas_take_the_first_gpus_and_the_trainer_the_next():
 def test_a_served_teacher_takes_the_gpus_after_the_trainers():
     teacher = {"model": {"name": "teacher"}, "replicas": 2, "tensor_parallel_size": 2}
     placed = place_gpus(rl(trainer={"nproc_per_node": 2}, teacher=teacher), [str(i) for i in range(7)])
-    assert placed.inference == [["0"]] and placed.trainer == ["1", "2"] and placed.teacher == [["3", "4"], ["5", "6"]]
+    assert placed.inference == [["0"]] and placed.trainer == ["1", "2"] and placed.served["teacher"] == [["3", "4"], ["5", "6"]]
     placed = place_gpus(rl(teacher=teacher | {"gpus": [1, 2, 1, 2]}), ["0", "1", "2"])
-    assert placed.teacher == [["1", "2"], ["1", "2"]]
+    assert placed.served["teacher"] == [["1", "2"], ["1", "2"]]
     with pytest.raises(ValueError, match=r"teacher.gpus: 1 GPUs given, 4 needed"):
         place_gpus(rl(teacher=teacher | {"gpus": [0]}), ["0", "1"])
     one = {"model": {"name": "teacher"}}
     with pytest.raises(ValueError, match=r"teacher.gpus: GPU 0 would serve both inference and the teacher.* claim 1.8"):
         place_gpus(rl(teacher=one), ["0"])
     shared = place_gpus(rl(inference={"gpu_memory_utilization": 0.45}, teacher=one | {"gpu_memory_utilization": 0.4}), ["0"])
-    assert shared.inference == shared.teacher == [["0"]]
+    assert shared.inference == shared.served["teacher"] == [["0"]]
 
 
 def test_one_gpu_is_shared_unless_weights_go_over_nccl():

@@ -54,6 +54,22 @@ def test_a_served_teacher_starts_with_inference_on_its_own_ports_before_the_orch
     assert [s.name for s in second] == ["orchestrator"]
 
 
+def test_a_served_judge_starts_beside_the_teacher_and_the_orchestrator_calls_it(tmp_path):
+    config = RLConfig(output_dir=tmp_path, teacher={"model": {"name": "teacher"}},
+                      judge={"model": {"name": "judge"}, "replicas": 2, "port": 9300, "max_model_len": 256,
+                             "sampling": {"temperature": 0.0, "max_tokens": 3}})
+    paths = write_process_configs(config)
+    first, _ = child_stages(config, paths)
+    assert [s.name for s in first] == ["inference-0", "teacher-0", "judge-0", "judge-1", "trainer"]
+    assert first[3].argv[-4:] == ["@", str(paths["judge"]), "--port", "9301"]
+    assert first[3].health_url == "http://127.0.0.1:9301/health"
+    served = InferenceConfig.model_validate(tomllib.loads(paths["judge"].read_text()))
+    assert (served.model.name, served.start_paused, served.max_model_len) == ("judge", False, 256)
+    judge = OrchestratorConfig.model_validate(tomllib.loads(paths["orchestrator"].read_text())).judge
+    assert judge.model == "judge" and judge.base_urls == ["http://127.0.0.1:9300", "http://127.0.0.1:9301"]
+    assert judge.sampling == {"temperature": 0.0, "max_tokens": 3}
+
+
 def test_a_taken_teacher_port_is_refused_before_anything_starts(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")  # the teacher's model directory
     with socket.socket() as taken:

@@ -78,23 +78,40 @@ class InferenceSection(InferenceServerConfig):
     `tensor_parallel_size` per replica in order; the first ones when unset (`rlkube.launch.gpus`)."""
 
 
-class TeacherServerSection(InferenceServerConfig):
-    """The `[teacher]` section of an RL config: `rlkube rl` serves the teacher of on-policy
-    distillation itself, unpaused, and points `orchestrator.teacher` at it."""
+class ServedModelSection(InferenceServerConfig):
+    """A model `rlkube rl` serves itself beside inference, unpaused and never updated: the
+    `[teacher]` of on-policy distillation, the `[judge]` that scores rollouts."""
 
     model: ModelConfig
-    """The teacher's model."""
+    """The served model."""
+
+    replicas: int = Field(default=1, ge=1)
+    """Servers of it (a task's requests go to one of them, for its prefix cache)."""
+
+    gpus: list[int] | None = None
+    """`rlkube rl` on a GPU machine: the GPUs (indices among the visible ones) of the replicas,
+    `tensor_parallel_size` per replica in order; the ones after the trainer's (and the
+    teacher's, for the judge) when unset (`rlkube.launch.gpus`)."""
+
+
+class TeacherServerSection(ServedModelSection):
+    """The `[teacher]` section of an RL config: `rlkube rl` serves the teacher of on-policy
+    distillation itself, unpaused, and points `orchestrator.teacher` at it."""
 
     port: int = Field(default=8100, ge=1, le=65535)
     """Port of the first teacher replica; replica i listens on `port + i`."""
 
-    replicas: int = Field(default=1, ge=1)
-    """Teacher servers (a task's samples go to one of them, for its prefix cache)."""
 
-    gpus: list[int] | None = None
-    """`rlkube rl` on a GPU machine: the GPUs (indices among the visible ones) of the teacher
-    replicas, `tensor_parallel_size` per replica in order; the ones after the trainer's when
-    unset (`rlkube.launch.gpus`)."""
+class JudgeServerSection(ServedModelSection):
+    """The `[judge]` section of an RL config: `rlkube rl` serves the model that environments'
+    verifiers judges call (`verifiers.v1.judges`), unpaused, and points `orchestrator.judge` at
+    it."""
+
+    port: int = Field(default=8200, ge=1, le=65535)
+    """Port of the first judge replica; replica i listens on `port + i`."""
+
+    sampling: dict[str, Any] = {}
+    """The judge's sampling (`orchestrator.judge.sampling`)."""
 
 
 class InferenceConfig(InferenceServerConfig):

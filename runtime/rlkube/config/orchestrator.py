@@ -159,6 +159,37 @@ class TeacherConfig(Config):
     """Scoring requests (one per sample) in flight across all teacher replicas."""
 
 
+class JudgeConfig(Config):
+    """The judge of environments scored by verifiers' judges (`verifiers.v1.judges`: reference,
+    rubric): an inference server (`rlkube inference`, not paused) that the processes running
+    rollouts reach through a loopback endpoint of their own (`rlkube.orchestrator.judge`), which
+    adds the run's token, meters the calls and waits out a judge that is down. Every judge an
+    environment plugs (`taskset.task.judges`) is pointed at it."""
+
+    model: str
+    """The model name the judge server serves (the requests' `model`)."""
+
+    base_urls: list[str] = Field(default=["http://127.0.0.1:8200"], min_length=1)
+    """One base URL per judge replica; a request goes to the replica with the fewest in flight."""
+
+    sampling: dict[str, Any] = {}
+    """Sampling of every judge call (verifiers' `SamplingConfig` keys: `temperature`,
+    `max_tokens`, ...; others, such as vLLM's `structured_outputs`, go in the request body as
+    they are); the keys set here override the environment's own judge sampling."""
+
+    timeout_s: float = Field(default=600, gt=0)
+    """Per-request timeout."""
+
+    max_concurrent: int = Field(default=64, ge=1)
+    """Judge requests in flight across all judge replicas; more wait their turn."""
+
+    wait_s: float = Field(default=60, gt=0)
+    """How long a judge call waits for an unreachable judge (refused, reset, or answering 502,
+    503 or 504), retrying with backoff from 0.5 s doubling to 5 s. Past it, the call fails and
+    its rollout is re-issued (`orchestrator.client`'s re-issue, as for a lost inference
+    replica): a rollout is never scored without its judge."""
+
+
 class RolloutServerConfig(Config):
     """The gRPC endpoint that serves batches to the trainer."""
 
@@ -221,6 +252,10 @@ class OrchestratorSection(Config):
     teacher: TeacherConfig | None = None
     """On-policy distillation: the teacher that scores every sampled token (for the trainer's
     `loss.teacher_kl_coef` / `loss.type = "opd"`); none when unset."""
+
+    judge: JudgeConfig | None = None
+    """The judge that environments' verifiers judges call; they keep their own endpoints when
+    unset."""
 
     eval: EvalConfig | None = None
     """Periodic evaluation; off unless given."""

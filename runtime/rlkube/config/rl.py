@@ -12,6 +12,9 @@ from rlkube.config.inference import (
     POLICY_ADAPTER,
     InferenceConfig,
     InferenceSection,
+    InferenceServerConfig,
+    JudgeServerSection,
+    ServedModelSection,
     TeacherServerSection,
 )
 from rlkube.config.orchestrator import ClientConfig, OrchestratorSection, RolloutServerConfig
@@ -86,6 +89,12 @@ class RLConfig(RunConfig, PlannedGpuConfig):
     `orchestrator.teacher` to use servers of your own. Local runs only: an RLRun has its own
     `teacher` block."""
 
+    judge: JudgeServerSection | None = None
+    """A judge for environments scored by verifiers' judges that `rlkube rl` serves itself (beside
+    inference, never updated) and points `orchestrator.judge` at; leave it out and set
+    `orchestrator.judge` to use servers of your own. Local runs only: an RLRun has its own
+    `judge` block."""
+
     @model_validator(mode="after")
     def _local_urls_match_replicas(self):
         urls = self.orchestrator.client.base_urls
@@ -108,22 +117,30 @@ class RLConfig(RunConfig, PlannedGpuConfig):
         return self
 
     @model_validator(mode="after")
-    def _one_teacher(self):
-        if self.teacher is None:
-            return self
-        if self.orchestrator.teacher is not None:
-            raise ValueError(
-                "orchestrator.teacher: rlkube rl points the orchestrator at the [teacher] it serves; "
-                "set one of the two (orchestrator.teacher for servers of your own)"
-            )
-        inference_ports = set() if self.uses_external_inference else set(self._ports(self.inference))
-        if taken := sorted(inference_ports & set(self._ports(self.teacher))):
-            raise ValueError(f"teacher.port: port {taken[0]} is also an inference replica's (inference.port "
-                             f"{self.inference.port}, {self.inference.replicas} replicas)")
+    def _served_models_are_ours(self):
+        """A served `[teacher]` or `[judge]` is the orchestrator's only one of its kind, on ports
+        of its own."""
+        taken = {} if self.uses_external_inference else dict.fromkeys(self._ports(self.inference), "inference")
+        for name, section in self.served_models().items():
+            if getattr(self.orchestrator, name) is not None:
+                raise ValueError(
+                    f"orchestrator.{name}: rlkube rl points the orchestrator at the [{name}] it serves; "
+                    f"set one of the two (orchestrator.{name} for servers of your own)"
+                )
+            for port in self._ports(section):
+                if (other := taken.get(port)) is not None:
+                    raise ValueError(f"{name}.port: port {port} is also {'an' if other == 'inference' else 'a'} {other} "
+                                     f"replica's ({other}.port {getattr(self, other).port}, "
+                                     f"{getattr(self, other).replicas} replicas)")
+                taken[port] = name
         return self
 
+    def served_models(self) -> dict[str, ServedModelSection]:
+        """The models `rlkube rl` serves beside inference (`[teacher]`, `[judge]`), by name."""
+        return {name: section for name in ("teacher", "judge") if (section := getattr(self, name)) is not None}
+
     @staticmethod
-    def _ports(section: InferenceSection | TeacherServerSection) -> range:
+    def _ports(section: InferenceServerConfig) -> range:
         return range(section.port, section.port + section.replicas)
 
     @model_validator(mode="after")
@@ -161,17 +178,19 @@ class RLConfig(RunConfig, PlannedGpuConfig):
             return list(self.orchestrator.client.base_urls)
         return self._urls(self.inference)
 
-    def teacher_urls(self) -> list[str]:
-        """The `[teacher]` replicas' URLs, `host:port+i`."""
-        return self._urls(self.teacher) if self.teacher else []
+    def served_urls(self, name: str) -> list[str]:
+        """The `[teacher]` or `[judge]` replicas' URLs, `host:port+i`; none when it is not set."""
+        section = getattr(self, name)
+        return self._urls(section) if section else []
 
-    def _urls(self, section: InferenceSection | TeacherServerSection) -> list[str]:
+    def _urls(self, section: InferenceServerConfig) -> list[str]:
         return [f"http://{section.host}:{port}" for port in self._ports(section)]
 
     def process_configs(self, exclude_unset: bool = False) -> dict[str, Config]:
         """Each process's resolved config: `trainer`, `orchestrator` and one `inference` for
         all replicas (the local launcher and the operator set each replica's port), and one
         `teacher` for the `[teacher]` replicas.
+        and one `judge` for the `[judge]` replicas.
         `exclude_unset`: each carries only what was set here (and what is derived from it, the
         inference URLs), so its TOML leaves the rest to the defaults of the runtime reading it."""
 
@@ -190,7 +209,9 @@ class RLConfig(RunConfig, PlannedGpuConfig):
             dump(self.orchestrator.client) | {"base_urls": self.inference_urls()}
             | ({"lora_adapter": POLICY_ADAPTER} if serves_adapter else {})
         )
-        served = {"teacher": {"model": self.teacher.model.name, "base_urls": self.teacher_urls()}} if self.teacher else {}
+        served = {name: {"model": section.model.name, "base_urls": self.served_urls(name)}
+                  | ({"sampling": section.sampling} if isinstance(section, JudgeServerSection) else {})
+                  for name, section in self.served_models().items()}
         orchestrator = OrchestratorConfig.model_validate(
             shared | dump(self.orchestrator) | sections | {"client": dump(client)} | served
         )
@@ -201,10 +222,10 @@ class RLConfig(RunConfig, PlannedGpuConfig):
             | ({"return_routed_experts": True} if self.trainer.loss.router_replay else {})
         )
         configs = {"inference": inference, "orchestrator": orchestrator, "trainer": trainer}
-        if self.teacher:  # served as it is: no orchestrator brings it to a policy version
-            configs["teacher"] = InferenceConfig.model_validate(
-                dump(self.teacher, exclude={"replicas", "gpus"})
+        for name, section in self.served_models().items():  # served as they are: no policy versions
+            configs[name] = InferenceConfig.model_validate(
+                dump(section, exclude={"replicas", "gpus", "sampling"})
                 | {key: shared[key] for key in ("seed", "log") if key in shared}
-                | {"port": self.teacher.port, "start_paused": False}
+                | {"port": section.port, "start_paused": False}
             )
         return configs

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, path in paths.items():
         log.info("%s config: %s", name, path)
     if gpus:
-        servers = [(f"{name}-{i}", d) for name, each in (("inference", gpus.inference), ("teacher", gpus.teacher))
+        servers = [(f"{name}-{i}", d) for name, each in (("inference", gpus.inference), *gpus.served.items())
                    for i, d in enumerate(each)]
         log.info("GPUs (CUDA_VISIBLE_DEVICES): %s, trainer %s",
                  ", ".join(f"{name} {','.join(d)}" for name, d in servers), ",".join(gpus.trainer))

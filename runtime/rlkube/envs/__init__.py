@@ -2,7 +2,8 @@
 
 `load_env(EnvConfig)` is the one way processes get an environment: a built-in id
 (`reverse_text`) maps to rlkube's module; any other id is an installed verifiers taskset
-package, loaded through verifiers' own plugin loader with `args` as the taskset's config.
+package, loaded through verifiers' own plugin loader with `args` as the taskset's config. With a
+`judge`, every judge the environment plugs calls the run's judge (`rlkube.envs.judge`).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -11,12 +12,24 @@ if TYPE_CHECKING:
     from verifiers.v1 import Env
 
     from rlkube.config import EnvConfig
+    from rlkube.envs.judge import JudgeTarget
 
-BUILTIN_ENVS = {"reverse_text": "rlkube.envs.reverse_text", "tool_lookup": "rlkube.envs.tool_lookup"}
+BUILTIN_ENVS = {"reverse_text": "rlkube.envs.reverse_text", "tool_lookup": "rlkube.envs.tool_lookup",
+                "judged_reverse_text": "rlkube.envs.judged_reverse_text"}
 
 
-def load_env(env_config: "EnvConfig") -> "Env":
-    """The `verifiers` environment `env_config` names, built with its `args`."""
+def load_env(env_config: "EnvConfig", judge: "JudgeTarget | None" = None) -> "Env":
+    """The `verifiers` environment `env_config` names, built with its `args`, its judges
+    pointed at `judge` when given."""
+    env = _build_env(env_config)
+    if judge is not None:
+        from rlkube.envs.judge import point_judges
+
+        point_judges(env, judge)
+    return env
+
+
+def _build_env(env_config: "EnvConfig") -> "Env":
     import importlib
 
     from rlkube.envs.pydantic_defaults import remember_default_factory_signatures

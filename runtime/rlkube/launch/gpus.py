@@ -1,8 +1,8 @@
 """Which GPUs the processes of `rlkube rl` get on one machine (`CUDA_VISIBLE_DEVICES` each).
 
 By default the inference replicas take the first `replicas x tensor_parallel_size` visible
-GPUs, in order, the trainer's ranks the next `nproc_per_node`, and a `[teacher]`'s replicas
-the next `replicas x tensor_parallel_size`; a machine with fewer GPUs
+GPUs, in order, the trainer's ranks the next `nproc_per_node`, a `[teacher]`'s replicas
+the next `replicas x tensor_parallel_size`, and a `[judge]`'s the next; a machine with fewer GPUs
 than that shares them (a single-GPU box runs vLLM beside the trainer, vLLM taking
 `gpu_memory_utilization` of it). `inference.gpus` / `trainer.gpus` place them by hand. NCCL
 weight updates need the trainer's rank 0 and every vLLM worker on different GPUs (NCCL cannot
@@ -21,8 +21,8 @@ class GpuPlacement:
     inference: list[list[str]]
     """Each replica's devices, as `CUDA_VISIBLE_DEVICES` names them."""
     trainer: list[str]
-    teacher: list[list[str]]
-    """Each `[teacher]` replica's devices."""
+    served: dict[str, list[list[str]]]
+    """Each `[teacher]` and `[judge]` replica's devices, by name (`RLConfig.served_models`)."""
 
     def env(self, devices: list[str]) -> dict[str, str]:
         return {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
@@ -49,9 +49,11 @@ def place_gpus(config: RLConfig, visible: list[str]) -> GpuPlacement | None:
     ranks = config.trainer.nproc_per_node
     inference = _indices("inference.gpus", config.inference.gpus, replicas * per_replica, visible, first=0)
     trainer = _indices("trainer.gpus", config.trainer.gpus, ranks, visible, first=len(inference))
-    teacher = config.teacher
-    teacher_gpus = _indices("teacher.gpus", teacher.gpus, teacher.replicas * teacher.tensor_parallel_size, visible,
-                            first=len(inference) + len(trainer)) if teacher else []
+    served, first = {}, len(inference) + len(trainer)
+    for name, section in config.served_models().items():
+        served[name] = _indices(f"{name}.gpus", section.gpus, section.replicas * section.tensor_parallel_size, visible,
+                                first=first)
+        first += len(served[name])
     if config.weights.type == "nccl" and (shared := sorted(set(inference) & set(trainer))):
         raise ValueError(
             f"inference.gpus / trainer.gpus: GPU {', '.join(visible[i] for i in shared)} would hold both an inference "
@@ -59,19 +61,21 @@ def place_gpus(config: RLConfig, visible: list[str]) -> GpuPlacement | None:
             f"{len(visible)} GPUs are visible, {replicas * per_replica + ranks} are needed apart "
             "(inference.replicas x inference.tensor_parallel_size + trainer.nproc_per_node)"
         )
-    if teacher and (shared := sorted(set(inference) & set(teacher_gpus))):
-        claimed = config.inference.gpu_memory_utilization + teacher.gpu_memory_utilization
-        if claimed > 1:
+    for name, indices in served.items():
+        section = config.served_models()[name]
+        if (shared := sorted(set(inference) & set(indices))) and (
+                claimed := config.inference.gpu_memory_utilization + section.gpu_memory_utilization) > 1:
             raise ValueError(
-                f"teacher.gpus: GPU {', '.join(visible[i] for i in shared)} would serve both inference and the "
-                f"teacher, whose vLLM engines claim {claimed:g} of its memory together "
-                "(inference.gpu_memory_utilization + teacher.gpu_memory_utilization); lower them or place "
-                "the teacher on GPUs of its own"
+                f"{name}.gpus: GPU {', '.join(visible[i] for i in shared)} would serve both inference and the "
+                f"{name}, whose vLLM engines claim {claimed:g} of its memory together "
+                f"(inference.gpu_memory_utilization + {name}.gpu_memory_utilization); lower them or place "
+                f"the {name} on GPUs of its own"
             )
     return GpuPlacement(
         inference=_per_replica(inference, per_replica, visible),
         trainer=[visible[i] for i in trainer],
-        teacher=_per_replica(teacher_gpus, teacher.tensor_parallel_size, visible) if teacher else [],
+        served={name: _per_replica(indices, config.served_models()[name].tensor_parallel_size, visible)
+                for name, indices in served.items()},
     )
 
 
@@ -94,15 +98,15 @@ def _indices(field: str, given: list[int] | None, count: int, visible: list[str]
 
 def trainer_share(config: RLConfig) -> float:
     """The fraction of its GPU the trainer's first rank gets on a machine with the GPUs the
-    config asks for: 1, unless inference or teacher replicas share that GPU (`trainer.gpus` and
+    config asks for: 1, unless inference, teacher or judge replicas share that GPU (`trainer.gpus` and
     `inference.gpus` naming the same one: one GPU for everything), then what their
     `gpu_memory_utilization` leaves."""
-    explicit = [i for given in (config.inference.gpus, config.trainer.gpus, config.teacher and config.teacher.gpus)
-                for i in given or []]
-    teacher = config.teacher.replicas * config.teacher.tensor_parallel_size if config.teacher else 0
-    count = config.inference.replicas * config.inference.tensor_parallel_size + config.trainer.nproc_per_node + teacher
+    sections = [config.inference, *config.served_models().values()]
+    explicit = [i for given in (*(s.gpus for s in sections), config.trainer.gpus) for i in given or []]
+    count = sum(s.replicas * s.tensor_parallel_size for s in sections) + config.trainer.nproc_per_node
     placement = place_gpus(config, [str(i) for i in range(max([count, *(i + 1 for i in explicit)]))])
-    servers = [(config.inference, placement.inference), (config.teacher, placement.teacher)]
+    servers = [(config.inference, placement.inference),
+               *((section, placement.served[name]) for name, section in config.served_models().items())]
     claimed = sum(section.gpu_memory_utilization for section, replicas in servers for devices in replicas
                   if placement.trainer[0] in devices)
     return max(0.0, 1.0 - claimed)

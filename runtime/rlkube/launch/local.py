@@ -1,7 +1,7 @@
 """`rlkube rl` on one machine: per-process configs on disk, then the three processes as children.
 
 The resolved configs are written to `<output_dir>/configs/{inference,orchestrator,trainer}.toml`
-(and `teacher.toml` with a `[teacher]`; what `--dry-run` stops after); the commands below are
+(and `teacher.toml`, `judge.toml` with a `[teacher]`, `[judge]`; what `--dry-run` stops after); the commands below are
 exactly what one would type by hand, so any process can be restarted alone from its file.
 `ckpt.resume_step = "latest"` is passed through as is: each process resolves it to the same step
 itself (rlkube.checkpoints).
@@ -23,15 +23,15 @@ many times per worker before the run fails: a crash-looping worker is a bug to s
 
 
 def bound_ports(config: RLConfig) -> list[tuple[str, str, int]]:
-    """(config field, host, port) of every port the run's children bind: the inference and
-    teacher replicas, the orchestrator's gRPC (`rollouts.port`) and `/status` + `/metrics`
+    """(config field, host, port) of every port the run's children bind: the inference,
+    teacher and judge replicas, the orchestrator's gRPC (`rollouts.port`) and `/status` + `/metrics`
     (`orchestrator.http_port`), and the trainer's weight server or NCCL rendezvous. Env workers
     bind nothing (they dial the orchestrator); torchrun (`--standalone`) and a single trainer
     rank rendezvous on ports picked free at start."""
     servers = [] if config.uses_external_inference else [("inference", config.inference)]
     ports = [
         (f"{name}.port", section.host, port)
-        for name, section in [*servers, *([("teacher", config.teacher)] if config.teacher else [])]
+        for name, section in [*servers, *config.served_models().items()]
         for port in range(section.port, section.port + section.replicas)
     ]
     ports += [("rollouts.port", config.rollouts.host, config.rollouts.port),
@@ -91,7 +91,7 @@ def trainer_argv(nproc: int, config_path: Path) -> tuple[list[str], dict[str, st
 def child_stages(
     config: RLConfig, paths: dict[str, Path], gpus: GpuPlacement | None = None
 ) -> list[list[ChildSpec]]:
-    """Inference and teacher replicas and the trainer start at once (model loading overlaps
+    """Inference, teacher and judge replicas and the trainer start at once (model loading overlaps
     vLLM's start); the orchestrator starts once every replica is healthy, with its env workers
     (they dial it until it listens). `gpus`: the devices each replica and the trainer see.
     Every child gets the run's token (`rlkube.auth`): `RLKUBE_TOKEN` when it is set (so that
@@ -113,7 +113,8 @@ def child_stages(
 
     inference = [] if config.uses_external_inference else servers(
         "inference", config.inference_urls(), gpus.inference if gpus else [])
-    teacher = servers("teacher", config.teacher_urls(), gpus.teacher if gpus else [])
+    served = [child for name in config.served_models()
+              for child in servers(name, config.served_urls(name), gpus.served[name] if gpus else [])]
     trainer_cmd, trainer_env = trainer_argv(config.trainer.nproc_per_node, paths["trainer"])
     trainer_env |= run_env
     if gpus:
@@ -131,5 +132,5 @@ def child_stages(
                   logs / f"env-worker-{i}.log", env=run_env, max_restarts=ENV_WORKER_RESTARTS)
         for i in range(config.orchestrator.env_workers)
     ]
-    return [[*inference, *teacher, trainer], [orchestrator, *env_workers]]
+    return [[*inference, *served, trainer], [orchestrator, *env_workers]]
 

@@ -11,6 +11,7 @@ from rlkube.checkpoints import checkpoint_root, unmark_after
 from rlkube.config import OrchestratorConfig
 from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.inference import InferencePool
+from rlkube.orchestrator.judge import JudgeEndpoint
 from rlkube.orchestrator.orchestrator import Orchestrator
 from rlkube.orchestrator.rollouts import EnvRunner
 from rlkube.orchestrator.status import PrometheusMetrics, make_app, start_http
@@ -21,10 +22,12 @@ logger = logging.getLogger(__name__)
 FINISHED_LINGER_S = 3.0
 
 
-def build_runners(config: OrchestratorConfig) -> list[EnvRunner]:
+def build_runners(config: OrchestratorConfig, judge: JudgeEndpoint | None = None) -> list[EnvRunner]:
+    """The training environments' runners, their judges pointed at `judge` when given."""
     from rlkube.envs import load_env
 
-    runners = [EnvRunner(env, load_env(env), config.seed, config.difficulty) for env in config.envs]
+    target = judge.target if judge else None
+    runners = [EnvRunner(env, load_env(env, target), config.seed, config.difficulty) for env in config.envs]
     names = [r.name for r in runners]
     if len(set(names)) != len(names):
         raise ValueError(f"orchestrator.envs: names must be unique (got {names}); set `name` on repeated ids")
@@ -50,7 +53,8 @@ async def serve(config: OrchestratorConfig) -> None:
     from rlkube.orchestrator.samples import sample_logger
 
     resume_step = resume_step_of(config)
-    runners = build_runners(config)
+    judge = JudgeEndpoint(config.judge) if config.judge else None
+    runners = build_runners(config, judge)
     pool = InferencePool(
         config.client, config.model.name, config.model.name, config.sampling,
         trainer_sends_weights=config.weights.type == "nccl",
@@ -62,22 +66,26 @@ async def serve(config: OrchestratorConfig) -> None:
         sink.log(step, metrics)
         prometheus.update(metrics)
 
-    evaluate = periodic_eval(config, pool) if config.eval is not None else None
+    evaluate = periodic_eval(config, pool, judge) if config.eval is not None else None
     log_samples = (sample_logger(config.model, config.samples_interval, sink.log_rows)
                    if config.samples_interval is not None else None)
-    orchestrator = Orchestrator(config, runners, pool, log_metrics, evaluate, log_samples)
+    orchestrator = Orchestrator(config, runners, pool, log_metrics, evaluate, log_samples, judge)
     host = config.rollouts.host
     logger.info("orchestrator instance %s", orchestrator.instance_id)
     grpc_server = await start_server(orchestrator, host, config.rollouts.port, workers=orchestrator.workers)
     http, _ = await start_http(make_app(orchestrator.status, prometheus), host, config.http_port)
     try:
         async with contextlib.AsyncExitStack() as stack:
+            if judge is not None:  # eval's rollouts call it, also with env workers
+                await stack.enter_async_context(judge)
             if orchestrator.workers is None:  # else the env workers serve the rollouts
                 for runner in runners:
                     await stack.enter_async_context(runner.serving())
             await pool.wait_until_healthy(config.client.timeout_s)
             if orchestrator.teacher is not None:
                 await orchestrator.teacher.wait_until_healthy()
+            if judge is not None:
+                await judge.wait_until_healthy()
             await orchestrator.run(resume_step)
         logger.info("finished: policy %d loaded, %d steps done", orchestrator.clock.policy_step, config.max_steps)
         # Stay reachable briefly so the trainer (waiting for its last policy to be loaded) and

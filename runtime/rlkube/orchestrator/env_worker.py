@@ -20,6 +20,7 @@ from typing import Any
 from rlkube.config import OrchestratorConfig
 from rlkube.orchestrator.app import build_runners
 from rlkube.orchestrator.inference import InferencePool
+from rlkube.orchestrator.judge import JudgeEndpoint
 from rlkube.orchestrator.rollouts import EnvRunner, run_group
 from rlkube.rollout_types import Rollout
 from rlkube.transport import rlkube_pb2 as pb
@@ -68,10 +69,13 @@ def hello(config: OrchestratorConfig, runners: list[EnvRunner]) -> pb.WorkerHell
 
 
 async def serve(config: OrchestratorConfig) -> None:
-    runners = build_runners(config)
+    judge = JudgeEndpoint(config.judge) if config.judge else None
+    runners = build_runners(config, judge)
     pool = InferencePool(config.client, config.model.name, config.model.name, config.sampling)
     address = f"{config.rollouts.host}:{config.rollouts.port}"
     async with contextlib.AsyncExitStack() as stack:
+        if judge is not None:
+            await stack.enter_async_context(judge)
         for runner in runners:
             await stack.enter_async_context(runner.serving())
         watcher = asyncio.ensure_future(pool.watch_reachable())  # replicas that go silent

@@ -242,15 +242,15 @@ EVAL_REWARD = "eval/reward"
 `/status` `eval_reward`, the RLRun's `status.evalReward`)."""
 
 
-def periodic_eval(config, pool) -> Any:
+def periodic_eval(config, pool, judge=None) -> Any:
     """The orchestrator's `evaluate(step) -> metrics` for `config.eval` (an OrchestratorConfig);
-    environments are built once. Rollouts run on the replicas of the orchestrator's `pool`
+    environments are built once, their judges pointed at `judge` (a `JudgeEndpoint`) when given. Rollouts run on the replicas of the orchestrator's `pool`
     (`on_pool`) and request the model it requests (`InferencePool.request_model`: a LoRA
     run's adapter once a policy is served as one)."""
     from rlkube.envs import load_env
 
     eval_config = config.eval
-    loaded = {(e.name or e.id): load_env(e) for e in eval_config.envs}
+    loaded = {(e.name or e.id): load_env(e, judge.target if judge else None) for e in eval_config.envs}
     place = on_pool(pool, eval_config.sampling, config.client.timeout_s)
 
     async def run(step: int) -> dict[str, float]:

@@ -46,8 +46,10 @@ EvalFn = Callable[[int], Awaitable[dict[str, float]]]
 
 class Orchestrator:
     def __init__(self, config: OrchestratorConfig, runners: list, pool, log_metrics: MetricsFn, evaluate: EvalFn | None = None,
-                 log_samples: Callable[[Batch], None] | None = None):
+                 log_samples: Callable[[Batch], None] | None = None, judge=None):
         self.config = config
+        self.judge = judge
+        """The judge's endpoint (`rlkube.orchestrator.judge`), metered each step; None without one."""
         self.log_samples = log_samples
         """Every batch as text, where `orchestrator.samples_interval` asks for it (`rlkube.orchestrator.samples`)."""
         self.instance_id = uuid.uuid4().hex
@@ -119,6 +121,8 @@ class Orchestrator:
         metrics["rollouts/reissued"] = float(self.reissuer.reissued - self.reissued_logged)
         self.reissued_logged = self.reissuer.reissued
         metrics |= self.pool.metrics()
+        if self.judge is not None:
+            metrics |= self.judge.metrics()
         if self.config.difficulty is not None:
             metrics |= self.difficulty_metrics()
         if self.workers is not None:

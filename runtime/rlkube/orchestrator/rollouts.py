@@ -20,6 +20,7 @@ import numpy as np
 
 from rlkube.config import DifficultyConfig, EnvConfig
 from rlkube.envs.in_process import ENGINE_LOST, recording_served_versions, resolve_path, serving
+from rlkube.orchestrator.judge import judge_lost
 from rlkube.rollout_types import Rollout, Sample
 
 logger = logging.getLogger(__name__)
@@ -127,8 +128,9 @@ def episode_to_rollout(episode: Any, env_name: str, example_id: str, temperature
 
 
 REPLICA_LOST = "ReplicaLost"
-"""How a rollout that failed for want of its replica is marked (`Rollout.error` starts with it
-and ": "), in this process or an env worker's, so that the orchestrator re-issues it."""
+"""How a rollout that failed for want of its replica (or of its judge: `judge_lost`) is marked
+(`Rollout.error` starts with it and ": "), in this process or an env worker's, so that the
+orchestrator re-issues it."""
 UNREACHABLE = (ENGINE_LOST[0], "ClientPayloadError", "HTTP 502", "HTTP 503", "HTTP 504",
                "Connection error", "Error code: 502", "Error code: 503", "Error code: 504")
 """Model-call errors that mean no replica answered: the lean path's `_EngineHTTP` wording
@@ -234,7 +236,8 @@ async def run_group(runner, pool, example_id: str, task: Any, size: int, tempera
 
     A rollout whose replica went away or is restarting comes back marked `REPLICA_LOST` (and
     the replica is marked down, so the next rollouts go elsewhere); the orchestrator re-issues
-    it (`Reissuer`). What the orchestrator runs in-process, and what an env worker runs for it
+    it (`Reissuer`). So is one whose judge stayed unreachable (`rlkube.orchestrator.judge`),
+    its replica kept. What the orchestrator runs in-process, and what an env worker runs for it
     (`rlkube.orchestrator.env_worker`), requesting the `model` the orchestrator names
     (`InferencePool.request_model` when None)."""
 
@@ -246,7 +249,9 @@ async def run_group(runner, pool, example_id: str, task: Any, size: int, tempera
         if rollout is None:  # abandoned: the replica stopped answering
             return Rollout(runner.name, example_id, 0.0, [], policy_version(), policy_version(),
                            error=f"{REPLICA_LOST}: {replica}: abandoned, the replica stopped answering")
-        if lost_on(pool, replica, started, rollout.error) or await lost_with_its_engine(replica, rollout.error):
+        if judge_lost(rollout.error):
+            rollout.error = f"{REPLICA_LOST}: the judge: {rollout.error}"
+        elif lost_on(pool, replica, started, rollout.error) or await lost_with_its_engine(replica, rollout.error):
             pool.mark_down(replica)
             rollout.error = f"{REPLICA_LOST}: {replica}: {rollout.error}"
         else:
@@ -258,7 +263,7 @@ async def run_group(runner, pool, example_id: str, task: Any, size: int, tempera
 
 class Reissuer:
     """The scheduler's `run_group` around the orchestrator's or the env workers' own: the
-    rollouts of a group that lost their replica are run again (as a smaller group of the same
+    rollouts of a group that lost their replica (or judge) are run again (as a smaller group of the same
     task) until none is lost, so a group always comes back whole and scored on its merits.
     The first re-issue goes at once (a healthy replica takes it); later ones wait
     `retry_after_s` each (every replica is down: the watcher brings them back)."""
@@ -275,7 +280,7 @@ class Reissuer:
             if reissued:
                 await asyncio.sleep(self.retry_after_s)
             else:
-                logger.warning("%d rollout(s) of %s/%s lost their inference replica (%s): re-issued",
+                logger.warning("%d rollout(s) of %s/%s lost their inference replica or judge (%s): re-issued",
                                len(lost), runner.name, example_id, group[lost[0]].error)
             reissued.update(lost)
             for i, rollout in zip(lost, await self.run_group(runner, example_id, task, len(lost))):

@@ -29,8 +29,10 @@ ATTEMPT_ANNOTATION = "rlkube.dev/attempt"
 RESTARTS_ANNOTATION = "rlkube.dev/restarts"
 SUSPEND_ANNOTATION = "rlkube.dev/suspend"
 """The `spec.suspend` the operator last gave the trainer Job: see `queueing.suspend_patch`."""
-TEACHER_TOML = "teacher.toml"
-"""The teacher's config in the ConfigMap; there only while the run has teacher children."""
+def served_toml(name: str) -> str:
+    """A served model's config in the ConfigMap (`teacher.toml`, `judge.toml`); there only while
+    the run has its children."""
+    return f"{name}.toml"
 
 
 def build_configmap(run: RunRef, tomls: dict[str, str], applied_spec: dict) -> dict:
@@ -87,8 +89,9 @@ def build_inference_service(run: RunRef, spec: RLRunSpec) -> dict:
     return _servers_service(run, "inference", spec.config.inference.port)
 
 
-def build_teacher_service(run: RunRef, spec: RLRunSpec) -> dict:
-    return _servers_service(run, "teacher", spec.teacher.server.port)
+def build_served_service(run: RunRef, spec: RLRunSpec, name: str) -> dict:
+    """The teacher's or the judge's headless Service."""
+    return _servers_service(run, name, getattr(spec, name).server.port)
 
 
 def _servers_statefulset(run: RunRef, spec: RLRunSpec, component: str, pods: ServersSpec,
@@ -126,14 +129,15 @@ def build_inference_statefulset(run: RunRef, spec: RLRunSpec, replicas: int) -> 
     return _servers_statefulset(run, spec, "inference", spec.inference, spec.config.inference, replicas)
 
 
-def build_teacher_statefulset(run: RunRef, spec: RLRunSpec, replicas: int) -> dict:
-    """The teacher's servers: the same vLLM server as inference, with the teacher's model."""
-    return _servers_statefulset(run, spec, "teacher", spec.teacher, spec.teacher.server, replicas)
+def build_served_statefulset(run: RunRef, spec: RLRunSpec, name: str, replicas: int) -> dict:
+    """The teacher's or the judge's servers: the same vLLM server as inference, with its model."""
+    served = getattr(spec, name)
+    return _servers_statefulset(run, spec, name, served, served.server, replicas)
 
 
 def build_servers_pdb(run: RunRef, component: str) -> dict:
     """Voluntary disruptions (a node drain, an autoscaler's scale-down) take this run's inference
-    (or teacher) pods one at a time: the orchestrator carries on with the other replicas and
+    (or teacher, judge) pods one at a time: the orchestrator carries on with the other replicas and
     brings a rescheduled inference one back to the current policy, but losing all at once would
     stall the run. A pod that is not Ready may always be evicted, so a crash-looping replica
     never blocks a drain. One budget per run and component (its uid's pods), owned by it: a

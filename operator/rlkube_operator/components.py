@@ -1,5 +1,7 @@
-"""The run's components as its spec sizes them: inference and teacher servers, orchestrator, env
-workers, trainer. Each is a child workload (`builders.py`) with its own `pod` settings."""
+"""The run's components as its spec sizes them: inference, teacher and judge servers, orchestrator,
+env workers, trainer. Each is a child workload (`builders.py`) with its own `pod` settings."""
+
+from typing import Any
 
 from pydantic import Field
 from rlkube.config import InferenceServerConfig, ModelConfig
@@ -33,29 +35,51 @@ class InferenceSpec(ServersSpec):
     """Data-parallel inference servers (one pod each). Sets `config.inference.replicas`."""
 
 
-class TeacherModelConfig(ModelConfig):
-    """The teacher's weights, given as `config.model` gives the policy's."""
+class ServedModelConfig(ModelConfig):
+    """The weights of a model the run serves beside the policy (a teacher, a judge), given as
+    `config.model` gives the policy's."""
 
     name: str = Field(min_length=1)
     """A Hugging Face hub id, or a model directory on the run's volume (for example an SFTRun's
     export, `<mountPath>/<sft run>/weights/final`). Also the model name of the orchestrator's
-    requests to the teacher (`config.orchestrator.teacher.model`)."""
+    requests to it (`config.orchestrator.teacher.model`, `config.orchestrator.judge.model`)."""
 
 
-class TeacherSpec(ServersSpec):
-    """The teacher of on-policy distillation: vLLM servers `<run>-teacher` (a StatefulSet with a
-    headless Service) that score the student's sampled tokens with the teacher's log-probs. The
-    operator points `config.orchestrator.teacher` at them (its `base_urls` and `model`); the
-    loss that uses them is the trainer's (`config.trainer.loss`). A teacher's weights never
+class ServedModelSpec(ServersSpec):
+    """A model the run serves beside the policy: vLLM servers `<run>-<teacher|judge>` (a
+    StatefulSet with a headless Service) that the operator points the orchestrator at
+    (`config.orchestrator.<teacher|judge>`: its `base_urls` and `model`). Its weights never
     change: it gets no weight updates and starts serving at once (not paused)."""
 
-    model: TeacherModelConfig
-    """The teacher model."""
+    model: ServedModelConfig
+    """The served model."""
 
     server: InferenceServerConfig = InferenceServerConfig()
-    """The teacher's vLLM server, as `config.inference` sets the policy's (context length,
-    memory, prefix caching, `extra_args`, startup timeout). The operator sets `host` and
-    `tensor_parallel_size` (from `gpusPerReplica`)."""
+    """Its vLLM server, as `config.inference` sets the policy's (context length, memory, prefix
+    caching, `extra_args`, startup timeout). The operator sets `host` and `tensor_parallel_size`
+    (from `gpusPerReplica`)."""
+
+    def client_settings(self) -> dict[str, Any]:
+        """What the orchestrator's config of it takes from this spec, beyond its model and URLs."""
+        return {}
+
+
+class TeacherSpec(ServedModelSpec):
+    """The teacher of on-policy distillation: it scores the student's sampled tokens with the
+    teacher's log-probs; the loss that uses them is the trainer's (`config.trainer.loss`)."""
+
+
+class JudgeSpec(ServedModelSpec):
+    """The judge of environments scored by verifiers' judges (reference, rubric): every judge an
+    environment plugs calls it, through a loopback endpoint in the orchestrator's and each env
+    worker's process that adds the run's token (`rlkube.orchestrator.judge`)."""
+
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    """Sampling of every judge call (`config.orchestrator.judge.sampling`: `temperature`,
+    `max_tokens`, vLLM's `structured_outputs` and other keys)."""
+
+    def client_settings(self) -> dict[str, Any]:
+        return {"sampling": self.sampling} if "sampling" in self.model_fields_set else {}
 
 
 class OrchestratorSpec(K8sModel):

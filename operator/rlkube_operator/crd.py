@@ -8,12 +8,12 @@ translation: `$ref`s inlined, `X | None` becomes `nullable`, `int | str` becomes
 `x-kubernetes-int-or-string` (keeping the string's pattern), free-form dicts keep unknown
 fields, numeric exclusive bounds become booleans, tuples become bounded arrays. CEL rules inside
 `spec.config` (a spec model's `CONFIG_RULES`) are placed on their nodes. Defaults are kept for
-the Kubernetes-facing fields only: inside `spec.config` (and the teacher's `model` and `server`)
+the Kubernetes-facing fields only: inside `spec.config` (and the teacher's and judge's `model`, `server`)
 the runtime applies its own defaults (shown in the descriptions), so the stored object says
 only what the user wrote, exactly as in a TOML file. Transition rules (`oldSelf`) keep a run's
 spec as created, but for the fields that apply live (`inference.replicas`, the scale
 subresource's, among them) and, while the run is suspended, its components' sizes and its
-teacher (`reconcile.LIVE_FIELDS`, `reconcile.ELASTIC_FIELDS`, `reconcile.SUSPENDED_FIELDS`,
+teacher and judge (`reconcile.LIVE_FIELDS`, `reconcile.ELASTIC_FIELDS`, `reconcile.SUSPENDED_FIELDS`,
 `reconcile.SUSPENDED_BLOCKS`: the operator refuses the same changes).
 """
 
@@ -75,7 +75,7 @@ SCALE = {
 }
 """`kubectl scale rlrun/NAME --replicas N` (and an HPA, KEDA) sizes the run's inference."""
 _DROPPED_KEYS = {"title", "$defs"}
-RUNTIME_CONFIGS = {"spec.config", "spec.teacher.model", "spec.teacher.server"}
+RUNTIME_CONFIGS = {"spec.config", "spec.teacher.model", "spec.teacher.server", "spec.judge.model", "spec.judge.server"}
 """The runtime's own config models embedded in a spec: the runtime applies their defaults."""
 
 

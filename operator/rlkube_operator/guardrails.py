@@ -100,7 +100,7 @@ DERIVED = [
 ]
 """Variables that come from the run, not from the values."""
 
-COMPONENTS = ("inference", "orchestrator", "trainer", "envWorkers", "teacher")
+COMPONENTS = ("inference", "orchestrator", "trainer", "envWorkers", "teacher", "judge")
 
 
 def _places() -> list[tuple[str, str, str]]:

@@ -7,7 +7,7 @@ from rlkube_operator.spec import RunSpecBase
 from rlkube_operator.wiring import EMPTYDIR_OUTPUT
 
 GPU_RESOURCE = "nvidia.com/gpu"
-GPU_COMPONENTS = ("inference", "teacher", "trainer")
+GPU_COMPONENTS = ("inference", "teacher", "judge", "trainer")
 SPEC_SECTION = {"env-worker": "env_workers"}
 """A component's section of the spec, where it is not named as the component."""
 
@@ -131,7 +131,7 @@ STORE_WRITERS = ("trainer", "orchestrator")
 STORE_READERS = ("inference",)
 """Who gets the object store's credentials: the trainer (weights, checkpoints, compile cache)
 and the orchestrator (its checkpoints) write; inference reads weight snapshots when they go
-through the store. Env workers (user environment code) and the teacher get none."""
+through the store. Env workers (user environment code), the teacher and the judge get none."""
 
 
 def store_secret(spec: RunSpecBase, component: str) -> str | None:

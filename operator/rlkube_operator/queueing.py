@@ -21,6 +21,7 @@ Two ways a run is held without being suspended by its user:
 And a run whose `scheduling.schedulerName` is a gang scheduler gets its PodGroup (`gang.py`).
 """
 
+import functools
 import json
 import logging
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,7 @@ from rlkube_operator import builders, gang, pods
 from rlkube_operator.conditions import set_condition
 from rlkube_operator.kube import MERGE_PATCH, ForeignChild, Kube, json_body
 from rlkube_operator.names import RunRef, controller_uid
-from rlkube_operator.spec import QueueSpec, RLRunSpec, RunSpecBase
+from rlkube_operator.spec import SERVED_MODELS, QueueSpec, RLRunSpec, RunSpecBase
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +167,7 @@ def component_pods(spec: RunSpecBase) -> dict[str, int]:
         counts = {"inference": spec.inference.replicas, "orchestrator": 1}
         if spec.env_workers.replicas:
             counts["env-worker"] = spec.env_workers.replicas
-        if spec.teacher is not None:
-            counts["teacher"] = spec.teacher.replicas
+        counts |= {name: served.replicas for name, served in spec.served_models().items()}
     return counts | {"trainer": spec.trainer.nodes}
 
 
@@ -177,7 +177,8 @@ def pod_sets(run: RunRef, spec: RunSpecBase, trainer_job: dict) -> list[dict]:
               "inference": lambda: builders.build_inference_statefulset(run, spec, 0),
               "orchestrator": lambda: builders.build_orchestrator_deployment(run, spec, 0, 0),
               "env-worker": lambda: builders.build_env_worker_deployment(run, spec, 0),
-              "teacher": lambda: builders.build_teacher_statefulset(run, spec, 0)}
+              **{name: functools.partial(builders.build_served_statefulset, run, spec, name, 0)
+                 for name in SERVED_MODELS}}
     return [{"name": component, "count": count, "template": owners[component]()["spec"]["template"]}
             for component, count in component_pods(spec).items()]
 

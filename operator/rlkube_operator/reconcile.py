@@ -31,7 +31,7 @@ from rlkube_operator.guardrails import Guardrails, refusals
 from rlkube_operator.kube import ForeignChild, Kube
 from rlkube_operator.names import SFT_STATUS_PORT, RunRef
 from rlkube_operator.runtoken import KEY_SETTING
-from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
+from rlkube_operator.spec import SERVED_MODELS, RLRunSpec, RunSpecBase, SFTRunSpec
 from rlkube_operator.wiring import rl_files, sft_tomls, trainer_metrics_port
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,9 @@ no state, and the orchestrator brings a new one to the current policy before it 
 to it (`client.base_urls_file`). Not over NCCL (the trainer's broadcast group is sized at its
 start) nor in a Kueue queue (its Workload's pod counts were admitted): there a change waits
 for a suspension (`SUSPENDED_FIELDS`)."""
-SUSPENDED_BLOCKS = ("teacher",)
+SUSPENDED_BLOCKS = SERVED_MODELS
 """Whole sections a suspended run may add, change or drop, applied when it resumes: the teacher
-serves a fixed model and keeps nothing of the run."""
+and the judge serve a fixed model and keep nothing of the run."""
 
 
 @dataclass(frozen=True)
@@ -299,13 +299,14 @@ class Reconciler:
             k.ensure(queueing.place(builders.build_inference_statefulset(run, spec, replicas * spec.inference.replicas),
                                     queued))
             k.ensure(builders.build_servers_pdb(run, "inference"))
-            if spec.teacher is not None:
-                k.ensure(builders.build_teacher_service(run, spec))
-                k.ensure(queueing.place(builders.build_teacher_statefulset(run, spec, replicas * spec.teacher.replicas),
-                                        queued))
-                k.ensure(builders.build_servers_pdb(run, "teacher"))
-            elif builders.TEACHER_TOML in config.get("data", {}):
-                self.drop_teacher(run)
+            for name in SERVED_MODELS:
+                if (served := getattr(spec, name)) is not None:
+                    k.ensure(builders.build_served_service(run, spec, name))
+                    k.ensure(queueing.place(
+                        builders.build_served_statefulset(run, spec, name, replicas * served.replicas), queued))
+                    k.ensure(builders.build_servers_pdb(run, name))
+                elif builders.served_toml(name) in config.get("data", {}):
+                    self.drop_served(run, name)
             k.ensure(builders.build_orchestrator_service(run, spec))
             k.ensure(queueing.place(builders.build_orchestrator_deployment(run, spec, replicas, attempt), queued))
             if spec.env_workers.replicas:
@@ -321,19 +322,19 @@ class Reconciler:
         if (patch := queueing.suspend_patch(existing, spec.suspend)) is not None:
             k.patch("Job", run.namespace, job["metadata"]["name"], patch)
 
-    def drop_teacher(self, run: RunRef) -> None:
-        """The run's teacher was removed (while it was suspended): its servers, Service and
-        disruption budget go, then `teacher.toml`, which marks a run that has them (so a run
-        that never had a teacher costs no requests for this)."""
+    def drop_served(self, run: RunRef, name: str) -> None:
+        """The run's teacher or judge was removed (while it was suspended): its servers, Service
+        and disruption budget go, then `<name>.toml`, which marks a run that has them (so a run
+        that never had one costs no requests for this)."""
         for kind in ("StatefulSet", "PodDisruptionBudget", "Service"):
-            self.kube.delete_owned(kind, run.namespace, run.child("teacher"), run.uid)
-        self.kube.patch("ConfigMap", run.namespace, run.child("config"), {"data": {builders.TEACHER_TOML: None}})
+            self.kube.delete_owned(kind, run.namespace, run.child(name), run.uid)
+        self.kube.patch("ConfigMap", run.namespace, run.child("config"), {"data": {builders.served_toml(name): None}})
 
     def teardown(self, run: RunRef, workload: Workload, spec: RunSpecBase) -> None:
-        """Free the GPUs: inference and the teacher (and their disruption budgets), the
+        """Free the GPUs: inference, the teacher and the judge (and their disruption budgets), the
         orchestrator and the env workers go; ConfigMap, PVC and the Job stay."""
         if "inference" in workload.components:
-            for component in ("inference", "teacher") if spec.teacher is not None else ("inference",):
+            for component in ("inference", *spec.served_models()):
                 self.kube.delete_owned("StatefulSet", run.namespace, run.child(component), run.uid)
                 self.kube.delete_owned("PodDisruptionBudget", run.namespace, run.child(component), run.uid)
             self.kube.delete_owned("Deployment", run.namespace, run.child("orchestrator"), run.uid)
@@ -443,8 +444,9 @@ class Reconciler:
         health = self._health(workload, spec, attempt, pods, terminal, volumes, hold)
         for comp, h in health.items():
             conditions.set(f"{comp.capitalize()}Ready", h.ready, h.reason, h.message)
-        if "teacher" not in health:
-            conditions.drop("TeacherReady")  # a teacher dropped while suspended
+        for name in SERVED_MODELS:
+            if name not in health:
+                conditions.drop(f"{name.capitalize()}Ready")  # dropped while suspended
         if "inference" in workload.components:  # desired: none while stopped (suspended, queued, ended)
             desired = 0 if terminal or spec.suspend or hold else spec.inference.replicas
             status["inference"] = observe.replicas_status(
@@ -493,10 +495,9 @@ class Reconciler:
         expected = {"orchestrator": 1, "trainer": spec.trainer.nodes}
         if "inference" in workload.components:
             expected["inference"] = spec.inference.replicas
-            if spec.teacher is not None:
-                expected["teacher"] = spec.teacher.replicas
+            expected |= {name: served.replicas for name, served in spec.served_models().items()}
         health = {}
-        for comp in workload.components + (("teacher",) if "teacher" in expected else ()):
+        for comp in workload.components + tuple(name for name in SERVED_MODELS if name in expected):
             if terminal or spec.suspend or hold:
                 reason = terminal or ("Queued" if hold else "Suspended")
                 health[comp] = observe.Health(False, reason, f"{comp} stopped ({reason})")
@@ -671,14 +672,13 @@ def _status_port(workload: Workload, spec: RunSpecBase) -> int:
 
 def _metrics_ports(workload: Workload, spec: RunSpecBase) -> list[int]:
     """The ports that serve `/metrics`: the status port, the RL trainer's, and vLLM's (inference,
-    teacher)."""
+    teacher, judge)."""
     ports = {_status_port(workload, spec)}
     if metrics := trainer_metrics_port(spec):
         ports.add(metrics)
     if "inference" in workload.components:
         ports.add(spec.config.inference.port)
-        if spec.teacher is not None:
-            ports.add(spec.teacher.server.port)
+        ports |= {served.server.port for served in spec.served_models().values()}
     return sorted(ports)
 
 

@@ -18,7 +18,9 @@ from rlkube.config import OrchestratorSection, RLConfig, SFTConfig
 from rlkube_operator.components import (
     EnvWorkersSpec,
     InferenceSpec,
+    JudgeSpec,
     OrchestratorSpec,
+    ServedModelSpec,
     TeacherSpec,
     TrainerSpec,
 )
@@ -149,8 +151,16 @@ class RunSpecBase(K8sModel):
         return self.trainer.nodes
 
 
-TEACHER_CONFIG_PATH = ("config", "orchestrator", "teacher")
-"""Where the runtime config names the teacher the orchestrator asks."""
+SERVED_MODELS = ("teacher", "judge")
+"""The models a run may serve beside the policy, each `spec.<name>` and
+`config.orchestrator.<name>` (what the orchestrator asks)."""
+
+
+def _served_on_one_machine(name: str) -> tuple[str, str]:
+    """The CEL rule (and its message) that refuses `config.<name>`, `rlkube rl`'s own server."""
+    message = (f"config.{name} is the {name} server `rlkube rl` starts on one machine; in an RLRun use "
+               f"spec.{name} (the operator runs its servers)")
+    return f"!has(self.config) || !has(self.config.{name})", message
 
 
 def _get(obj, key: str):
@@ -181,10 +191,7 @@ class RLRunSpec(RunSpecBase):
                 ),
                 "config.orchestrator.env_workers must equal envWorkers.replicas (or be left out)",
             ),
-            (
-                "!has(self.config) || !has(self.config.teacher)",
-                "config.teacher is the teacher server `rlkube rl` starts on one machine; in an RLRun use spec.teacher (the operator runs its servers)",
-            ),
+            *(_served_on_one_machine(name) for name in SERVED_MODELS),
             (
                 (
                     "(has(self.config) && has(self.config.weights) && has(self.config.weights.type)"
@@ -247,42 +254,57 @@ class RLRunSpec(RunSpecBase):
     """A teacher for on-policy distillation; none by default. A suspended run may add, change or
     drop it: the teacher keeps nothing of the run."""
 
+    judge: JudgeSpec | None = None
+    """A judge for environments scored by verifiers' judges; none by default (their judges keep
+    their own endpoints). A suspended run may add, change or drop it: the judge keeps nothing of
+    the run."""
+
+    def served_models(self) -> dict[str, ServedModelSpec]:
+        """The models the run serves beside the policy (`SERVED_MODELS` that are set), by name."""
+        return {name: served for name in SERVED_MODELS if (served := getattr(self, name)) is not None}
+
     def _pods(self) -> int:
-        teachers = self.teacher.replicas if self.teacher else 0
-        return self.trainer.nodes + self.inference.replicas + 1 + self.env_workers.replicas + teachers
+        served = sum(s.replicas for s in self.served_models().values())
+        return self.trainer.nodes + self.inference.replicas + 1 + self.env_workers.replicas + served
 
     @model_validator(mode="wrap")
     @classmethod
-    def _config_knows_its_teacher(cls, data, handler):
-        """`config.orchestrator.teacher.model` is `teacher.model.name` (and the operator points its
-        `base_urls` at the teacher's servers). The runtime config refuses a distilling loss
-        without a teacher, so its checks are given the model; but that is the operator's, not the
-        user's: it stays out of the set fields (the spec the ConfigMap stores, the TOML), so the
-        teacher may still change while the run is suspended."""
-        name = _get(_get(_get(data, "teacher"), "model"), "name")
-        if not isinstance(data, dict) or name is None:
+    def _config_knows_its_served_models(cls, data, handler):
+        """`config.orchestrator.teacher.model` is `teacher.model.name`, and the judge's alike (and
+        the operator points their `base_urls` at the servers). The runtime config refuses a
+        distilling loss without a teacher, so its checks are given the model; but that is the
+        operator's, not the user's: it stays out of the set fields (the spec the ConfigMap
+        stores, the TOML), so a served model may still change while the run is suspended."""
+        for name in SERVED_MODELS:
+            if _get(_get(data, "config"), name) is not None:
+                raise ValueError(_served_on_one_machine(name)[1])
+        names = {name: model for name in SERVED_MODELS
+                 if (model := _get(_get(_get(data, name), "model"), "name")) is not None}
+        if not isinstance(data, dict) or not names:
             return handler(data)
-        data, created = copy.deepcopy(data), []
-        given = data
-        for key in TEACHER_CONFIG_PATH:
-            if key not in given:
-                created.append(key)
-            given = given.setdefault(key, {})
-        if given.get("model", name) != name:
-            raise ValueError(f"config.orchestrator.teacher.model ({given['model']!r}) must equal "
-                             f"teacher.model.name ({name!r}) or be left out")
-        if "base_urls" in given:
-            raise ValueError("config.orchestrator.teacher.base_urls: the operator points them at the teacher's "
-                             "servers; leave them out (or drop spec.teacher to use servers of your own)")
-        user_set = "model" in given
-        given["model"] = name
+        data, created, user_set = copy.deepcopy(data), {}, {}
+        for name, model in names.items():
+            given, created[name] = data, []
+            for key in ("config", "orchestrator", name):
+                if key not in given:
+                    created[name].append(key)
+                given = given.setdefault(key, {})
+            if given.get("model", model) != model:
+                raise ValueError(f"config.orchestrator.{name}.model ({given['model']!r}) must equal "
+                                 f"{name}.model.name ({model!r}) or be left out")
+            if "base_urls" in given:
+                raise ValueError(f"config.orchestrator.{name}.base_urls: the operator points them at the {name}'s "
+                                 f"servers; leave them out (or drop spec.{name} to use servers of your own)")
+            user_set[name] = "model" in given
+            given["model"] = model
         spec = handler(data)
-        holders = (spec, spec.config, spec.config.orchestrator)
-        for holder, key in zip(holders, TEACHER_CONFIG_PATH, strict=True):
-            if key in created:
-                holder.model_fields_set.discard(key)
-        if not user_set:
-            spec.config.orchestrator.teacher.model_fields_set.discard("model")
+        for name in names:
+            holders = (spec, spec.config, spec.config.orchestrator)
+            for holder, key in zip(holders, ("config", "orchestrator", name), strict=True):
+                if key in created[name]:
+                    holder.model_fields_set.discard(key)
+            if not user_set[name]:
+                getattr(spec.config.orchestrator, name).model_fields_set.discard("model")
         return spec
 
     @model_validator(mode="after")
@@ -293,8 +315,6 @@ class RLRunSpec(RunSpecBase):
                 f"config.inference.replicas ({cfg.replicas}) must equal inference.replicas "
                 f"({self.inference.replicas}) or be left out"
             )
-        if self.config.teacher is not None:
-            raise ValueError("config.teacher is the teacher server `rlkube rl` starts on one machine; in an RLRun use spec.teacher (the operator runs its servers)")
         workers = self.config.orchestrator
         if "env_workers" in workers.model_fields_set and workers.env_workers != self.env_workers.replicas:
             raise ValueError(

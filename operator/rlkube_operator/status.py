@@ -16,7 +16,8 @@ class Condition(K8sModel):
 
     type: str
     """Ready, Progressing, Reconciling, Stalled, Degraded, SpecAccepted, InferenceReady,
-    OrchestratorReady, TrainerReady, TeacherReady (a run with a teacher)."""
+    OrchestratorReady, TrainerReady, TeacherReady (a run with a teacher), JudgeReady (a run
+    with a judge)."""
 
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""

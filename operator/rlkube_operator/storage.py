@@ -59,7 +59,7 @@ class ObjectStoreStorage(K8sModel):
     """A Secret whose keys become environment variables of the pods that write the store (for
     example `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`): the trainer and the orchestrator, and
     the inference servers when weights go through the store (`readOnlySecretName` for them
-    instead, if set). Env workers and the teacher never get it. The operator never reads it."""
+    instead, if set). Env workers, the teacher and the judge never get it. The operator never reads it."""
 
     read_only_secret_name: str | None = None
     """A Secret with read-only credentials for the inference servers, which only download

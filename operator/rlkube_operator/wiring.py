@@ -1,7 +1,7 @@
 """The per-process TOML files of a run, wired for the cluster (pure functions).
 
 The user's `spec.config` is the same config as on one machine; here the operator fills in
-what only the cluster knows: the inference (and teacher) pods' DNS names, the orchestrator
+what only the cluster knows: the inference (and teacher, judge) pods' DNS names, the orchestrator
 Service, the trainer master Service, the output directory on the PVC, and the object-store
 URLs for weights and checkpoints. Addresses a process binds are `0.0.0.0`; addresses it
 dials are Service DNS names that survive restarts.
@@ -96,9 +96,10 @@ def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
     _section(data, "orchestrator", "client").update(
         base_urls=server_urls(run, "inference", spec.inference.replicas, spec.config.inference.port),
         base_urls_file=f"{CONFIG_MOUNT}/{INFERENCE_URLS}")
-    if (teacher := spec.teacher) is not None:
-        _section(data, "orchestrator", "teacher").update(
-            model=teacher.model.name, base_urls=server_urls(run, "teacher", teacher.replicas, teacher.server.port))
+    for name, served in spec.served_models().items():
+        _section(data, "orchestrator", name).update(
+            model=served.model.name, base_urls=server_urls(run, name, served.replicas, served.server.port),
+            **served.client_settings())
     _section(data, "rollouts")["host"] = run.service_host("orchestrator")
     _section(data, "orchestrator")["env_workers"] = spec.env_workers.replicas  # the env-worker Deployment's
     weights, transfer = _section(data, "weights"), spec.config.weights.type
@@ -115,25 +116,25 @@ def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
     return type(spec.config).model_validate(data)
 
 
-def teacher_config(spec: RLRunSpec) -> InferenceConfig:
-    """What `rlkube inference` serves the teacher with: its model and server settings, unpaused
-    (no orchestrator brings a teacher to a policy version: its weights never change)."""
-    teacher = spec.teacher
-    data = _served(teacher.server.model_dump(exclude_unset=True), teacher.gpus_per_replica)
-    data |= {"model": teacher.model.model_dump(exclude_unset=True), "start_paused": False}
+def served_config(spec: RLRunSpec, name: str) -> InferenceConfig:
+    """What `rlkube inference` serves the teacher or the judge with: its model and server
+    settings, unpaused (no orchestrator brings it to a policy version: its weights never change)."""
+    served = getattr(spec, name)
+    data = _served(served.server.model_dump(exclude_unset=True), served.gpus_per_replica)
+    data |= {"model": served.model.model_dump(exclude_unset=True), "start_paused": False}
     return InferenceConfig.model_validate(data)
 
 
 def rl_tomls(run: RunRef, spec: RLRunSpec) -> dict[str, str]:
-    """`{inference,orchestrator,trainer}.toml` → text, and `teacher.toml` for a run with a teacher."""
+    """`{inference,orchestrator,trainer}.toml` → text, and `teacher.toml`, `judge.toml` for a run
+    that serves them."""
     return _rl_tomls(rl_config(run, spec), spec)
 
 
 def _rl_tomls(rl: RLConfig, spec: RLRunSpec) -> dict[str, str]:
     configs = rl.process_configs(exclude_unset=True)
     configs["orchestrator"].rollouts.host = ANY_ADDRESS  # where it serves batches
-    if spec.teacher is not None:
-        configs["teacher"] = teacher_config(spec)
+    configs |= {name: served_config(spec, name) for name in spec.served_models()}
     return {f"{name}.toml": to_toml(config, exclude_unset=True) for name, config in configs.items()}
 
 

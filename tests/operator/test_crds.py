@@ -258,6 +258,7 @@ ADMISSION = [
     ("RLRun", {"config.orchestrator.sampling.top_p": 0.9}, "top_p must be 1 for training"),
     ("RLRun", {"config.orchestrator.eval": {"sampling": {"temperature": 0, "top_p": 0.9}}}, None),
     ("RLRun", {"config.teacher": {"model": {"name": "teacher"}}}, "config.teacher is the teacher server `rlkube rl` starts"),
+    ("RLRun", {"config.judge": {"model": {"name": "judge"}}}, "config.judge is the judge server `rlkube rl` starts"),
     ("RLRun", {"storage": OWN_CLAIM}, "storage.pvc.accessModes ['ReadWriteOncePod'] lets one pod use the claim"),
     ("SFTRun", {"storage": OWN_CLAIM}, None),  # one pod
     ("SFTRun", {"storage": OWN_CLAIM, "trainer.nodes": 2},
@@ -343,6 +344,10 @@ TRANSITIONS = [
     ("RLRun", {"suspend": True}, {"teacher": TEACHER}, None),
     ("RLRun", {"suspend": True, "teacher": TEACHER}, {"teacher.model.name": "other", "teacher.replicas": 3}, None),
     ("RLRun", {"suspend": True, "teacher": TEACHER}, {"suspend": False, "teacher": None}, None),
+    ("RLRun", {}, {"judge": TEACHER}, "judge"),
+    ("RLRun", {"judge": TEACHER}, {"judge.replicas": 3}, "judge"),
+    ("RLRun", {"suspend": True, "judge": TEACHER}, {"judge.sampling": {"temperature": 0}, "judge.replicas": 3}, None),
+    ("RLRun", {"suspend": True, "judge": TEACHER}, {"suspend": False, "judge": None}, None),
     ("SFTRun", {"suspend": True}, {"trainer.resources": RESOURCES}, None),
     ("SFTRun", {}, {"trainer.resources": RESOURCES}, "trainer"),
     ("SFTRun", {"suspend": True}, {"storage.pvc.mountPath": "/elsewhere"}, "storage"),
@@ -369,11 +374,13 @@ def test_transition_rules_and_the_operator_agree_on_what_a_run_may_change(kind, 
         assert f"spec.{refused}" in refusal, refusal
 
 
-def test_the_teachers_runtime_configs_keep_no_defaults_in_the_stored_object():
-    """Like `spec.config`, the teacher's `model` and `server` are the runtime's: the API server
-    stores what the user wrote (the runtime applies its defaults); its Kubernetes fields default."""
+@pytest.mark.parametrize("served", ["teacher", "judge"])
+def test_the_served_models_runtime_configs_keep_no_defaults_in_the_stored_object(served):
+    """Like `spec.config`, the teacher's and the judge's `model` and `server` are the runtime's:
+    the API server stores what the user wrote (the runtime applies its defaults); its Kubernetes
+    fields default."""
     spec = CRDS["rlkube.dev_rlruns.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    teacher = spec["properties"]["teacher"]["properties"]
+    teacher = spec["properties"][served]["properties"]
     assert (teacher["replicas"]["default"], teacher["gpusPerReplica"]["default"]) == (1, 0)
     for section in ("model", "server"):
         assert not [name for name, node in teacher[section]["properties"].items() if "default" in node], section

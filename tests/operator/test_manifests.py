@@ -79,6 +79,11 @@ TEACHER = {
 }
 OPD_RLRUN = GPU_RLRUN | {"teacher": TEACHER, "config": GPU_RLRUN["config"] | {
     "trainer": {"loss": {"type": "opd", "teacher_kl_coef": 1.0}}}}
+JUDGE = {"model": {"name": "Qwen/Qwen3-8B"}, "replicas": 2, "gpusPerReplica": 1,
+         "server": {"port": 8300, "max_model_len": 8192},
+         "sampling": {"temperature": 0.0, "max_tokens": 8, "structured_outputs": {"choice": ["yes", "no"]}}}
+JUDGE_RLRUN = GPU_RLRUN | {"judge": JUDGE, "config": GPU_RLRUN["config"] | {
+    "orchestrator": {"envs": [{"id": "judged_reverse_text"}]}}}
 ENV_WORKERS = {"replicas": 3, "resources": {"requests": {"cpu": 2, "memory": "4Gi"}},
                "pod": {"nodeSelector": {"pool": "cpu"}, "labels": {"team": "rl"},
                        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}]}}
@@ -106,11 +111,11 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
             builders.build_orchestrator_service(run, spec),
             builders.build_orchestrator_deployment(run, spec, 1, attempt),
         ]
-        if spec.teacher is not None:
+        for name, served in spec.served_models().items():
             out += [
-                builders.build_teacher_service(run, spec),
-                builders.build_teacher_statefulset(run, spec, spec.teacher.replicas),
-                builders.build_servers_pdb(run, "teacher"),
+                builders.build_served_service(run, spec, name),
+                builders.build_served_statefulset(run, spec, name, served.replicas),
+                builders.build_servers_pdb(run, name),
             ]
         if spec.env_workers.replicas:
             out.append(builders.build_env_worker_deployment(run, spec, spec.env_workers.replicas))
@@ -134,6 +139,7 @@ SPECS = {
     "tuned-sftrun": ("SFTRun", SFTRunSpec.model_validate(TUNED_SFTRUN)),
     "workers-rlrun": ("RLRun", RLRunSpec.model_validate(GPU_RLRUN | {"envWorkers": ENV_WORKERS})),
     "teacher-rlrun": ("RLRun", RLRunSpec.model_validate(OPD_RLRUN)),
+    "judge-rlrun": ("RLRun", RLRunSpec.model_validate(JUDGE_RLRUN | {"envWorkers": ENV_WORKERS})),
 }
 
 
@@ -537,6 +543,58 @@ def test_the_orchestrator_asks_the_teachers_pods_for_the_teachers_model(tmp_path
     assert not [o for o in plain if o["metadata"]["name"] == "big-teacher"]
     with pytest.raises(ValidationError, match="distills from a teacher, but neither .* nor orchestrator.teacher"):
         RLRunSpec.model_validate(OPD_RLRUN | {"teacher": None})
+
+
+def test_the_judge_is_served_behind_the_runs_token_and_network_policy(tmp_path):
+    """`judge`: vLLM servers `big-judge-<i>` of the judge's model on the GPU nodes, that the
+    orchestrator and the env workers (their loopback endpoints) call with the judge's sampling.
+    Every judge pod gets the run's token (its vLLM requires it) and no store credentials; the
+    run's NetworkPolicy admits only the run's pods (and the scraper, on its metrics port)."""
+    from rlkube.config import InferenceConfig, OrchestratorConfig
+
+    spec = SPECS["judge-rlrun"][1]
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in manifests("RLRun", spec)}
+    data = objs["ConfigMap", "big-config"]["data"]
+    (tmp_path / "orchestrator.toml").write_text(data["orchestrator.toml"])
+    (tmp_path / "judge.toml").write_text(data["judge.toml"])
+    judge = load_config(OrchestratorConfig, ["@", str(tmp_path / "orchestrator.toml")]).judge
+    assert judge.model == "Qwen/Qwen3-8B" and judge.sampling == JUDGE["sampling"]
+    assert judge.base_urls == [f"http://big-judge-{i}.big-judge.ml.svc:8300" for i in range(2)]
+    served = load_config(InferenceConfig, ["@", str(tmp_path / "judge.toml")])
+    assert (served.model.name, served.port, served.start_paused, served.max_model_len) == ("Qwen/Qwen3-8B", 8300, False, 8192)
+    assert served.host == "0.0.0.0"
+
+    sts = objs["StatefulSet", "big-judge"]
+    assert sts["spec"]["replicas"] == 2 and sts["spec"]["serviceName"] == "big-judge"
+    pod = sts["spec"]["template"]["spec"]
+    (main,) = pod["containers"]
+    assert main["command"] == ["rlkube", "inference", "@", "/etc/rlkube/judge.toml"]
+    assert main["resources"]["limits"]["nvidia.com/gpu"] == "1" and pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    assert {"name": "RLKUBE_TOKEN", "valueFrom": {"secretKeyRef": {"name": "big-token", "key": "token"}}} in main["env"]
+    assert "envFrom" not in main, "no object-store credentials for the judge"
+    assert objs["Service", "big-judge"]["spec"]["clusterIP"] == "None"
+    assert objs["PodDisruptionBudget", "big-judge"]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "judge"
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    policy = objs["NetworkPolicy", "big-network-policy"]["spec"]
+    (expression,) = policy["podSelector"]["matchExpressions"]
+    assert labels["app.kubernetes.io/component"] not in expression["values"] and expression["operator"] == "NotIn"
+    assert all(labels[k] == v for k, v in policy["podSelector"]["matchLabels"].items()), "the policy selects the judge"
+    assert policy["ingress"][0] == {"from": [{"podSelector": {"matchLabels": policy["podSelector"]["matchLabels"]}}]}
+    assert {"protocol": "TCP", "port": 8300} in policy["ingress"][-1]["ports"]  # the scraper: vLLM's /metrics
+
+
+@pytest.mark.parametrize(("change", "refusal"), [
+    ({"config": {"judge": {"model": {"name": "j"}}}}, "config.judge is the judge server `rlkube rl` starts"),
+    ({"config": {"orchestrator": {"judge": {"model": "other"}}}},
+     "config.orchestrator.judge.model ('other') must equal judge.model.name ('Qwen/Qwen3-8B')"),
+    ({"config": {"orchestrator": {"judge": {"base_urls": ["http://judge:8000"]}}}},
+     "config.orchestrator.judge.base_urls: the operator points them at the judge's servers"),
+])
+def test_the_judges_own_fields_are_the_operators(change, refusal):
+    with pytest.raises(ValidationError, match=re.escape(refusal)):
+        RLRunSpec.model_validate(JUDGE_RLRUN | change)
+    tuned = RLRunSpec.model_validate(JUDGE_RLRUN | {"config": {"orchestrator": {"judge": {"wait_s": 5}}}})
+    assert "model" not in tuned.model_dump(exclude_unset=True)["config"]["orchestrator"]["judge"]
 
 
 def test_the_teacher_model_is_required_naming_the_field():

@@ -988,67 +988,69 @@ TEACHER = {"model": {"name": "/data/reverse-text-sft-long/weights/final"}, "repl
            "resources": {"requests": {"cpu": "2", "memory": "6Gi"}}}
 
 
-async def test_a_teacher_runs_with_the_run_counts_for_its_readiness_and_goes_when_it_ends(cluster):
-    """`teacher`: a StatefulSet, headless Service and disruption budget `rt-teacher`, owned by
-    the run; the orchestrator's config points at its pods. The run is not Running until the
-    teacher is Ready, and its end frees the teacher's pods with inference's."""
-    uid = (await cluster.create(rlrun(teacher=TEACHER)))["metadata"]["uid"]
+@pytest.mark.parametrize("served", ["teacher", "judge"])
+async def test_a_served_model_runs_with_the_run_counts_for_its_readiness_and_goes_when_it_ends(cluster, served):
+    """`teacher` (or `judge`): a StatefulSet, headless Service and disruption budget
+    `rt-<served>`, owned by the run; the orchestrator's config points at its pods. The run is not
+    Running until it is Ready, and its end frees its pods with inference's."""
+    uid = (await cluster.create(rlrun(**{served: TEACHER})))["metadata"]["uid"]
     job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer Job")
-    assert cluster.names("StatefulSet") == {"rt-inference", "rt-teacher"}
-    assert {"rt-inference", "rt-teacher"} <= cluster.names("Service")
-    assert cluster.names("PodDisruptionBudget") == {"rt-inference", "rt-teacher"}
+    assert cluster.names("StatefulSet") == {"rt-inference", f"rt-{served}"}
+    assert {"rt-inference", f"rt-{served}"} <= cluster.names("Service")
+    assert cluster.names("PodDisruptionBudget") == {"rt-inference", f"rt-{served}"}
     for kind in ("StatefulSet", "Service", "PodDisruptionBudget"):
-        (owner,) = cluster.get(kind, "rt-teacher")["metadata"]["ownerReferences"]
+        (owner,) = cluster.get(kind, f"rt-{served}")["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["uid"], owner["controller"]) == ("RLRun", uid, True)
-    sts = cluster.get("StatefulSet", "rt-teacher")
-    assert sts["spec"]["replicas"] == 2 and sts["spec"]["serviceName"] == "rt-teacher"
-    (teacher,) = sts["spec"]["template"]["spec"]["containers"]
-    assert teacher["command"] == ["rlkube", "inference", "@", "/etc/rlkube/teacher.toml"]
-    assert cluster.get("Service", "rt-teacher")["spec"]["clusterIP"] == "None"
+    sts = cluster.get("StatefulSet", f"rt-{served}")
+    assert sts["spec"]["replicas"] == 2 and sts["spec"]["serviceName"] == f"rt-{served}"
+    (main,) = sts["spec"]["template"]["spec"]["containers"]
+    assert main["command"] == ["rlkube", "inference", "@", f"/etc/rlkube/{served}.toml"]
+    assert cluster.get("Service", f"rt-{served}")["spec"]["clusterIP"] == "None"
     data = cluster.get("ConfigMap", "rt-config")["data"]
-    assert tomllib.loads(data["orchestrator.toml"])["teacher"] == {
+    assert tomllib.loads(data["orchestrator.toml"])[served] == {
         "model": TEACHER["model"]["name"],
-        "base_urls": [f"http://rt-teacher-{i}.rt-teacher.{NS}.svc:8000" for i in range(2)]}
-    assert tomllib.loads(data["teacher.toml"])["model"] == TEACHER["model"]
+        "base_urls": [f"http://rt-{served}-{i}.rt-{served}.{NS}.svc:8000" for i in range(2)]}
+    assert tomllib.loads(data[f"{served}.toml"])["model"] == TEACHER["model"]
 
     await cluster.run_pods(cluster.get("StatefulSet", "rt-inference"), 1)
     await cluster.run_pods(cluster.get("Deployment", "rt-orchestrator"), 1)
     await cluster.run_pods(job, 1)
     status = await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), "TrainerReady")["status"] == "True"
                                  and cluster.status("RLRun", "rt"), what="the others Ready")
-    assert status["phase"] == "Initializing" and condition(status, "TeacherReady")["reason"] == "NoPods"
+    assert status["phase"] == "Initializing" and condition(status, f"{served.capitalize()}Ready")["reason"] == "NoPods"
     assert condition(status, "Ready")["status"] == "False"
     await cluster.run_pods(sts, 2)
     status = await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Running"
                                  and cluster.status("RLRun", "rt"), what="Running")
-    assert condition(status, "TeacherReady")["status"] == "True"
+    assert condition(status, f"{served.capitalize()}Ready")["status"] == "True"
 
     await cluster.patch("Job", "rt-trainer-0", {"status": {"conditions": [{"type": "Complete", "status": "True"}]}})
     await cluster.until(lambda: not cluster.names("StatefulSet") and not cluster.names("PodDisruptionBudget"),
-                        what="inference and teacher torn down")
-    await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), "TeacherReady")["reason"] == "Succeeded",
-                        what="the teacher stopped with the run")
+                        what=f"inference and {served} torn down")
+    await cluster.until(lambda: condition(cluster.status("RLRun", "rt"), f"{served.capitalize()}Ready")["reason"] == "Succeeded",
+                        what=f"the {served} stopped with the run")
 
 
-async def test_a_suspended_run_scales_its_teacher_to_zero_and_may_drop_it(cluster):
-    """Suspended, the teacher is at zero with inference. Its block removed while suspended
-    (accepted: the teacher keeps nothing of the run), its children and config go, and so does
+@pytest.mark.parametrize("served", ["teacher", "judge"])
+async def test_a_suspended_run_scales_its_served_model_to_zero_and_may_drop_it(cluster, served):
+    """Suspended, the teacher (or judge) is at zero with inference. Its block removed while
+    suspended (accepted: it keeps nothing of the run), its children and config go, and so does
     its condition; the run resumes without it."""
-    await cluster.create(rlrun(teacher=TEACHER, suspend=True))
-    await cluster.until(lambda: cluster.get("StatefulSet", "rt-teacher"), what="teacher")
-    assert cluster.get("StatefulSet", "rt-teacher")["spec"]["replicas"] == 0
+    await cluster.create(rlrun(**{served: TEACHER}, suspend=True))
+    await cluster.until(lambda: cluster.get("StatefulSet", f"rt-{served}"), what=served)
+    assert cluster.get("StatefulSet", f"rt-{served}")["spec"]["replicas"] == 0
     status = await cluster.until(lambda: cluster.status("RLRun", "rt").get("phase") == "Suspended"
                                  and cluster.status("RLRun", "rt"), what="Suspended")
-    assert condition(status, "TeacherReady")["reason"] == "Suspended"
+    assert condition(status, f"{served.capitalize()}Ready")["reason"] == "Suspended"
 
-    await cluster.patch("RLRun", "rt", {"spec": {"teacher": None}})
-    await cluster.until(lambda: not {"rt-teacher"} & (cluster.names("StatefulSet") | cluster.names("Service")
-                                                      | cluster.names("PodDisruptionBudget")), what="teacher gone")
-    status = await cluster.until(lambda: "TeacherReady" not in {c["type"] for c in cluster.status("RLRun", "rt")[
+    await cluster.patch("RLRun", "rt", {"spec": {served: None}})
+    await cluster.until(lambda: not {f"rt-{served}"} & (cluster.names("StatefulSet") | cluster.names("Service")
+                                                      | cluster.names("PodDisruptionBudget")), what=f"{served} gone")
+    status = await cluster.until(lambda: f"{served.capitalize()}Ready" not in {c["type"] for c in cluster.status("RLRun", "rt")[
         "conditions"]} and cluster.status("RLRun", "rt"), what="its condition gone")
     assert condition(status, "SpecAccepted")["status"] == "True"
     data = cluster.get("ConfigMap", "rt-config")["data"]
-    assert "teacher.toml" not in data and "teacher" not in tomllib.loads(data["orchestrator.toml"])
+    assert f"{served}.toml" not in data and served not in tomllib.loads(data["orchestrator.toml"])
 
     await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
     await cluster.until(lambda: cluster.get("StatefulSet", "rt-inference")["spec"]["replicas"] == 1, what="resumed")

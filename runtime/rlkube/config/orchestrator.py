@@ -173,9 +173,9 @@ class JudgeConfig(Config):
     """One base URL per judge replica; a request goes to the replica with the fewest in flight."""
 
     sampling: dict[str, Any] = {}
-    """Sampling of every judge call (verifiers' `SamplingConfig` keys: `temperature`,
-    `max_tokens`, ...; others, such as vLLM's `structured_outputs`, go in the request body as
-    they are); the keys set here override the environment's own judge sampling."""
+    """Sampling of every judge call: verifiers' `SamplingConfig` keys (`temperature`,
+    `max_tokens`, `top_p`), and any other key (vLLM's `structured_outputs`, for one) goes in the
+    request body as it is. The keys set here override the environment's own judge sampling."""
 
     timeout_s: float = Field(default=600, gt=0)
     """Per-request timeout."""

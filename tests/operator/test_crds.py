@@ -133,6 +133,7 @@ def schema_errors(kind: str, obj: dict) -> list[str]:
 def test_examples_pass_the_schema():
     assert schema_errors("RLRun", example("rlrun.yaml")) == []
     assert schema_errors("RLRun", example("opd-rlrun.yaml")) == []
+    assert schema_errors("RLRun", example("judge-rlrun.yaml")) == []
     assert schema_errors("SFTRun", example("sftrun.yaml")) == []
 
 
@@ -189,6 +190,8 @@ def test_cel_rules_compile_and_accept_the_examples():
     assert cel_errors("RLRun", example("rlrun.yaml")) == []
     assert cel_errors("RLRun", example("opd-rlrun.yaml")) == []
     KINDS["RLRun"].model_validate(example("opd-rlrun.yaml")["spec"])
+    assert cel_errors("RLRun", example("judge-rlrun.yaml")) == []
+    KINDS["RLRun"].model_validate(example("judge-rlrun.yaml")["spec"])
     assert cel_errors("SFTRun", example("sftrun.yaml")) == []
     minimal = {"metadata": {"name": "m"}, "spec": {"image": "x", "config": {"weights": {"type": "grpc"}}}}
     assert cel_errors("RLRun", minimal) == []

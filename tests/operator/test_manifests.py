@@ -774,13 +774,15 @@ def test_operator_refuses_configs_the_schema_cannot_catch():
 
 @pytest.mark.parametrize(("manifest", "tomls", "model"), [("rlrun.yaml", ["rl.toml"], RLConfig),
                                                           ("opd-rlrun.yaml", ["rl.toml", "opd.toml"], RLConfig),
+                                                          ("judge-rlrun.yaml", ["rl.toml", "judge.toml"], RLConfig),
                                                           ("sftrun.yaml", ["sft.toml"], SFTConfig)])
 def test_example_runs_carry_the_same_config_as_the_local_examples(manifest, tomls, model):
     """`spec.config` mirrors the TOML: only the paths (output dir, model, the teacher's) and the
     machine's settings differ on the cluster (the trainer has its pod's cores to itself there,
-    the operator serves the teacher)."""
+    the operator serves the teacher and the judge)."""
     machine = {"output_dir": True, "model": True, "device": True, "cpu_threads": True,
-               "trainer": {"cpu_threads": True}, "orchestrator": {"teacher": True}, "teacher": True}
+               "trainer": {"cpu_threads": True}, "orchestrator": {"teacher": True, "judge": True}, "teacher": True,
+               "judge": True}
     spec_model = RLRunSpec if model is RLConfig else SFTRunSpec
     on_cluster = spec_model.model_validate(example(manifest)["spec"]).config.model_dump(exclude=machine)
     local = load_config(model, [arg for toml in tomls for arg in ("@", str(EXAMPLES / toml))])

@@ -63,6 +63,7 @@ def test_a_served_judge_starts_beside_the_teacher_and_the_orchestrator_calls_it(
     assert [s.name for s in first] == ["inference-0", "teacher-0", "judge-0", "judge-1", "trainer"]
     assert first[3].argv[-4:] == ["@", str(paths["judge"]), "--port", "9301"]
     assert first[3].health_url == "http://127.0.0.1:9301/health"
+    assert first[3].max_restarts > 0 and first[1].max_restarts == 0, "a judge that dies is started again"
     served = InferenceConfig.model_validate(tomllib.loads(paths["judge"].read_text()))
     assert (served.model.name, served.start_paused, served.max_model_len) == ("judge", False, 256)
     judge = OrchestratorConfig.model_validate(tomllib.loads(paths["orchestrator"].read_text())).judge

@@ -20,6 +20,10 @@ PROCESSES = ("inference", "orchestrator", "trainer")
 ENV_WORKER_RESTARTS = 5
 """An env worker that dies is started again (the orchestrator re-issues its rollouts), up to this
 many times per worker before the run fails: a crash-looping worker is a bug to see, not hide."""
+JUDGE_RESTARTS = 5
+"""A judge replica that dies is started again, up to this many times before the run fails: its
+rollouts wait for it and are re-issued meanwhile (`rlkube.orchestrator.judge`), as on Kubernetes,
+where its StatefulSet brings the pod back."""
 
 
 def bound_ports(config: RLConfig) -> list[tuple[str, str, int]]:
@@ -107,6 +111,7 @@ def child_stages(
                 log_path=logs / f"{name}-{i}.log",
                 health_url=f"{url}/health",
                 env=run_env | (gpus.env(devices[i]) if gpus else {}),
+                max_restarts=JUDGE_RESTARTS if name == "judge" else 0,
             )
             for i, url in enumerate(urls)
         ]

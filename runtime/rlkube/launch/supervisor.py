@@ -7,7 +7,8 @@ supervisor, which then stops the children in order; a supervisor that is itself 
 (`die_with_parent`) rather than leave a trainer or an engine holding its port, memory and
 GPU. If any child dies unexpectedly (SIGKILL
 included) the others are stopped and the supervisor reports failure within seconds, except a
-child declared restartable (an env worker, whose lost rollouts the orchestrator re-issues): it is
+child declared restartable (an env worker, whose lost rollouts the orchestrator re-issues; a judge
+replica, whose rollouts wait for it): it is
 started again after a backoff, like a Deployment's pod, up to its restart limit.
 """
 

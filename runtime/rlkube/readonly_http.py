@@ -38,6 +38,7 @@ class ReadOnlyHTTPServer(HTTPServer):
                  max_connections: int = MAX_CONNECTIONS, handlers: int = HANDLERS,
                  idle_timeout: float = IDLE_TIMEOUT):
         super().__init__(address, handler)
+        self.socket.setblocking(False)  # a connection reset before its accept leaves nothing to wait for
         self.max_connections, self.idle_timeout = max_connections, idle_timeout
         self._handlers = threading.BoundedSemaphore(handlers)
         self._open = 0  # connections waiting or being handled
@@ -74,7 +75,7 @@ class ReadOnlyHTTPServer(HTTPServer):
     def _accept(self, waiting: selectors.BaseSelector) -> None:
         try:
             conn, address = self.socket.accept()
-        except OSError:
+        except OSError:  # BlockingIOError: gone before its accept
             return
         with self._lock:
             full = self._open >= self.max_connections

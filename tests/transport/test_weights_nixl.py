@@ -3,8 +3,10 @@ READs out of the trainer's registered memory, bit-exact, in one process and betw
 network namespaces (two pods)."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,30 @@ def test_a_replica_reads_each_held_step_bit_exact_and_a_dropped_one_is_refused(p
     assert receiver.receive(address, -1, timeout=30)[0] == 3, "-1 is the newest"
     with pytest.raises(ConnectionError, match=r"step 1 .*NOT_FOUND.*held: \[2, 3\]"):
         receiver.receive(address, 1, timeout=5)
+
+
+def cpu_seconds_over(seconds: float) -> float:
+    """This process's CPU time (every thread) while it sleeps `seconds`."""
+    before = os.times()
+    time.sleep(seconds)
+    after = os.times()
+    return after.user + after.system - before.user - before.system
+
+
+def test_neither_side_keeps_a_core_busy_once_reads_are_done():
+    """NIXL's own progress thread polled UCX without sleeping: a third of a core on an idle
+    trainer, and all of one in an inference worker whose trainer had gone, for the engine's
+    lifetime. Idle here means the CPU time of this process, not the wall time: a spinning
+    thread takes what it gets even on a loaded machine."""
+    publisher = NixlPublisher("127.0.0.1", free_port(), keep_last=1, transports=["tcp"])
+    receiver = NixlReceiver()
+    try:
+        assert cpu_seconds_over(2.0) < 0.2, "an idle trainer's agent polls"
+        publisher.publish(state(1), 1)
+        receiver.receive(publisher.address, 1, timeout=30)
+    finally:
+        publisher.close()
+    assert cpu_seconds_over(2.0) < 0.2, "a replica whose trainer has gone polls"
 
 
 def test_a_bigger_policy_gets_a_bigger_registered_buffer_on_both_sides(publisher):

@@ -20,6 +20,11 @@ from rlkube.metrics import PrometheusMetrics
 
 logger = logging.getLogger(__name__)
 
+MAX_CONNECTIONS = 64
+IDLE_TIMEOUT_S = 5.0
+"""Seconds a connection may stay open without a request (before its first, and after each
+answer): the operator and Prometheus send theirs at once. aiohttp's own default is 3630 s."""
+
 STATUS_KEYS = ("phase", "step", "max_steps", "reward", "eval_reward", "policy_step", "off_policy_lag",
                "last_checkpoint_step")
 
@@ -45,12 +50,30 @@ def make_app(status: Callable[[], dict], prometheus: PrometheusMetrics) -> web.A
     return app
 
 
-async def start_http(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve `app`; returns the runner (`await runner.cleanup()` stops it) and the bound port."""
-    runner = web.AppRunner(app, access_log=None)
+async def start_http(app: web.Application, host: str, port: int, *, max_connections: int = MAX_CONNECTIONS,
+                     idle_timeout: float = IDLE_TIMEOUT_S) -> tuple[web.AppRunner, int]:
+    """Serve `app`; returns the runner (`await runner.cleanup()` stops it) and the bound port.
+
+    The port takes no token (it is read-only; the run's NetworkPolicy admits the run's pods, the
+    operator and the scraper's namespace), so it bounds what a client may hold: at most
+    `max_connections` open (one more is closed as it is made) and none idle past `idle_timeout`."""
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=idle_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    _cap_connections(runner.server, max_connections)
+    site = web.TCPSite(runner, host, port, backlog=max_connections)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]
     logger.info("orchestrator HTTP (/status, /healthz, /metrics) on %s:%d", host, bound)
     return runner, bound
+
+
+def _cap_connections(server: web.Server, limit: int) -> None:
+    """Close each connection made beyond `limit` open ones: aiohttp has no bound of its own."""
+    made = server.connection_made
+
+    def connection_made(handler, transport) -> None:
+        made(handler, transport)
+        if len(server.connections) > limit:
+            transport.close()
+
+    server.connection_made = connection_made

@@ -52,6 +52,24 @@ def until(predicate, seconds: float = 5.0) -> bool:
     return True
 
 
+def assert_bounded(port: int, path: str, expected: bytes) -> None:
+    """For a server bounded at 8 connections and 2 s idle: connections over the bound are closed
+    as they are made while those under it stay open; idle ones, and a request trickled slower
+    than the timeout, are closed once it passes; a request is answered once the bound is free."""
+    sockets = idle_sockets(port, 8)
+    over = idle_sockets(port, 3)
+    assert all(closed_by_server(s, 1.0) for s in over), "a connection over the bound was kept"
+    assert all(still_open(s) for s in sockets), "the bound closed connections under it"
+    started = time.monotonic()
+    assert all(closed_by_server(s, 4.0) for s in sockets), "an idle connection was kept"
+    assert time.monotonic() - started < 3.5
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        assert expected in response.read()
+    slow = idle_sockets(port, 1)[0]
+    slow.sendall(b"G")
+    assert closed_by_server(slow, 4.0), "a request trickled slower than the timeout was kept"
+
+
 @contextlib.contextmanager
 def metrics_server(tmp_path):
     with MetricsSink(tmp_path, "trainer", console=False, prometheus=("127.0.0.1", 0)) as sink:
@@ -88,21 +106,8 @@ def test_connections_over_the_bound_are_closed_and_idle_ones_after_the_timeout()
     server = readonly_http.ReadOnlyHTTPServer(("127.0.0.1", 0), StatusServer.handler_for(lambda: {"step": 1}),
                                               max_connections=8, handlers=2, idle_timeout=2.0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}/status"
     try:
-        sockets = idle_sockets(server.server_port, 8)
-        over = idle_sockets(server.server_port, 3)
-        assert all(closed_by_server(s, 1.0) for s in over), "a connection over the bound was kept"
-        assert all(still_open(s) for s in sockets), "the bound closed connections under it"
-        started = time.monotonic()
-        assert all(closed_by_server(s, 4.0) for s in sockets), "an idle connection was kept"
-        assert time.monotonic() - started < 3.5
-        with urllib.request.urlopen(url, timeout=10) as response:  # the bound is free again
-            assert b'"step": 1' in response.read()
-        # A request sent a byte at a time slower than the timeout is dropped too.
-        slow = idle_sockets(server.server_port, 1)[0]
-        slow.sendall(b"G")
-        assert closed_by_server(slow, 4.0)
+        assert_bounded(server.server_port, "/status", b'"step": 1')
     finally:
         server.shutdown()
         server.server_close()

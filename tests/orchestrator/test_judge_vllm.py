@@ -13,9 +13,10 @@ import time
 import pytest
 from rlkube.config import OrchestratorConfig
 from rlkube.metrics import read_metrics
-from rlkube.orchestrator.app import serve
 from rlkube.ports import free_port
 from rlkube.transport.client import RolloutClient
+
+from tests.orchestrator.test_orchestrator_vllm import serve_beside_trainer
 
 pytestmark = pytest.mark.slow
 
@@ -83,12 +84,7 @@ def run_judged(inference_server, tmp_path, verdict: str, judge_url: str, wait_s:
             client.get_batch(1, 0, 1, 2)
             client.report_policy(1, inference_server.original_weights)
 
-    thread = threading.Thread(target=trainer)
-    thread.start()
-    try:
-        asyncio.run(asyncio.wait_for(serve(config), timeout=300))
-    finally:
-        thread.join(60)
+    serve_beside_trainer(config, trainer, timeout=300)
     rows = [json.loads(line) for line in (tmp_path / "samples" / "step_1.jsonl").read_text().splitlines()]
     (metrics,) = [r for r in read_metrics(tmp_path, "orchestrator") if "judge/requests" in r]
     return rows, metrics

@@ -18,6 +18,17 @@ from tests.fixtures.inference import free_port
 pytestmark = pytest.mark.slow
 
 
+def serve_beside_trainer(config: OrchestratorConfig, trainer, timeout: float) -> None:
+    """Run the orchestrator process's `serve(config)` until it finishes, with `trainer` (its
+    gRPC client's side) in a thread beside it."""
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    try:
+        asyncio.run(asyncio.wait_for(serve(config), timeout=timeout))
+    finally:
+        thread.join(60)
+
+
 def test_orchestrator_process_with_vllm(inference_server, tmp_path):
     grpc_port, http_port = free_port(), free_port()
     config = OrchestratorConfig.model_validate(
@@ -41,12 +52,7 @@ def test_orchestrator_process_with_vllm(inference_server, tmp_path):
                 # the session's own weights, published as a snapshot: a real reload, same policy
                 client.report_policy(step, inference_server.original_weights)
 
-    thread = threading.Thread(target=trainer)
-    thread.start()
-    try:
-        asyncio.run(asyncio.wait_for(serve(config), timeout=400))
-    finally:
-        thread.join(60)
+    serve_beside_trainer(config, trainer, timeout=400)
 
     assert sorted(batches) == [1, 2, 3]
     for micro_batches in batches.values():

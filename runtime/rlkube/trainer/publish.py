@@ -122,6 +122,8 @@ class PolicyPublishing:
         self._in_flight: Future | None = None
         self.last_publish_s: float | None = None
         """Seconds the newest finished publish took after its snapshot (write + report)."""
+        self.last_publish_bytes: int | None = None
+        """Tensor bytes the newest finished publish sent (a delta's, or the full snapshot's)."""
 
     def publish(self, step: int, state_dict: dict[str, torch.Tensor]) -> None:
         """Publish policy `step` and report it to the orchestrator: taken now, sent in the
@@ -154,6 +156,7 @@ class PolicyPublishing:
         start = time.perf_counter()
         self.snapshot.wait_copied()
         location = self.publisher.publish(self.snapshot.buffers, step)
+        self.last_publish_bytes = self.publisher.published_bytes(self.snapshot.buffers)
         self.client.report_policy(step, location)
         self.last_publish_s = time.perf_counter() - start
 

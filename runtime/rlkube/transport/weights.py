@@ -27,6 +27,11 @@ class WeightPublisher(ABC):
         orchestrator loads it from the location it saved, so nothing is returned)."""
         self.publish(state_dict, step)
 
+    def published_bytes(self, state_dict: dict[str, torch.Tensor]) -> int:
+        """The tensor bytes the newest `publish(state_dict, ...)` sent: all of them here; a
+        delta publisher (rlkube.transport.weights_delta) sends fewer."""
+        return sum(tensor.nbytes for tensor in state_dict.values())
+
     def expect(self, step: int) -> None:
         """Policy `step` is about to be republished (the trainer resumes from its checkpoint):
         a transport that serves snapshots itself lets a replica asking for it wait for it."""

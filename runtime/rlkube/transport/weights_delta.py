@@ -162,6 +162,9 @@ class DeltaPublisher(WeightPublisher):
         self._remember(state_dict, (step, snapshot.id))
         return DELTA_SCHEME + location
 
+    def published_bytes(self, state_dict):
+        return self.last_bytes
+
     def republish(self, state_dict, step):
         """As the transport republishes; the snapshot it keeps or writes carries no id, so
         the next publish is a full one."""

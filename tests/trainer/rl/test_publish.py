@@ -282,6 +282,9 @@ class KeepingPublisher(WeightPublisher):
         self.policies[step] = {name: tensor.clone() for name, tensor in state_dict.items()}
         return self.inner.publish(state_dict, step)
 
+    def published_bytes(self, state_dict):
+        return self.inner.published_bytes(state_dict)
+
     def close(self):
         self.inner.close()
 
@@ -289,7 +292,8 @@ class KeepingPublisher(WeightPublisher):
 @pytest.mark.parametrize("transport", ["storage", "grpc"])
 def test_the_trainers_delta_publishes_rebuild_each_policy_bit_exact(tiny_model, tmp_path, world_of_one, transport):
     """`weights.delta` in the background over the trainer's reused buffers: a replica that
-    loads every reported policy holds, bit for bit, what a full publish would have sent."""
+    loads every reported policy holds, bit for bit, what a full publish would have sent; the
+    trainer's `weights/bytes` shows the full first policy and the smaller delta after it."""
     config = trainer_config(tiny_model, tmp_path, type=transport, dtype="bfloat16", delta={"full_every": 10})
     config = config.model_copy(update={"optim": config.optim.model_copy(update={"lr": 1e-6})})
     publisher = KeepingPublisher(make_publisher(config.weights, config.output_dir, config.model.name))
@@ -306,6 +310,8 @@ def test_the_trainers_delta_publishes_rebuild_each_policy_bit_exact(tiny_model, 
                 assert torch.equal(held[name].view(torch.int16), tensor.view(torch.int16)), f"policy {step}: {name}"
         full = sum(t.nbytes for t in publisher.policies[3].values())
         assert 0 < publisher.inner.last_bytes < full / 2, "step 3 went as a delta"
+        sent = {step: trainer.metrics.records[step + 1]["weights/bytes"] for step in (1, 2)}  # overlapped
+        assert sent[1] == full and 0 < sent[2] < full / 2, f"bytes sent by policy: {sent}, full {full}"
     finally:
         trainer.close()
         publisher.close()

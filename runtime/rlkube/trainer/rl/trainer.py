@@ -187,6 +187,8 @@ class RLTrainer:
         self.publishing.publish(step, self.env.policy_tensors())
         if self.publishing.overlap and self.publishing.last_publish_s is not None:
             self.timings["time/publish_background"] = self.publishing.last_publish_s  # the previous policy's
+        if self.publishing.last_publish_bytes is not None:  # the previous policy's when overlapped
+            self.timings["weights/bytes"] = float(self.publishing.last_publish_bytes)
 
     def maybe_save_checkpoint(self, step: int) -> None:
         ckpt = self.config.ckpt
@@ -198,8 +200,8 @@ class RLTrainer:
     def log_metrics(self, step: int, stats: dict[str, float]) -> None:
         """`perf/tokens_per_s` (trained tokens of all ranks per second of the whole step),
         `perf/mfu` and `perf/mfu_primerl` (rlkube.trainer.perf), `perf/compiles` (graphs Dynamo
-        compiled during the step: the first step's warm-up, 0 after unless shapes change) and
-        the `time/*` split."""
+        compiled during the step: the first step's warm-up, 0 after unless shapes change), the
+        `time/*` split and `weights/bytes` (what the newest finished publish sent)."""
         if self.env.rank == 0:
             self.metrics.log(step, {**stats, **self.timings})
 

@@ -3,7 +3,10 @@ and by `python -m e2e.scenarios.reverse_text_runs`, which runs it with `rlkube r
 machine many times over: the configuration, and the rise of the training reward it must show."""
 
 import math
+import os
 import statistics
+import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 SFT_STEPS = 80
@@ -35,6 +38,37 @@ RL_CONFIG = {
     "trainer.optim": {"lr": 2.5e-4, "max_grad_norm": 1.0},
     "trainer.scheduler": {"type": "constant", "warmup_steps": 3},
 }
+
+RL_SET_ENV = "RLKUBE_E2E_RL_SET"
+"""The cluster scenario's overrides of RL_CONFIG, one `KEY=VALUE` a line as
+`reverse_text_runs --set` takes them, e.g. `weights.type="nixl"` or
+`weights.delta={full_every=10}`: the same scenario with another setting, on the cluster."""
+
+
+def overrides(items: Iterable[str]) -> dict:
+    """`KEY=VALUE` items (a dotted config key, a TOML value) as `short_rl`'s config overrides."""
+    pairs = (item.split("=", 1) for item in items if item.strip())
+    return {key.strip(): tomllib.loads(f"v = {value}")["v"] for key, value in pairs}
+
+
+def env_overrides() -> dict:
+    """The overrides `RLKUBE_E2E_RL_SET` names (none when unset)."""
+    return overrides(os.environ.get(RL_SET_ENV, "").splitlines())
+
+
+def weight_updates(orchestrator_metrics: list[dict], trainer_metrics: list[dict]) -> str:
+    """A run's policy updates, medians over its steps: the bytes each publish sent
+    (`weights/bytes`: a delta's, or the whole policy's), the trainer's background publish and
+    the replicas' load (`time/update_weights`)."""
+    def median(records: list[dict], key: str) -> float:
+        values = [r[key] for r in records if key in r]
+        return statistics.median(values) if values else math.nan
+
+    sent = [r["weights/bytes"] for r in trainer_metrics if "weights/bytes" in r]
+    return (f"weight updates: {median(trainer_metrics, 'weights/bytes') / 1e6:.2f} MB sent a step "
+            f"({min(sent, default=math.nan) / 1e6:.2f}-{max(sent, default=math.nan) / 1e6:.2f}), publish "
+            f"{median(trainer_metrics, 'time/publish_background'):.3f} s, load "
+            f"{median(orchestrator_metrics, 'time/update_weights'):.3f} s (medians)")
 
 
 @dataclass

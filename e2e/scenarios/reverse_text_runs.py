@@ -5,13 +5,14 @@
 It makes the tiny model and its SFT warm-up once (the scenario's SFTRun config), then runs the
 scenario's RLRun config (e2e/scenarios/reverse_text.py; env workers as the scenario's pods)
 once per seed, and prints each run's training reward by thirds and its trend, its worst mismatch-KL step and
-whether it rose, as the cluster scenario asserts. One run takes 2-3 minutes on two
-cores. `--set KEY=VALUE` overrides the RL config (a TOML value) to compare settings."""
+whether it rose, as the cluster scenario asserts, and its weight updates (bytes, publish and load
+times). One run takes 2-3 minutes on two cores. `--set KEY=VALUE` overrides the RL config (a
+TOML value) to compare settings, e.g. `--set 'weights.type="nixl"'`; the cluster scenario takes
+the same overrides from `RLKUBE_E2E_RL_SET`."""
 
 import argparse
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import tomli_w
@@ -19,7 +20,15 @@ from rlkube.metrics import read_metrics
 from rlkube.models.tiny import init_tiny_model
 
 from e2e.scenarios.manifests import short_rl, short_sft
-from e2e.scenarios.reverse_text import MIN_TREND_T, RL_CONFIG, RL_STEPS, SFT_STEPS, Rise
+from e2e.scenarios.reverse_text import (
+    MIN_TREND_T,
+    RL_CONFIG,
+    RL_STEPS,
+    SFT_STEPS,
+    Rise,
+    overrides,
+    weight_updates,
+)
 
 ENV_WORKERS = 2
 
@@ -56,18 +65,19 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an RL config override, e.g. orchestrator.sampling.max_tokens=16")
     args = parser.parse_args()
-    overrides = {key: tomllib.loads(f"v = {value}")["v"] for key, value in (item.split("=", 1) for item in args.set)}
+    settings = overrides(args.set)
     model = warm_up(args.out)
     rose = 0
     for seed in range(args.first_seed, args.first_seed + args.runs):
         output_dir = args.out / f"rl-{seed}"
-        rlkube("rl", rl_config(model, output_dir, seed, overrides), args.out / f"rl-{seed}.toml")
-        rise = Rise.of(read_metrics(output_dir, "orchestrator"), read_metrics(output_dir, "trainer"))
+        rlkube("rl", rl_config(model, output_dir, seed, settings), args.out / f"rl-{seed}.toml")
+        orchestrator, trainer = read_metrics(output_dir, "orchestrator"), read_metrics(output_dir, "trainer")
+        rise = Rise.of(orchestrator, trainer)
         rose += rise.rose
         worst = max(rise.mismatch_kl, key=rise.mismatch_kl.get)
         print(f"seed {seed}: {rise.summary()}, lowest step reward {min(rise.rewards.values()):.3f}, worst "
-              f"mismatch KL {rise.mismatch_kl[worst]:.3f} at step {worst}: {'rose' if rise.rose else 'DID NOT RISE'}",
-              flush=True)
+              f"mismatch KL {rise.mismatch_kl[worst]:.3f} at step {worst}: {'rose' if rise.rose else 'DID NOT RISE'}; "
+              f"{weight_updates(orchestrator, trainer)}", flush=True)
     print(f"{rose} of {args.runs} runs rose (trend t >= {MIN_TREND_T:g})")
 
 

@@ -51,7 +51,21 @@ base_present() {
   else docker image inspect "$1" >/dev/null 2>&1; fi
 }
 
+standin_stale() {  # a stand-in base made by another version of images/standin-base.sh
+  [ "$ENGINE" = buildah ] || return 1
+  local labels
+  labels=$(buildah inspect --type image --format \
+    '{{index .OCIv1.Config.Labels "org.rlkube.standin"}} {{index .OCIv1.Config.Labels "org.rlkube.standin.script"}}' \
+    "docker.io/library/$1" 2>/dev/null) || return 1
+  [ "${labels%% *}" = debootstrap ] && [ "${labels#* }" != "$(sha256sum images/standin-base.sh | cut -c1-16)" ]
+}
+
 ensure_base() {  # $1: a FROM reference
+  if standin_stale "$1"; then
+    echo "images: the stand-in $1 was made by another images/standin-base.sh; making it again" >&2
+    images/standin-base.sh "docker.io/library/$1"
+    return
+  fi
   base_present "$1" && return
   if [ "$ENGINE" = buildah ]; then
     timeout 120 buildah pull -q "docker.io/library/$1" >/dev/null 2>&1 && return

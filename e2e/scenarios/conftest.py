@@ -6,8 +6,8 @@
   same Helm chart with the same values (`e2e/operator-values.yaml`). It needs
   root with network namespaces and kubectl; without them every scenario skips with the reason
   (fails under `CI=true`: `tests.fixtures.prerequisites.require`). `RLKUBE_E2E_IMAGES=podman`:
-  every pod runs from its image in podman's store (built by `make images`; `.ci/run` does not
-  build them yet); by default the project's virtualenv stands in for the images.
+  every pod runs from its image in podman's store (built by `make images`; `.ci/run` builds them
+  and sets it); by default the project's virtualenv stands in for the images.
 """
 
 import os

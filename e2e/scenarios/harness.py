@@ -109,6 +109,11 @@ class Cluster:
         statuses = (obj.get("status") or {}).get("containerStatuses") or []
         return obj.get("metadata", {}).get("uid", ""), sum(int(s.get("restartCount", 0)) for s in statuses)
 
+    def ready(self, pod: str) -> bool:
+        """Whether the pod's `Ready` condition is True (its readiness probe passes)."""
+        conditions = self.status("pod", pod).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
     def operator_leader(self) -> str:
         """The operator pod that reconciles: the holder of the Lease its replicas elect it by."""
         def holder():

@@ -66,10 +66,12 @@ def short_sft(model: str, claim: str, max_steps: int) -> tuple[dict, dict]:
     return pvc, run
 
 
-def short_rl(name: str, model: str, claim: str, max_steps: int, **config_overrides) -> dict:
-    """examples/reverse_text/rlrun.yaml on `claim`, from `model`, `max_steps` long, checkpoints
-    every 2 steps, smaller batches, so a step takes seconds on two cores."""
-    (run,) = copy.deepcopy(example("rlrun.yaml"))
+def short_rl(name: str, model: str, claim: str, max_steps: int, manifest: str = "rlrun.yaml",
+             **config_overrides) -> dict:
+    """examples/reverse_text/rlrun.yaml (or another of its RLRuns, `manifest`) on `claim`, from
+    `model`, `max_steps` long, checkpoints every 2 steps, smaller batches, so a step takes seconds
+    on two cores."""
+    (run,) = copy.deepcopy(example(manifest))
     run["metadata"]["name"] = name
     run["spec"]["storage"]["pvc"]["claimName"] = claim
     config = run["spec"]["config"]

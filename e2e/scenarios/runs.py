@@ -39,6 +39,17 @@ class Run:
         text = self.cluster.read_file(self.claim, f"{self.name}/metrics/{process}.jsonl") or ""
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
+    def batches(self) -> dict[int, dict]:
+        """The orchestrator's record of each step's batch (`rollouts`, `errored_rollouts`,
+        `samples/trained`, ...): the newest where a step was logged twice, after a restart."""
+        return {r["step"]: r for r in self.metrics("orchestrator") if "samples/trained" in r}
+
+    def samples(self, step: int) -> list[dict]:
+        """The batch of `step` as text, a row per sample (`orchestrator.samples_interval`:
+        reward, completion, error of each rollout; rlkube/orchestrator/samples.py)."""
+        text = self.cluster.read_file(self.claim, f"{self.name}/samples/step_{step}.jsonl") or ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
     def trainer_steps(self) -> list[int]:
         return [r["step"] for r in self.metrics("trainer")]
 

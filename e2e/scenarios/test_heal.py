@@ -152,7 +152,7 @@ def _assert_every_sample_from_the_current_policy(run: Run, after: int) -> None:
     batch after the inference restart: every rollout carries them, and none was sampled by
     older weights than the orchestrator's clock said its replica served. So the restarted
     replica generated nothing before it was brought to the current policy."""
-    batches = [r for r in run.metrics("orchestrator") if "samples/trained" in r and r["step"] > after]
+    batches = [r for step, r in run.batches().items() if step > after]
     assert batches, "no batch after the inference restart"
     for record in batches:
         assert record.get("off_policy/served_rollouts") == record["rollouts"] - record["errored_rollouts"], record
@@ -164,7 +164,7 @@ def _assert_no_step_lost_to_the_kill(run: Run, killed_at: int) -> None:
     """Every batch so far was full (`batch_size` rollouts, samples to train on: a lost replica
     never becomes a step on nothing), none of the kill's rollouts errored, and some were
     re-issued, so the kill landed mid-flight."""
-    batches = {r["step"]: r for r in run.metrics("orchestrator") if "samples/trained" in r}
+    batches = run.batches()
     assert sorted(batches) == list(range(1, max(batches) + 1)), f"a step without a batch: {sorted(batches)}"
     for record in batches.values():
         assert record["rollouts"] >= BATCH_SIZE and record["samples/trained"] >= 1, record

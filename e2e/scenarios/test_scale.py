@@ -61,7 +61,7 @@ def test_kubectl_scale_resizes_inference_mid_run_without_restarting_the_trainer(
     timeline["scale-down: pod gone"] = time.monotonic() - started
     run.wait_step(before + 3, 600)
     cluster.wait(lambda: _inference(run).get("ready") == "1/1", 120, "1/1 inference replicas ready")
-    reissued = sum(r.get("rollouts/reissued", 0) for r in _batches(run).values() if r["step"] > before)
+    reissued = sum(r.get("rollouts/reissued", 0) for r in run.batches().values() if r["step"] > before)
 
     # The trainer was never restarted.
     now = cluster.get("pod", run.pod("trainer"))
@@ -72,7 +72,7 @@ def test_kubectl_scale_resizes_inference_mid_run_without_restarting_the_trainer(
     # Every step trained once, on a full batch of on-policy-enough samples, nothing errored.
     steps = run.trainer_steps()
     assert steps == list(range(1, len(steps) + 1)), f"a step trained twice or skipped: {steps}"
-    batches = _batches(run)
+    batches = run.batches()
     assert sorted(batches) == list(range(1, max(batches) + 1)), f"a step without a batch: {sorted(batches)}"
     for record in batches.values():
         assert record["rollouts"] >= BATCH_SIZE and record["errored_rollouts"] == 0, record
@@ -93,12 +93,8 @@ def _inference(run: Run) -> dict:
     return run.status().get("inference") or {}
 
 
-def _batches(run: Run) -> dict[int, dict]:
-    return {r["step"]: r for r in run.metrics("orchestrator") if "samples/trained" in r}
-
-
 def _sum(run: Run, metric: str) -> float:
-    return sum(r.get(metric, 0) for r in _batches(run).values())
+    return sum(r.get(metric, 0) for r in run.batches().values())
 
 
 def _column(cluster, name: str) -> str:

@@ -10,8 +10,11 @@ PYTEST_ARGS ?=
 # the scenarios' 180 s bound (docs/operator.md). `make test TEST_WORKERS=2` on more cores.
 TEST_WORKERS ?= 1
 XDIST := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+# The per-change gate leaves out the `extended` cluster scenarios (pyproject.toml's markers):
+# minutes each, run by `make e2e-extended`.
+GATE := not extended
 
-.PHONY: install reverse-text test test-fast e2e-local proto crds lint clean gpu-wheels gpu-check images image-tools cluster-tools
+.PHONY: install reverse-text test test-fast e2e-local e2e-extended proto crds lint clean gpu-wheels gpu-check images image-tools cluster-tools
 
 install: $(VENV)/.installed
 
@@ -28,15 +31,19 @@ reverse-text: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/reverse_text/run.sh
 
 test: install cluster-tools
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "$(GATE)" $(PYTEST_ARGS)
 
 test-fast: install cluster-tools
-	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow and $(GATE)" $(PYTEST_ARGS)
 
 # The cluster scenarios (e2e/scenarios) on the local executing cluster (e2e/localcluster): needs
-# root with network namespaces and kubectl. `make test` runs them too.
+# root with network namespaces and kubectl. `make test` runs them too, but the extended ones.
 e2e-local: install cluster-tools
-	$(PY) -m pytest -ra -s tests/cluster e2e/scenarios $(PYTEST_ARGS)
+	$(PY) -m pytest -ra -s -m "$(GATE)" tests/cluster e2e/scenarios $(PYTEST_ARGS)
+
+# The extended cluster scenarios, on the local cluster (e2e/README.md): a judge pod killed mid-run.
+e2e-extended: install cluster-tools
+	$(PY) -m pytest -ra -s -m extended e2e/scenarios $(PYTEST_ARGS)
 
 proto: install
 	$(PY) -m grpc_tools.protoc -I runtime --python_out=runtime --grpc_python_out=runtime \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end on a kind cluster: build and load the images, install the chart, then run the same
-# scenario files `make e2e-local` runs on the local cluster (e2e/scenarios: reverse-text SFT then
-# RL, healing from faults, giving up) against kind.
+# scenario files `make e2e-local` and `make e2e-extended` run on the local cluster (e2e/scenarios:
+# reverse-text SFT then RL, healing from faults, giving up, a judge killed mid-run) against kind.
 #
 #   e2e/run.sh                       # needs docker (running), kind, kubectl; helm optional
 #   e2e/run.sh -k reverse_text       # extra arguments go to pytest

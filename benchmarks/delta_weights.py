@@ -7,11 +7,14 @@ Each model is a randomly initialised Qwen3 built from its config on CPU (no down
 float32 master weights, trained by rlkube's AdamW (`rlkube.trainer.optim.build_optimizer`:
 betas 0.9/0.999, weight decay 0.01, gradients clipped at norm 1.0) at the model's learning rate.
 A step is the forward and backward of the next-token loss on one row of `--tokens` random
-tokens, then the optimizer step; the new policy is cast to the wire dtype and encoded against
-the previous one exactly as the publisher encodes it (`rlkube.transport.weights_delta.encode_delta`).
-Printed per step as it is taken: the tensor bytes of the delta and of a full snapshot (a tied
-output head is the embedding, and is published once), the share of elements whose bits
-changed, the ratio, and the seconds of the training step and of encoding the delta.
+tokens, then the optimizer step; the new policy is cast to the wire dtype and published, into
+a temporary directory on local disk, by the real publishers: a full `StoragePublisher`, and a
+`DeltaPublisher` over one (`weights.delta`: after the initial policy's full snapshot a delta,
+or the full snapshot where the delta would take half its bytes or more: `FULL_AT`). Printed
+per step as it is taken: the tensor bytes of a full snapshot (a tied output head is the
+embedding, and is published once) and of what the delta publisher sent and as what, the share
+of elements whose bits changed, the ratio, and the seconds of the training step and of each
+publish (the full one, and the delta publisher's with its compare and encoding).
 
 - `reverse-text`: the example's model (`rlkube model init`: 4 layers, hidden 256, ~2.4M
   parameters) at examples/reverse_text/rl.toml's peak lr 2e-4, on the float32 wire its CPU
@@ -67,38 +70,51 @@ def changed(base, new) -> int:
 
 
 class Wire:
-    """The policy as the trainer publishes it in one wire dtype, and what each step's publish
-    moves. Encoded tensor by tensor, so only the previous policy is held whole (memory: the
-    0.6B shape holds ~10 GB of training state already)."""
+    """The policy as the trainer publishes it in one wire dtype, written each step by a full
+    `StoragePublisher` and by a `DeltaPublisher` over one (`weights.delta`, under `root`), whose
+    first publish, the initial policy, is its full snapshot."""
 
-    def __init__(self, model, dtype):
+    def __init__(self, model, dtype, root: str):
+        from rlkube.transport.weights import StoragePublisher
+        from rlkube.transport.weights_delta import DeltaPublisher
+
         self.model, self.dtype = model, dtype
-        self.previous = {name: tensor for name, tensor in self._policy()}
+        model_dir = f"{root}/model"
+        model.config.save_pretrained(model_dir)
+        self.full = StoragePublisher(f"{root}/full", model_dir, keep_last=1)
+        self.delta = DeltaPublisher(StoragePublisher(f"{root}/delta", model_dir, keep_last=1), model_dir,
+                                    full_every=2**31)
+        self.delta.publish(self._policy(), 0)
 
-    def _policy(self):
-        """(name, tensor in the wire dtype) as the trainer publishes them: a tied head not again."""
-        seen = set()
+    def _policy(self) -> dict:
+        """name: tensor in the wire dtype, as the trainer publishes them: a tied head not again."""
+        seen, policy = set(), {}
         for name, tensor in self.model.state_dict().items():
             if tensor.data_ptr() not in seen:
                 seen.add(tensor.data_ptr())
-                yield name, tensor.detach().to(self.dtype, copy=True)
+                policy[name] = tensor.detach().to(self.dtype, copy=True)
+        return policy
 
-    def publish(self) -> dict:
-        from rlkube.transport.weights_delta import bytes_of, encode_delta
+    def publish(self, step: int) -> dict:
+        from rlkube.transport.weights_delta import bytes_of
 
-        full = delta = moved = elements = 0
+        policy = self._policy()
+        moved = sum(changed(self.delta.base[name], tensor) for name, tensor in policy.items())
         start = time.perf_counter()
-        for name, tensor in self._policy():
-            base = {name: self.previous[name]}
-            delta += bytes_of(encode_delta(base, {name: tensor}))
-            moved += changed(base[name], tensor)
-            full, elements = full + tensor.nbytes, elements + tensor.numel()
-            self.previous[name] = tensor
-        return {"full": full, "delta": delta, "changed": moved / elements, "encode_s": time.perf_counter() - start}
+        self.full.publish(policy, step)
+        full_s, start = time.perf_counter() - start, time.perf_counter()
+        self.delta.publish(policy, step)
+        delta_s, full = time.perf_counter() - start, bytes_of(policy)
+        sent, as_full = self.delta.published_bytes(policy), self.delta.deltas_since_full == 0
+        return {"full": full, "sent": sent, "as": "full" if as_full else "delta",
+                "changed": moved / sum(t.numel() for t in policy.values()), "full_s": full_s, "delta_s": delta_s}
 
 
 def measure(name: str, steps: int, tokens: int) -> None:
     """Train `steps` steps and print each step's publish in each wire dtype as it happens."""
+    import shutil
+    import tempfile
+
     import torch
     from rlkube.config.trainer import OptimizerConfig
     from rlkube.trainer.optim import build_optimizer
@@ -110,7 +126,8 @@ def measure(name: str, steps: int, tokens: int) -> None:
     print(f"{name}: {params / 1e6:.1f}M parameters, lr {lr:g}, wire {'/'.join(wires)}", file=sys.stderr, flush=True)
     generator = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
-    published = {wire: Wire(model, getattr(torch, wire)) for wire in wires}
+    root = tempfile.mkdtemp(prefix="rlkube-bench-delta-")
+    published = {wire: Wire(model, getattr(torch, wire), f"{root}/{wire}") for wire in wires}
     for step in range(1, steps + 1):
         start = time.perf_counter()
         ids = torch.randint(vocab, (1, tokens), generator=generator)
@@ -120,14 +137,15 @@ def measure(name: str, steps: int, tokens: int) -> None:
         optimizer.zero_grad(set_to_none=True)
         trained = time.perf_counter() - start
         for wire, policy in published.items():
-            r = policy.publish()
-            print(f"{name:<12} {wire:<9} {step:>4} {r['full'] / 1e6:>9.2f} {r['delta'] / 1e6:>9.3f} "
-                  f"{100 * r['changed']:>7.2f}% {r['full'] / max(r['delta'], 1):>10.1f}x "
-                  f"{trained:>7.1f} {r['encode_s']:>8.2f}", flush=True)
+            r = policy.publish(step)
+            print(f"{name:<12} {wire:<9} {step:>4} {r['full'] / 1e6:>9.2f} {r['sent'] / 1e6:>9.3f} {r['as']:>5} "
+                  f"{100 * r['changed']:>7.2f}% {r['full'] / max(r['sent'], 1):>10.1f}x "
+                  f"{trained:>7.1f} {r['full_s']:>7.3f} {r['delta_s']:>8.3f}", flush=True)
+    shutil.rmtree(root)
 
 
-HEADER = (f"{'model':<12} {'wire':<9} {'step':>4} {'full MB':>9} {'delta MB':>9} {'changed':>8} {'fewer bytes':>11} "
-          f"{'train s':>7} {'encode s':>8}")
+HEADER = (f"{'model':<12} {'wire':<9} {'step':>4} {'full MB':>9} {'delta MB':>9} {'as':>5} {'changed':>8} "
+          f"{'fewer bytes':>11} {'train s':>7} {'full s':>7} {'delta s':>8}")
 
 
 def main() -> None:

@@ -12,8 +12,10 @@ from rlkube.transport.weights_delta import (
     DeltaPublisher,
     PolicyReplica,
     apply_delta,
+    bytes_of,
     encode_delta,
 )
+from rlkube.transport.weights_snapshot import COMPLETE
 from rlkube.transport.weights_storage import list_steps
 
 from tests.fixtures.inference import free_port
@@ -49,10 +51,10 @@ class Training:
                        "norm.weight": torch.ones(32)}
         self.lr, self.generator = lr, g
 
-    def step(self) -> dict[str, torch.Tensor]:
+    def step(self, lr: float | None = None) -> dict[str, torch.Tensor]:
         for name, tensor in self.master.items():
             if name != "lm_head.weight":
-                tensor += self.lr * torch.randn(tensor.shape, generator=self.generator).sign()
+                tensor += (lr or self.lr) * torch.randn(tensor.shape, generator=self.generator).sign()
         return {name: tensor.to(torch.bfloat16) for name, tensor in self.master.items()}
 
 
@@ -79,6 +81,8 @@ def test_a_delta_carries_exactly_the_changed_bits():
     delta = encode_delta(base, new)
     assert sorted(delta) == ["most", "signs@gap", "signs@val", "w@gap", "w@val"]
     assert delta["w@gap"].tolist() == [4, 497, 499] and delta["w@gap"].dtype == torch.int16
+    assert encode_delta(base, new, limit=bytes_of(delta)) is None, "a delta that reaches the limit"
+    assert encode_delta(base, new, limit=bytes_of(delta) + 1).keys() == delta.keys()
     patched = {name: tensor.clone() for name, tensor in base.items()}
     apply_delta(patched, delta)
     assert_bit_exact(patched, new)
@@ -118,6 +122,37 @@ def test_replicas_are_bit_exact_with_a_full_publish_whatever_they_missed(transpo
     assert sizes[5] == full and all(0 < sizes[s] < full / 2 for s in (2, 3, 4, 6, 7)), sizes
     if transport == "storage":
         assert set(list_steps(str(tmp_path / "weights"))) == {5, 6, 7}
+
+
+@pytest.mark.parametrize("transport", ["storage", "grpc"])
+def test_a_delta_that_is_not_meaningfully_smaller_goes_as_a_full_snapshot(transport, tmp_path, model_dir):
+    """Step 3 moves every weight (a high learning rate): a full snapshot instead of a delta,
+    which starts the count to the next full one and ends the chain a late replica reads."""
+    config = WeightTransferConfig(type=transport, grpc_port=free_port(), keep_last=1, delta={"full_every": 3})
+    publisher = make_publisher(config, tmp_path, str(model_dir))
+    training, policies, locations, sizes, based_on = Training(), {}, {}, {}, {}
+    every, late = PolicyReplica(), PolicyReplica()
+    try:
+        for step in range(1, 7):  # full at 1, 3 (the high lr) and 6 (3 publishes after 3)
+            policies[step] = training.step(lr=1.0 if step == 3 else None)
+            locations[step] = publisher.publish(policies[step], step)
+            sizes[step] = publisher.published_bytes(policies[step])
+            reader = Recording(locations[step])
+            first = reader.first(step)
+            based_on[step] = json.loads(first[COMPLETE]).get("base")
+            assert_bit_exact(every.update(first, reader.read), policies[step])
+            assert reader.steps == [step]
+            if step == 2:
+                late.update(reader.first(2), reader.read)
+            if step == 5:  # `late` holds 2, missed 3 and 4: full 3, then deltas 4 and 5
+                reader = Recording(locations[5])
+                assert_bit_exact(late.update(reader.first(5), reader.read), policies[5])
+                assert reader.steps == [5, 4, 3]
+    finally:
+        publisher.close()
+    full = sizes[1]
+    assert based_on == {1: None, 2: 1, 3: None, 4: 3, 5: 4, 6: None}, "3 full, and 6: 3 publishes after it"
+    assert sizes[3] == sizes[6] == full and all(0 < sizes[s] < full / 2 for s in (2, 4, 5)), sizes
 
 
 class Recording(ChainReader):

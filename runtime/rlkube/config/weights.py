@@ -66,7 +66,8 @@ class WeightTransferConfig(Config):
 
     delta: DeltaConfig | None = None
     """`storage` and `grpc`: publish only the elements that changed (bit-exact on the replicas;
-    at RL learning rates in bfloat16 a few percent of them change per step). Off when unset."""
+    at RL learning rates in bfloat16 a few percent of them change per step); a delta that would
+    take half a full snapshot's bytes or more goes as the full snapshot. Off when unset."""
 
     overlap: bool = True
     """Publish policy N in the background while step N+1 computes: after the optimizer step the

@@ -20,8 +20,8 @@ publish (the full one, and the delta publisher's with its compare and encoding).
   parameters) at examples/reverse_text/rl.toml's peak lr 2e-4, on the float32 wire its CPU
   trainer uses (`weights.dtype = auto`) and on a bfloat16 one;
 - `Qwen3-0.6B`: that shape (hidden 1024, 28 layers, vocabulary 151936, tied) at lr 1e-6 on a
-  bfloat16 wire: float32 weights, gradients and AdamW state are ~10 GB (peak resident 12.3 GB),
-  and a step took 2-3 minutes on the 2-core VM while other jobs ran (docs/inference.md).
+  bfloat16 wire: float32 weights, gradients and AdamW state are ~10 GB (peak resident 12.6 GB
+  with the two publishers), and a step took 5-7 s on the 2-core VM (docs/inference.md).
 
 What changes is decided by how far a step moves a weight against the spacing of its wire dtype
 (bfloat16: 8 significant bits), so a randomly initialised model stands in for a trained one of

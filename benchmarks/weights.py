@@ -15,11 +15,17 @@ over `--repeats` updates of
 - publish: the trainer's `publish(state_dict, step)`, in the trainer pod;
 - load: the orchestrator's `update_weights` (fetch + in-place reload in the worker, the prefix
   cache reset and version tag included; the pause around it excluded);
-- GB/s: model GB / (publish + load);
+- of which fetch: where the worker receives the snapshot whole before reloading it (grpc,
+  nixl), the time that took (the rest of the load is vLLM's reload; storage reads its files
+  as it reloads);
+- GB/s: model GB / (publish + load); publish+fetch: without the reload, which is vLLM's and the
+  same for every transport (on CPU it packs every linear layer for oneDNN again);
 - MB in: the bytes the inference pod received per update (its veth's counter), which is what
   the transport moved over the network (storage moves nothing: the disk is shared).
 Beside them, the ceilings measured in the same run: a memory copy (into touched memory and into
-fresh pages) and one raw TCP stream from the trainer pod to the inference pod. Figures depend
+fresh pages), one raw TCP stream from the trainer pod to the inference pod, a new file of the
+model's size written where the storage transport writes, and one put and get of it as a single
+object on the S3 server. Figures depend
 on the machine's load; say what else ran when you quote them.
 """
 
@@ -28,6 +34,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -74,6 +81,44 @@ def copy_bandwidth(gigabytes: float, repeats: int) -> dict:
         fresh.append(time.perf_counter() - start)
         del copy
     return {"touched": gigabytes / min(touched), "fresh": gigabytes / min(fresh)}
+
+
+def disk_bandwidth(directory: Path, gigabytes: float, repeats: int) -> tuple[float, float]:
+    """GB/s (best and median of `repeats`) of writing `gigabytes` to a new file in `directory`
+    (where the storage transport writes), as a publish writes its shard: into the page cache, no
+    fsync. The median too: on a VM a new file's pages take from a tenth of a second to seconds."""
+    import numpy as np
+
+    payload = memoryview(np.ones(int(gigabytes * 1e9), dtype=np.uint8))
+    took = []
+    for i in range(repeats):
+        path = directory / f"disk-ceiling-{i}"
+        start = time.perf_counter()
+        with open(path, "wb", buffering=0) as f:
+            f.write(payload)
+        took.append(time.perf_counter() - start)
+        path.unlink()
+    return gigabytes / min(took), gigabytes / statistics.median(took)
+
+
+def object_store_bandwidth(endpoint: str, gigabytes: float) -> float:
+    """GB/s of one put and one get of `gigabytes` as a single object through fsspec (s3fs),
+    from the host side of the bridge: what the S3 server at `endpoint` itself sustains."""
+    import fsspec
+    import numpy as np
+
+    fs = fsspec.filesystem("s3", key=S3_ENV["AWS_ACCESS_KEY_ID"], secret=S3_ENV["AWS_SECRET_ACCESS_KEY"],
+                           client_kwargs={"endpoint_url": endpoint, "region_name": S3_ENV["AWS_DEFAULT_REGION"]},
+                           config_kwargs={"read_timeout": 900}, skip_instance_cache=True)
+    path = f"{BUCKET}/ceiling"
+    payload = np.ones(int(gigabytes * 1e9), dtype=np.uint8).tobytes()
+    start = time.perf_counter()
+    fs.pipe_file(path, payload)
+    got = fs.cat_file(path)
+    took = time.perf_counter() - start
+    assert len(got) == len(payload)
+    fs.rm(path)
+    return 2 * gigabytes / took
 
 
 # --- the trainer pod: a child that publishes on request ------------------------------------------
@@ -179,20 +224,26 @@ class Pods:
 async def bench_transport(pods: Pods, name: str, base_url: str, gigabytes: float, repeats: int, first: int) -> dict:
     from rlkube.inference.client import pause, resume, update_weights
 
-    publish_s, load_s, received = [], [], []
+    publish_s, load_s, fetch_s, received = [], [], [], []
     for step in range(first, first + repeats):
         answer = pods.ask({"transport": name, "step": step})
         publish_s.append(answer["publish_s"])
         await pause(base_url)
         before, start = pods.received_bytes(), time.perf_counter()
-        await update_weights(base_url, step, answer["location"], timeout=600)
+        summary = await update_weights(base_url, step, answer["location"], timeout=600)
         load_s.append(time.perf_counter() - start)
+        if fetched := re.search(r"fetched in ([\d.]+)s", summary):
+            fetch_s.append(float(fetched[1]))
         received.append(pods.received_bytes() - before)
         await resume(base_url)
     publish, load = statistics.median(publish_s), statistics.median(load_s)
+    fetch = statistics.median(fetch_s) if fetch_s else None
     return {
         "transport": name, "GB": gigabytes, "publish_s": publish, "load_s": load,
-        "GB_per_s": gigabytes / (publish + load), "MB_in": statistics.median(received) / 1e6,
+        "of which fetch_s": "-" if fetch is None else fetch,
+        "GB_per_s": gigabytes / (publish + load),
+        "GB_per_s publish+fetch": "-" if fetch is None else gigabytes / (publish + fetch),
+        "MB_in": statistics.median(received) / 1e6,
     }
 
 
@@ -244,6 +295,8 @@ async def run(args, tmp: Path) -> tuple[list[dict], dict]:
                 ]
             ceilings = copy_bandwidth(gigabytes, args.repeats)
             ceilings["tcp"] = raw_tcp(pods, free_port(), args.repeats)
+            ceilings["disk"] = disk_bandwidth(tmp, gigabytes, args.repeats)
+            ceilings["s3"] = object_store_bandwidth(s3, gigabytes)
         finally:
             pods.close()
         return rows, ceilings
@@ -283,7 +336,9 @@ def main() -> None:
     console.print(
         f"ceilings on this machine: memory copy of {rows[0]['GB']:.2f} GB {ceilings['touched']:.2f} GB/s into "
         f"touched memory, {ceilings['fresh']:.2f} GB/s into fresh pages; one TCP stream between the pods "
-        f"{ceilings['tcp']:.2f} GB/s"
+        f"{ceilings['tcp']:.2f} GB/s; a new {rows[0]['GB']:.2f} GB file on the storage's disk "
+        f"{ceilings['disk'][0]:.2f} GB/s (median {ceilings['disk'][1]:.2f}); "
+        f"one put and get of it as one object on the S3 server {ceilings['s3']:.3f} GB/s"
     )
     console.print(f"load average (1 min) on {os.cpu_count()} cores: {load_before:.1f} at the start, "
                   f"{load_after:.1f} at the end")

@@ -97,6 +97,7 @@ class WeightLoaderExtension(RoutingCaptureExtension):
             size = None
         elif location.startswith(GRPC_SCHEME):
             files = fetch_snapshot(location.removeprefix(GRPC_SCHEME), int(step), float(timeout))
+            fetched = time.perf_counter() - start
             if ADAPTER_CONFIG in files:
                 self._load_adapter(files)
             else:
@@ -106,6 +107,7 @@ class WeightLoaderExtension(RoutingCaptureExtension):
             if not hasattr(self, "_rlkube_nixl"):
                 self._rlkube_nixl = NixlReceiver()
             _, tensors = self._rlkube_nixl.receive(location.removeprefix(NIXL_SCHEME), int(step), float(timeout))
+            fetched = time.perf_counter() - start
             self._reload(weights_iterator=iter(tensors.items()))
             size = sum(t.numel() * t.element_size() for t in tensors.values())
         else:
@@ -117,7 +119,8 @@ class WeightLoaderExtension(RoutingCaptureExtension):
             size = None
         took = time.perf_counter() - start
         logger.info("loaded weights of step %s from %s in %.2fs", step, location, took)
-        return f"step {step} from {location} in {took:.3f}s" + (f" ({size} bytes)" if size else "")
+        # the bytes, and how long receiving them took before the reload, where they come in whole
+        return f"step {step} from {location} in {took:.3f}s" + (f" ({size} bytes, fetched in {fetched:.3f}s)" if size else "")
 
     def _reload(self, **weights) -> None:
         """vLLM's in-place `reload_weights`, MoE experts prepacked again for its CPU kernel

@@ -66,6 +66,9 @@ def test_reverse_text_sft_then_rl_on_the_cluster(cluster, record_property):
     rise = Rise.of(run.metrics("orchestrator"), run.metrics("trainer"))
     record_property("reward", rise.summary() + (f" with {settings}" if settings else ""))
     record_property("weights", weight_updates(run.metrics("orchestrator"), run.metrics("trainer")))
+    held_out = {r["step"]: round(r["eval/reward"], 3) for r in run.metrics("orchestrator") if "eval/reward" in r}
+    if held_out:  # `orchestrator.eval` set through RLKUBE_E2E_RL_SET: the policy served before and after
+        record_property("eval", f"held-out eval reward by step {held_out}")
     assert rise.rose, rise.explain()
     # On completion inference is torn down (GPUs freed); the trainer's weights stay on the claim.
     cluster.wait(lambda: not cluster.names("statefulsets", "rlkube.dev/run=reverse-text")

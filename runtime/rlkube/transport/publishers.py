@@ -28,11 +28,13 @@ from rlkube.transport.weights import GrpcPublisher, StoragePublisher, WeightPubl
 
 
 def make_publisher(
-    config: WeightTransferConfig, output_dir: str | Path, model_dir: str, adapter_config: dict | None = None
+    config: WeightTransferConfig, output_dir: str | Path, model_dir: str, adapter_config: dict | None = None,
+    final_step: int | None = None,
 ) -> WeightPublisher:
     """The publisher `config.type` selects. `model_dir` supplies config.json and tokenizer;
-    `adapter_config` (PEFT's, a LoRA run) makes every snapshot an adapter directory. Tensors
-    are sent in the dtype they are given (the trainer's snapshot casts them to `config.dtype`)."""
+    `adapter_config` (PEFT's, a LoRA run) makes every snapshot an adapter directory;
+    `final_step`, the run's last step, is published whole with `config.delta`. Tensors are sent
+    in the dtype they are given (the trainer's snapshot casts them to `config.dtype`)."""
     if adapter_config is not None and config.type in ("nccl", "nixl"):
         raise ValueError(f"weights.type: {config.type!r} sends full weights; a LoRA run (trainer.lora) publishes "
                          "its adapters through 'storage' or 'grpc'")
@@ -43,7 +45,7 @@ def make_publisher(
         return publisher
     from rlkube.transport.weights_delta import DeltaPublisher
 
-    return DeltaPublisher(publisher, model_dir, config.delta.full_every)
+    return DeltaPublisher(publisher, model_dir, config.delta.full_every, final_step)
 
 
 def _transport_publisher(

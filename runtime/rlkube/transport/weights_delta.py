@@ -157,16 +157,18 @@ class ChainedSnapshot(Snapshot):
 class DeltaPublisher(WeightPublisher):
     """Publishes through `inner` (a transport with `publish_snapshot`) a full snapshot, then
     deltas against the policy published before, a full one at least every `full_every`, and a
-    full one instead of a delta that would take `FULL_AT` of its bytes or more.
+    full one instead of a delta that would take `FULL_AT` of its bytes or more. Step
+    `final_step` (the run's last) goes out full too: that snapshot is the run's result, which an
+    eval or a user loads as a model directory; a delta is not one.
 
     Keeps a copy of the last published policy (host memory: the model in the wire dtype), since
     the tensors `publish` is given are overwritten by the next snapshot."""
 
-    def __init__(self, inner: WeightPublisher, model_dir: str, full_every: int):
+    def __init__(self, inner: WeightPublisher, model_dir: str, full_every: int, final_step: int | None = None):
         if not hasattr(inner, "publish_snapshot"):
             raise ValueError(f"weights.delta: the {type(inner).__name__} transport cannot send deltas "
                              "(use weights.type 'storage' or 'grpc')")
-        self.inner, self.model_dir, self.full_every = inner, model_dir, full_every
+        self.inner, self.model_dir, self.full_every, self.final_step = inner, model_dir, full_every, final_step
         self.base: dict[str, torch.Tensor] = {}
         self.base_link: tuple[int, str] | None = None
         """(step, id) of the last published policy; None when the next publish must be full."""
@@ -176,7 +178,7 @@ class DeltaPublisher(WeightPublisher):
 
     def publish(self, state_dict, step):
         tensors = None
-        if self.base_link is not None and self.deltas_since_full + 1 < self.full_every:
+        if self.base_link is not None and self.deltas_since_full + 1 < self.full_every and step != self.final_step:
             tensors = encode_delta(self.base, state_dict, limit=FULL_AT * bytes_of(state_dict))
         if tensors is None:
             snapshot = ChainedSnapshot(state_dict, step, self.model_dir)

@@ -2,6 +2,7 @@
 publishing through the real storage and gRPC publishers in the background."""
 
 import asyncio
+import json
 import threading
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from rlkube.transport.publishers import make_publisher
 from rlkube.transport.weights import WeightPublisher
 from rlkube.transport.weights_delta import ChainReader, PolicyReplica
 from rlkube.transport.weights_grpc import fetch_snapshot
-from rlkube.transport.weights_snapshot import iter_safetensors
+from rlkube.transport.weights_snapshot import COMPLETE, iter_safetensors
 
 from tests.fixtures.inference import free_port
 from tests.trainer.rl.test_trainer import (
@@ -293,10 +294,13 @@ class KeepingPublisher(WeightPublisher):
 def test_the_trainers_delta_publishes_rebuild_each_policy_bit_exact(tiny_model, tmp_path, world_of_one, transport):
     """`weights.delta` in the background over the trainer's reused buffers: a replica that
     loads every reported policy holds, bit for bit, what a full publish would have sent; the
-    trainer's `weights/bytes` shows the full first policy and the smaller delta after it."""
+    trainer's `weights/bytes` shows the full first policy and the smaller delta after it; the
+    last step's snapshot is whole, a model directory as it is (the publisher made as `run` makes
+    it)."""
     config = trainer_config(tiny_model, tmp_path, type=transport, dtype="bfloat16", delta={"full_every": 10})
     config = config.model_copy(update={"optim": config.optim.model_copy(update={"lr": 1e-6})})
-    publisher = KeepingPublisher(make_publisher(config.weights, config.output_dir, config.model.name))
+    publisher = KeepingPublisher(make_publisher(config.weights, config.output_dir, config.model.name,
+                                                final_step=config.max_steps))
     trainer = make_trainer(config, publisher)
     source, replica = SyntheticSource(batch_for(trainer)), PolicyReplica()
     try:
@@ -309,9 +313,11 @@ def test_the_trainers_delta_publishes_rebuild_each_policy_bit_exact(tiny_model, 
             for name, tensor in publisher.policies[step].items():
                 assert torch.equal(held[name].view(torch.int16), tensor.view(torch.int16)), f"policy {step}: {name}"
         full = sum(t.nbytes for t in publisher.policies[3].values())
-        assert 0 < publisher.inner.last_bytes < full / 2, "step 3 went as a delta"
         sent = {step: trainer.metrics.records[step + 1]["weights/bytes"] for step in (1, 2)}  # overlapped
         assert sent[1] == full and 0 < sent[2] < full / 2, f"bytes sent by policy: {sent}, full {full}"
+        assert publisher.inner.last_bytes == full, "the last step went whole"
+        last = ChainReader(source.reports[-1][1], timeout=30).first(3)
+        assert "base" not in json.loads(bytes(last[COMPLETE])), "the last step's snapshot builds on no other"
     finally:
         trainer.close()
         publisher.close()

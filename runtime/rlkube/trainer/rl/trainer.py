@@ -229,7 +229,8 @@ def run(config: TrainerConfig) -> None:
     publisher = None
     if main:
         adapter = adapter_config(config.lora, config.model.name) if config.lora else None
-        publisher = make_publisher(config.weights, config.output_dir, config.model.name, adapter_config=adapter)
+        publisher = make_publisher(config.weights, config.output_dir, config.model.name, adapter_config=adapter,
+                                   final_step=config.max_steps)
     client = RolloutClient(f"{config.rollouts.host}:{config.rollouts.port}", timeout_s=config.rollouts.timeout_s)
     trainer = None
     try:

@@ -18,6 +18,7 @@ from rlkube.orchestrator.judge import JUDGE_UNAVAILABLE, JudgeEndpoint
 from rlkube.orchestrator.rollouts import EnvRunner, Reissuer, run_group
 from rlkube.ports import free_port
 
+from tests.fixtures.network import UnansweredPort
 from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
 
 TOKEN = "the-run-token"
@@ -147,3 +148,30 @@ def test_past_its_wait_the_endpoint_answers_503_naming_the_judge():
 
     metrics = asyncio.run(call())
     assert metrics["judge/requests"] == 1 and metrics["judge/errors"] >= 1
+
+
+def test_a_judge_whose_address_answers_nothing_is_given_up_within_its_wait():
+    """The judge pod is gone and its address, still cached, swallows the dial: each attempt
+    gives up after `CONNECT_TIMEOUT_S` and is retried, so the endpoint keeps to `wait_s` (here
+    answering 503) instead of one dial waiting out the kernel's ~2 minutes."""
+    silent = UnansweredPort()
+
+    async def call():
+        config = JudgeConfig(model="j", base_urls=[f"http://127.0.0.1:{silent.port}"], wait_s=6)
+        async with JudgeEndpoint(config) as e:
+            from openai import AsyncOpenAI, InternalServerError
+
+            client = AsyncOpenAI(base_url=e.url, api_key="none", max_retries=0, timeout=600)
+            with pytest.raises(InternalServerError, match=f"{JUDGE_UNAVAILABLE}.*ConnectionTimeoutError"):
+                await asyncio.wait_for(
+                    client.chat.completions.create(model="j", messages=[{"role": "user", "content": "?"}]), 60
+                )
+            return e.metrics()
+
+    started = time.monotonic()
+    try:
+        metrics = asyncio.run(call())
+    finally:
+        silent.close()
+    assert metrics["judge/errors"] >= 2, "the dial was retried"
+    print(f"503 after {time.monotonic() - started:.1f} s")

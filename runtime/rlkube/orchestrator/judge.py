@@ -8,11 +8,11 @@ each request to the one with the fewest in flight, at most `max_concurrent` at o
 for three things the SDK call cannot do:
 - the run's token: the judge's vLLM requires it, and environment code never sees it
   (`rlkube.withheld`); the endpoint adds it to what it forwards;
-- a judge that is down: a refused or reset connection, or a 502/503/504, is retried with
-  backoff (0.5 s doubling to 5 s) for up to `judge.wait_s`, so the rollout waits; past that
-  the endpoint answers 503 with `JUDGE_UNAVAILABLE` in its message, the rollout fails with it,
-  and `run_group` marks it for re-issue (`rlkube.orchestrator.rollouts`): it is never scored
-  without its judge;
+- a judge that is down: a refused, reset or unanswered (`CONNECT_TIMEOUT_S`) connection, or a
+  502/503/504, is retried with backoff (0.5 s doubling to 5 s) for up to `judge.wait_s`, so
+  the rollout waits; past that the endpoint answers 503 with `JUDGE_UNAVAILABLE` in its
+  message, the rollout fails with it, and `run_group` marks it for re-issue
+  (`rlkube.orchestrator.rollouts`): it is never scored without its judge;
 - metering (`metrics`): `judge/requests` (calls the environments made since the last step),
   `judge/latency_s` (their mean time to an answer, waits included), `judge/errors` (judge
   attempts that failed: refused, reset, timed out, or answered with an error status).
@@ -39,6 +39,11 @@ JUDGE_UNAVAILABLE = "rlkube: the judge is unavailable"
 RETRIED = frozenset({502, 503, 504})
 """Statuses of a judge that is restarting or behind a proxy with no backend: waited out."""
 FIRST_RETRY_S, MAX_RETRY_S = 0.5, 5.0
+CONNECT_TIMEOUT_S = 5.0
+"""How long one attempt dials a judge replica before it counts as unreachable (and is retried
+as a refused one is). A judge that is up accepts at once; the address of one whose pod is gone
+answers nothing while DNS caches still hold it, and a dial waited out the kernel's ~2 minutes
+of SYN retries, past `wait_s`, while the replacement pod already served."""
 
 
 class JudgeEndpoint:
@@ -68,7 +73,7 @@ class JudgeEndpoint:
         await asyncio.gather(*(wait_until_healthy(url, self.config.timeout_s) for url in self.config.base_urls))
 
     async def __aenter__(self) -> Self:
-        timeout = aiohttp.ClientTimeout(total=self.config.timeout_s)
+        timeout = aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=CONNECT_TIMEOUT_S)
         self._session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
         app = web.Application(client_max_size=64 * 2**20)
         app.router.add_route("*", "/v1/{tail:.*}", self.handle)

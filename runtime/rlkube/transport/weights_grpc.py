@@ -19,7 +19,6 @@ The orchestrator retries a refused or failed load (a resume's, and a restarted r
 import json
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -187,41 +186,6 @@ def serve_weights(servicer: WeightsServicer, bind: str) -> grpc.Server:
     return server
 
 
-class _Channels:
-    """One channel per weight server, kept between fetches. Closing a channel that waited for
-    readiness (`grpc.channel_ready_future`, how a fetch gives up on a silent server) takes ~0.2 s
-    with grpcio 1.85 (its connectivity poll's slice): a fetch per load paid it every time, a
-    NIXL load (two descriptor fetches) twice. A kept channel also keeps its connection warm. A
-    channel is dropped when a fetch through it fails, and the least recently used beyond
-    `MAX_KEPT` (trainers come and go at new addresses)."""
-
-    MAX_KEPT = 4
-
-    def __init__(self):
-        self._kept: OrderedDict[str, grpc.Channel] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, address: str) -> grpc.Channel:
-        with self._lock:
-            channel = self._kept.pop(address, None)
-            if channel is None:
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS + keepalive.CLIENT)
-            self._kept[address] = channel
-            evicted = [self._kept.popitem(last=False)[1] for _ in range(len(self._kept) - self.MAX_KEPT)]
-        for each in evicted:
-            each.close()
-        return channel
-
-    def drop(self, address: str, channel: grpc.Channel) -> None:
-        with self._lock:
-            if self._kept.get(address) is channel:
-                del self._kept[address]
-        channel.close()
-
-
-_channels = _Channels()
-
-
 def fetch_snapshot(address: str, step: int, timeout: float) -> dict[str, bytearray]:
     """Pull snapshot `step` (-1: newest) from the weight server at `address` ("host:port"),
     within `timeout` (the server's wait for a step it is republishing included).
@@ -230,13 +194,17 @@ def fetch_snapshot(address: str, step: int, timeout: float) -> dict[str, bytearr
     stopped; keepalive notices within ~15 s even when its pod vanished without a reset), fails
     the fetch. It is not dialled again: its replacement is a new attempt, which publishes this
     step only after training it on rollouts from the very engine that would sit blocked in this
-    load meanwhile."""
-    channel = _channels.get(address)
+    load meanwhile. Each fetch dials afresh (a replacement trainer behind the same name has a
+    new address), and closes its channel on another thread: closing a channel that waited for
+    readiness takes ~0.2 s with grpcio 1.85 (its connectivity poll's slice), which every gRPC
+    load paid once and every NIXL load twice (a descriptor fetch before and after its READ).
+    Keeping channels between fetches instead made a load after a trainer's pod vanished wait on
+    the dead connection until keepalive gave it up."""
+    channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS + keepalive.CLIENT)
     try:
         parts = _fetch(channel, address, step, timeout)
-    except ConnectionError:
-        _channels.drop(address, channel)
-        raise
+    finally:
+        threading.Thread(target=channel.close, name="weights-channel-close", daemon=True).start()
     if COMPLETE not in parts:
         raise ConnectionError(f"grpc://{address} sent an incomplete snapshot for step {step}")
     # bytearrays: writable, so the worker's tensors are views of them, not copies

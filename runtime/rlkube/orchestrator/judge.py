@@ -4,8 +4,14 @@ Environments scored by verifiers' judges (`rlkube.envs.judge`) call an OpenAI-st
 with the OpenAI SDK, from inside a rollout's scoring. rlkube points them at `JudgeEndpoint`, an
 aiohttp server on 127.0.0.1 (a free port) in the orchestrator's process and in each env
 worker's, which forwards `/v1/...` to the judge's replicas (`orchestrator.judge.base_urls`,
-each request to the one with the fewest in flight, at most `max_concurrent` at once). It exists
-for three things the SDK call cannot do:
+each request to the one with the fewest in flight, at most `max_concurrent` at once). It
+forwards the judge's generation routes alone (`ROUTES`, with their methods): any program an
+environment starts can call it, and with the run's credential added, a path that reached the
+judge's other routes (`/v1/../collective_rpc`: load weights from an address of the caller's
+choosing) would hand it the run's authority. A path is percent-decoded and normalised (`..`,
+`.`, `//`) before it is looked up; anything else is answered 404 (405 for another method)
+without contacting the judge, and what is forwarded is the route's own path. It exists for
+three things the SDK call cannot do:
 - the run's token: the judge's vLLM requires it, and environment code never sees it
   (`rlkube.withheld`); the endpoint adds it to what it forwards;
 - a judge that is down: a refused, reset or unanswered (`CONNECT_TIMEOUT_S`) connection, or a
@@ -21,8 +27,10 @@ for three things the SDK call cannot do:
 import asyncio
 import json
 import logging
+import posixpath
 import time
 from typing import Self
+from urllib.parse import unquote
 
 import aiohttp
 from aiohttp import web
@@ -39,6 +47,9 @@ JUDGE_UNAVAILABLE = "rlkube: the judge is unavailable"
 RETRIED = frozenset({502, 503, 504})
 """Statuses of a judge that is restarting or behind a proxy with no backend: waited out."""
 FIRST_RETRY_S, MAX_RETRY_S = 0.5, 5.0
+ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET"}
+"""What the endpoint forwards: the OpenAI routes verifiers' judges call (chat completions, with
+`beta.chat.completions.parse` for structured verdicts), plain completions, and the model list."""
 CONNECT_TIMEOUT_S = 5.0
 """How long one attempt dials a judge replica before it counts as unreachable (and is retried
 as a refused one is). A judge that is up accepts at once; the address of one whose pod is gone
@@ -76,7 +87,7 @@ class JudgeEndpoint:
         timeout = aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=CONNECT_TIMEOUT_S)
         self._session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
         app = web.Application(client_max_size=64 * 2**20)
-        app.router.add_route("*", "/v1/{tail:.*}", self.handle)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
@@ -87,24 +98,31 @@ class JudgeEndpoint:
         await self._session.close()
 
     async def handle(self, request: web.Request) -> web.Response:
+        route = judge_route(request.raw_path)
+        if route not in ROUTES:
+            return web.Response(status=404, body=_error(f"rlkube's judge endpoint forwards only {sorted(ROUTES)}",
+                                                        "not_found"), content_type="application/json")
+        if request.method != ROUTES[route]:
+            return web.Response(status=405, body=_error(f"{route} takes {ROUTES[route]} only", "method_not_allowed"),
+                                content_type="application/json", headers={"Allow": ROUTES[route]})
         body, started = await request.read(), time.monotonic()
         self.requests += 1
         async with self.slots:
-            status, content = await self.forward(request.method, request.match_info["tail"], body)
+            status, content = await self.forward(request.method, route, body)
         self.latency_s += time.monotonic() - started
         self.answered += 1
         return web.Response(status=status, body=content, content_type="application/json")
 
-    async def forward(self, method: str, tail: str, body: bytes) -> tuple[int, bytes]:
-        """(status, body) of the judge's answer, waiting out an unreachable judge (see the module
-        docstring)."""
+    async def forward(self, method: str, route: str, body: bytes) -> tuple[int, bytes]:
+        """(status, body) of the judge's answer to `method` `route` (one of `ROUTES`), waiting
+        out an unreachable judge (see the module docstring)."""
         deadline, delay = time.monotonic() + self.config.wait_s, FIRST_RETRY_S
         headers = {"Content-Type": "application/json", **auth.http_headers()}
         while True:
             replica = min(self.in_flight, key=self.in_flight.__getitem__)
             self.in_flight[replica] += 1
             try:
-                async with self._session.request(method, f"{replica}/v1/{tail}", data=body, headers=headers) as r:
+                async with self._session.request(method, f"{replica}{route}", data=body, headers=headers) as r:
                     status, content = r.status, await r.read()
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
                 status, content = None, f"{type(e).__name__}: {e}".encode()
@@ -134,8 +152,18 @@ class JudgeEndpoint:
         return metrics
 
 
-def _error(message: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": "judge_unavailable"}}).encode()
+def judge_route(raw_path: str) -> str:
+    """The route a request's raw path names: its query dropped, percent-decoded until nothing
+    changes (`%252e`), then normalised (`..`, `.`, repeated `/`), so that what is looked up in
+    `ROUTES` is the path a server would act on."""
+    path = raw_path.split("?", 1)[0]
+    while (decoded := unquote(path)) != path:
+        path = decoded
+    return posixpath.normpath("/" + path.lstrip("/"))
+
+
+def _error(message: str, kind: str = "judge_unavailable") -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind}}).encode()
 
 
 def judge_lost(error: str | None) -> bool:

@@ -129,10 +129,13 @@ def _parse_value(text: str) -> Any:
 
 
 def _field_at(model: type[BaseModel], path: list[str], flag: str):
-    """The field a dotted flag names, or a ConfigError naming where the path breaks."""
+    """The field a dotted flag names, or a ConfigError naming where the path breaks. None for a
+    key inside a free-form table (`--env.args.split test`): it takes any value."""
     field = None
     for i, part in enumerate(path):
         if model is None:
+            if field is not None and get_origin(field.annotation) is dict:
+                return None
             raise ConfigError(f"{flag}: '{'.'.join(path[:i])}' has no sub-fields")
         field = model.model_fields.get(part)
         if field is None:
@@ -172,9 +175,9 @@ def parse_flags(args: list[str], model: type[BaseModel]) -> dict:
                 raise
             negate, path = False, [p.replace("-", "_") for p in flag.split(".")]
             field = _field_at(model, path, f"--{flag}")
-        takes_no_value = field.annotation is bool or (
+        takes_no_value = field is not None and (field.annotation is bool or (
             _model_in(field.annotation) is not None and _is_optional(field.annotation)
-        )
+        ))
         if negate:
             if not takes_no_value:
                 raise ConfigError(f"--{flag}: only booleans and optional sections can be negated")

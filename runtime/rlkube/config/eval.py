@@ -1,12 +1,13 @@
 """`rlkube eval`: score a model on an environment's held-out split through vLLM."""
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, model_validator
 
 from rlkube.config.base import Config
 from rlkube.config.inference import InferenceServerConfig
-from rlkube.config.orchestrator import EnvConfig, SamplingConfig
+from rlkube.config.orchestrator import HELD_OUT, EnvConfig, SamplingConfig, on_held_out_split
 from rlkube.config.shared import LogConfig, ModelConfig
 
 
@@ -19,8 +20,9 @@ class EvalRunConfig(Config):
     model: ModelConfig = ModelConfig()
     """The model to evaluate."""
 
-    env: EnvConfig = EnvConfig(args={"split": "test"})
-    """The environment and split."""
+    env: EnvConfig = EnvConfig(args=HELD_OUT)
+    """The environment, scored on its held-out split (`args.split = "test"`) unless `args` name
+    a `split`: `--env.id X` scores X's test split, `--env.args.split train` the train split."""
 
     num_examples: int | None = Field(default=None, ge=1)
     """Examples to evaluate; all when unset."""
@@ -53,6 +55,13 @@ class EvalRunConfig(Config):
 
     log: LogConfig = LogConfig()
     """Logging."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_on_held_out_split(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "env" in data:
+            data = {**data, "env": on_held_out_split(data["env"])}
+        return data
 
     @model_validator(mode="after")
     def _min_reward_needs_samples(self):

@@ -29,6 +29,22 @@ class EnvConfig(Config):
     no tool servers are used."""
 
 
+HELD_OUT = {"split": "test"}
+"""The args an eval environment gets unless it says otherwise: its held-out split."""
+
+
+def on_held_out_split(env: Any) -> Any:
+    """An eval environment's input with `args.split = "test"` added where its args name no split:
+    `--env.id X` (or `[[orchestrator.eval.envs]] id = "X"`) scores X's held-out split, not the
+    train split its `load_environment` defaults to; `args.split = "train"` scores that one."""
+    if not isinstance(env, dict):
+        return env
+    args = env.get("args", {})
+    if not isinstance(args, dict) or "split" in args:
+        return env
+    return {**env, "args": HELD_OUT | args}
+
+
 class SamplingConfig(Config):
     """How inference samples. Training sampling must draw from the full tempered distribution
     (temperature > 0, top_p = 1): the trainer recomputes each token's log-prob as
@@ -91,8 +107,9 @@ class DifficultyConfig(Config):
 
 
 class EvalConfig(Config):
-    envs: list[EnvConfig] = [EnvConfig(args={"split": "test"})]
-    """Environments to evaluate on (their held-out split)."""
+    envs: list[EnvConfig] = [EnvConfig(args=HELD_OUT)]
+    """Environments to evaluate on: each on its held-out split (`args.split = "test"`) unless its
+    `args` name a `split`."""
 
     interval: int = Field(default=100, ge=1)
     """Evaluate every N steps (and at step 0 and the last step)."""
@@ -108,6 +125,13 @@ class EvalConfig(Config):
 
     sampling: SamplingConfig = SamplingConfig(temperature=0.0)
     """Eval sampling (greedy by default)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _envs_on_held_out_split(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("envs"), list):
+            data = {**data, "envs": [on_held_out_split(env) for env in data["envs"]]}
+        return data
 
 
 class ClientConfig(Config):

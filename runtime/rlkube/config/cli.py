@@ -293,6 +293,9 @@ def help_lines(model: type[BaseModel], prefix: str = "") -> list[str]:
             lines.append(f"{flag}  {doc}{suffix}")
             lines.extend(help_lines(sub, prefix + name.replace("_", "-") + "."))
             continue
+        if field.is_required():
+            lines.append(f"{flag} {_type_name(field.annotation)}".rstrip() + f"  {doc} (required)")
+            continue
         default = field.get_default(call_default_factory=True)
         shown = json.dumps(default, default=str) if default is not None else "unset"
         lines.append(f"{flag} {_type_name(field.annotation)}".rstrip() + f"  {doc} (default: {shown})")

@@ -17,6 +17,7 @@ COMMANDS = {
     "torchrun": ("rlkube.entrypoints.torchrun", "torchrun that checks the ranks' config and keeps their exit code 2"),
     "eval": ("rlkube.entrypoints.eval", "score a model on an environment through vLLM"),
     "model": ("rlkube.entrypoints.model", "make a tiny Hugging Face model (`rlkube model init`)"),
+    "export": ("rlkube.entrypoints.export", "a run's policy at one step as a Hugging Face model directory"),
     "plot": ("rlkube.entrypoints.plot", "PNG curves of a run's reward, eval, KL, entropy and throughput"),
 }
 

@@ -32,7 +32,7 @@ def save_hf_dir(state_dict: dict[str, torch.Tensor], model: nn.Module, tokenizer
     an MoE model's experts one linear layer each, as checkpoints keep them (rlkube.trainer.experts)."""
     from safetensors.torch import save_file
 
-    tmp = _fresh_tmp(out_dir)
+    tmp = fresh_tmp(out_dir)
     tensors = {}
     tied = getattr(model.config, "tie_word_embeddings", False)
     for name, tensor in split_experts(state_dict).items():
@@ -46,10 +46,10 @@ def save_hf_dir(state_dict: dict[str, torch.Tensor], model: nn.Module, tokenizer
         model.generation_config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     _copy_model_extras(model, tmp)
-    return _replace(tmp, out_dir)
+    return replace_dir(tmp, out_dir)
 
 
-def _fresh_tmp(out_dir: Path) -> Path:
+def fresh_tmp(out_dir: Path) -> Path:
     """An empty `.tmp` sibling of `out_dir` to write the export into."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
@@ -58,7 +58,7 @@ def _fresh_tmp(out_dir: Path) -> Path:
     return tmp
 
 
-def _replace(tmp: Path, out_dir: Path) -> Path:
+def replace_dir(tmp: Path, out_dir: Path) -> Path:
     """Move the finished `tmp` to `out_dir`, replacing an older export."""
     out_dir = Path(out_dir)
     if out_dir.exists():
@@ -96,9 +96,9 @@ def export_adapter(model: nn.Module, lora: LoraConfig, base_model: str, out_dir:
 
     state_dict = adapter_state_dict(model)
     if is_main:
-        tmp = _fresh_tmp(out_dir)
+        tmp = fresh_tmp(out_dir)
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(lora, base_model), indent=2))
         save_file({k: v.contiguous() for k, v in state_dict.items()}, tmp / ADAPTER_WEIGHTS, metadata={"format": "pt"})
-        _replace(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     dist.barrier()
     return Path(out_dir)

@@ -1,0 +1,195 @@
+"""`rlkube export` (rlkube.trainer.export) on runs of the real trainers on the tiny model: the
+exported directory loads with transformers and computes the trainer's policy of that step, from
+checkpoints and from storage snapshots, full and LoRA (merged and adapter), in any dtype; bad
+input exits 2 naming the field."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from rlkube.checkpoints import MARKER
+from rlkube.config import TrainerConfig, write_toml
+from rlkube.entrypoints.export import main as export_main
+from rlkube.models.lora_math import PEFT_PREFIX, merged_weights
+from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
+from rlkube.trainer.rl.packed import policy_logprobs
+from rlkube.trainer.rl.setup import build_training_env
+from rlkube.trainer.rl.trainer import RLTrainer
+from rlkube.transport.client import RolloutClient
+from rlkube.transport.weights import StoragePublisher
+from safetensors.torch import load_file
+
+from tests.fixtures.inference import free_port
+from tests.trainer.rl.test_trainer import RecordingMetrics, Server, SyntheticSource, synthetic_batch
+
+RANK, ALPHA = 8, 16.0
+
+
+class RecordingStoragePublisher(StoragePublisher):
+    """The storage transport's publisher that also keeps each policy it wrote (in memory)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.published = {}
+
+    def publish(self, state_dict, step):
+        self.published[step] = {k: v.clone() for k, v in state_dict.items()}
+        return super().publish(state_dict, step)
+
+
+def train_rl(config: TrainerConfig) -> RLTrainer:
+    """4 steps of the RL trainer on a synthetic batch over real gRPC, publishing to storage and
+    checkpointing at steps 2 and 4, with the config written where `rlkube rl` writes it."""
+    from rlkube.trainer.lora import adapter_config
+
+    write_toml(config, config.output_dir / "configs" / "trainer.toml")
+    env = build_training_env(config)
+    lora = adapter_config(config.lora, config.model.name) if config.lora else None
+    publisher = RecordingStoragePublisher(str(config.output_dir / "weights"), config.model.name, keep_last=None,
+                                          adapter_config=lora)
+    trainer = RLTrainer(config, env, RolloutClient(f"127.0.0.1:{config.rollouts.port}", timeout_s=60), publisher,
+                        TrainerCheckpointer(config.output_dir / "checkpoints", config.ckpt, env.rank), RecordingMetrics())
+    batch = synthetic_batch(torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        batch["inference_logprobs"] = policy_logprobs(trainer.model, batch)[0].float()
+    with Server(SyntheticSource(batch), config.rollouts.port):
+        trainer.train()
+    trainer.publishing.close()
+    return trainer
+
+
+def rl_config(tiny_model, out: Path, **extra) -> TrainerConfig:
+    return TrainerConfig(
+        output_dir=out, model={"name": str(tiny_model)}, max_steps=4, device="cpu", optim={"lr": 3e-3},
+        ckpt={"interval": 2}, loss={"kl_tau": 0.0}, rollouts={"port": free_port(), "timeout_s": 60}, **extra,
+    )
+
+
+def export(*args: str) -> int:
+    return export_main([str(a) for a in args])
+
+
+BATCH = synthetic_batch(torch.Generator().manual_seed(3))
+"""Two packed samples the trainer never trained on."""
+
+
+def logprobs(model) -> torch.Tensor:
+    """The model's log-probs of BATCH's completion tokens, as the trainer computes them."""
+    with torch.no_grad():
+        return policy_logprobs(model, BATCH)[0].float()
+
+
+def load_model(path: Path, dtype=torch.float32):
+    """The export loaded with transformers, attending as the trainer does (packed rows)."""
+    from rlkube.trainer.rl.attention import register
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=register())
+
+
+@pytest.fixture
+def full_run(tiny_model, tmp_path, world_of_one) -> RLTrainer:
+    return train_rl(rl_config(tiny_model, tmp_path / "run"))
+
+
+def test_a_full_run_exports_each_checkpointed_policy_bit_exact(full_run, tmp_path):
+    run = full_run.config.output_dir
+    for step in (2, 4):
+        assert export("--run", run, "--step", step, "--dtype", "float32", "--out", tmp_path / f"step_{step}") == 0
+        exported = load_file(tmp_path / f"step_{step}" / "model.safetensors")
+        policy = full_run.publisher.published[step]
+        assert exported.keys() == policy.keys(), "the tied head is the embedding: written once"
+        assert all(torch.equal(exported[k], policy[k]) for k in policy), step
+    assert not torch.equal(full_run.publisher.published[2]["model.norm.weight"],
+                           full_run.publisher.published[4]["model.norm.weight"]), "the steps differ"
+    model = load_model(tmp_path / "step_4")
+    assert torch.equal(logprobs(model), logprobs(full_run.model)), "the export computes the trainer's policy"
+    assert (tmp_path / "step_4" / "tokenizer_config.json").is_file() and (tmp_path / "step_4" / "rlkube_model.json").is_file()
+
+
+def test_the_default_is_the_newest_checkpoint_in_the_base_dtype_and_bfloat16_rounds_it(full_run, tmp_path):
+    run = full_run.config.output_dir
+    assert export("--run", run) == 0  # the tiny model is float32
+    default = run / "export" / "step_4"
+    assert torch.equal(logprobs(load_model(default)), logprobs(full_run.model))
+    assert export("--run", run, "--dtype", "bfloat16", "--out", tmp_path / "bf16") == 0
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    exported, policy = load_file(tmp_path / "bf16" / "model.safetensors"), full_run.publisher.published[4]
+    assert all(torch.equal(exported[k], policy[k].to(torch.bfloat16)) for k in policy)
+    bf16, f32 = logprobs(load_model(tmp_path / "bf16", dtype=torch.bfloat16)), logprobs(full_run.model)
+    assert not torch.equal(bf16, f32)
+    torch.testing.assert_close(bf16, f32, rtol=0.05, atol=0.05)
+
+
+def test_a_storage_snapshot_exports_the_same_model_as_the_checkpoint(full_run, tmp_path):
+    run = full_run.config.output_dir
+    assert export("--run", run, "--source", "weights", "--out", tmp_path / "from_weights") == 0
+    assert export("--run", run, "--out", tmp_path / "from_ckpt") == 0
+    a, b = (load_file(tmp_path / name / "model.safetensors") for name in ("from_weights", "from_ckpt"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bad_input_exits_2_naming_the_field(full_run, tmp_path, capsys):
+    run = full_run.config.output_dir
+    (run / "checkpoints" / "step_2" / "trainer" / MARKER).unlink()
+    assert export("--run", run, "--step", 2) == 2
+    assert "step: " in (err := capsys.readouterr().err) and "has no COMPLETE marker" in err and "complete steps: [4]" in err
+    assert export("--run", run, "--lora", "merge") == 2
+    assert "lora: " in capsys.readouterr().err
+    assert export("--run", tmp_path / "nothing") == 2
+    assert "run: " in capsys.readouterr().err
+    (tmp_path / "not_a_model").mkdir()
+    (tmp_path / "not_a_model" / "notes.txt").write_text("keep me")
+    assert export("--run", run, "--out", tmp_path / "not_a_model") == 2
+    assert (tmp_path / "not_a_model" / "notes.txt").read_text() == "keep me"
+    empty = tmp_path / "empty"
+    (empty / "configs").mkdir(parents=True)
+    write_toml(full_run.config, empty / "configs" / "trainer.toml")
+    assert export("--run", empty) == 2
+    assert "no complete checkpoint" in capsys.readouterr().err
+
+
+def test_a_lora_run_exports_the_merged_model_and_its_adapter(tiny_model, tmp_path, world_of_one):
+    trainer = train_rl(rl_config(tiny_model, tmp_path / "run", lora={"rank": RANK, "alpha": ALPHA}))
+    run = trainer.config.output_dir
+    assert export("--run", run, "--lora", "adapter", "--dtype", "float32", "--out", tmp_path / "adapter") == 0
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    adapter, policy = load_file(tmp_path / "adapter" / "adapter_model.safetensors"), trainer.publisher.published[4]
+    assert adapter.keys() == policy.keys() and all(torch.equal(adapter[k], policy[k]) for k in policy)
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["r"] == RANK
+
+    assert export("--run", run, "--out", tmp_path / "merged") == 0
+    merged = load_file(tmp_path / "merged" / "model.safetensors")
+    base = load_file(Path(tiny_model) / "model.safetensors")
+    module = "model.layers.0.self_attn.q_proj"
+    by_hand = merged_weights(base, {k: v for k, v in adapter.items() if k.startswith(PEFT_PREFIX + module + ".")},
+                             ALPHA / RANK)
+    assert torch.equal(merged[f"{module}.weight"], by_hand[f"{module}.weight"]), "W + alpha/r * B @ A"
+    assert not torch.equal(merged[f"{module}.weight"], base[f"{module}.weight"]), "the adapters trained"
+    torch.testing.assert_close(logprobs(load_model(tmp_path / "merged")), logprobs(trainer.model), rtol=1e-4, atol=1e-4)
+
+    assert export("--run", run, "--source", "weights", "--lora", "adapter", "--out", tmp_path / "adapter_w") == 0
+    assert load_file(tmp_path / "adapter_w" / "adapter_model.safetensors").keys() == adapter.keys()
+
+
+@pytest.mark.slow
+def test_an_sft_run_exports_through_the_cli_what_it_wrote_itself(tmp_path):
+    """The `rlkube export` command on an SFT checkpoint (DCP under `app.model.`): the weights the
+    SFT trainer itself exported at that step."""
+    from rlkube.models.tiny import init_tiny_model
+
+    from tests.trainer.test_sft_train import run_sft, sft_args
+
+    model = init_tiny_model(tmp_path / "model", layers=2, hidden=64, heads=2, kv_heads=1)
+    run = tmp_path / "sft"
+    run_sft(sft_args(model, run, 2, "--ckpt.interval", "2"))
+    result = subprocess.run([sys.executable, "-m", "rlkube.entrypoints.main", "export", "--run", str(run)],
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith(str(run / "export" / "step_2"))
+    exported = load_file(run / "export" / "step_2" / "model.safetensors")
+    own = load_file(run / "weights" / "step_2" / "model.safetensors")
+    assert exported.keys() == own.keys() and all(torch.equal(exported[k], own[k]) for k in own)

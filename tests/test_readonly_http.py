@@ -104,7 +104,7 @@ def test_idle_sockets_cost_the_trainer_no_thread_and_a_request_is_still_answered
 
 def test_connections_over_the_bound_are_closed_and_idle_ones_after_the_timeout():
     server = readonly_http.ReadOnlyHTTPServer(("127.0.0.1", 0), StatusServer.handler_for(lambda: {"step": 1}),
-                                              max_connections=8, handlers=2, idle_timeout=2.0)
+                                              max_connections=8, handlers=2, request_timeout=2.0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         assert_bounded(server.server_port, "/status", b'"step": 1')

@@ -73,8 +73,8 @@ class PrometheusMetrics:
         return generate_latest(self.registry)
 
     def serve(self, host: str, port: int):
-        """Serve `/metrics` from a daemon thread, with bounded connections and idle sockets
-        closed (`readonly_http`: it runs inside the training process); returns the server
+        """Serve `/metrics` from a daemon thread, with bounded connections and a deadline on
+        each request (`readonly_http`: it runs inside the training process); returns the server
         (`.shutdown()` stops it, `.server_port` is the bound port)."""
         from prometheus_client.exposition import MetricsHandler
 

@@ -4,8 +4,8 @@ SFT run has: `{"phase": "running|finished|failed", "step": int, "max_steps": int
 "loss": float|null, "last_checkpoint_step": int|null}`.
 
 The standard library's HTTP handling, on a daemon thread: the training loop is synchronous,
-and a request only copies a small dict under a lock. Bounded connections, idle ones closed
-(`readonly_http`): it runs inside the training process.
+and a request only copies a small dict under a lock. Bounded connections, a deadline on each
+request (`readonly_http`): it runs inside the training process.
 """
 
 import json

@@ -1,0 +1,72 @@
+"""Slow clients against the read-only servers inside the training process (`rlkube.readonly_http`:
+the RL trainer's `/metrics`, the SFT trainer's `/status`): sockets
+that trickle their request a byte at a time, faster than any per-read timeout, more of them than
+the server has handler threads. A legitimate request beside them is still answered at once, and
+each trickler is closed at its request's deadline. With a timeout on each read instead (as the
+servers had), the tricklers held every handler and the request was closed unanswered."""
+
+import contextlib
+import threading
+import time
+import urllib.request
+
+import pytest
+from rlkube import readonly_http
+
+from tests.test_readonly_http import closed_by_server, idle_sockets, metrics_server, sft_status
+
+TRICKLERS = readonly_http.HANDLERS + 4
+EVERY_S = 1.0
+"""A byte per trickler this often: well under the deadline, so a per-read timeout never fires."""
+
+
+SERVERS = pytest.mark.parametrize("serving", [metrics_server, sft_status], ids=["trainer-metrics", "sft-status"])
+
+
+@contextlib.contextmanager
+def trickling(port: int, n: int, every_s: float):
+    """`n` sockets, each sending a request head (never ending it) a byte every `every_s` seconds
+    until the server closes it; yields them."""
+    sockets = idle_sockets(port, n)
+    stop = threading.Event()
+
+    def trickle():
+        head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"z" * 1000
+        for byte in head:
+            for sock in sockets:
+                with contextlib.suppress(OSError):  # closed by the server: what should happen
+                    sock.send(bytes([byte]))
+            if stop.wait(every_s):
+                return
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        yield sockets
+    finally:
+        stop.set()
+        thread.join()
+        for sock in sockets:
+            sock.close()
+
+
+def answered_within(port: int, path: str, expected: bytes, seconds: float) -> float:
+    started = time.monotonic()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        assert expected in response.read()
+    took = time.monotonic() - started
+    assert took < seconds, f"answered after {took:.1f} s"
+    return took
+
+
+@SERVERS
+def test_a_request_is_answered_while_more_clients_than_handlers_trickle(serving, tmp_path):
+    with serving(tmp_path) as (port, path, expected), trickling(port, TRICKLERS, EVERY_S) as sockets:
+        connected = time.monotonic()
+        time.sleep(2.5 * EVERY_S)  # every trickler is mid-request, past a handler's first read
+        for _ in range(3):
+            answered_within(port, path, expected, 1.0)
+        left = readonly_http.REQUEST_TIMEOUT - (time.monotonic() - connected)
+        assert all(closed_by_server(s, left + 1.5) for s in sockets), "a trickler outlived its request's deadline"
+        assert time.monotonic() - connected < readonly_http.REQUEST_TIMEOUT + 1.5
+        answered_within(port, path, expected, 1.0)

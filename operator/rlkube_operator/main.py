@@ -224,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(args.metrics_port, registry=metrics.REGISTRY)
+        metrics.serve("0.0.0.0", args.metrics_port)
     settings = Settings(status_url_template=args.status_url,
                         network_policy_peer=None if args.no_network_policy else args.network_policy_peer,
                         metrics_scraper_peer=args.metrics_scraper_peer, egress=args.egress_policy,

@@ -18,6 +18,18 @@ RUN_RESTARTS = Gauge(
 )
 RUN_STEP = Gauge("rlkube_run_step", "The run's latest training step.", ["kind", "namespace", "name"], registry=REGISTRY)
 
+def serve(host: str, port: int):
+    """Serve `REGISTRY` on `/metrics` from a daemon thread (`rlkube-operator --metrics-port`);
+    returns the server (`.shutdown()` stops it, `.server_port` is the bound port). The port takes
+    no token and whatever reaches it may connect, so it is `rlkube.readonly_http`'s: bounded
+    connections and handler threads, a deadline on each request (prometheus_client's
+    `start_http_server` keeps a thread per open connection, without a timeout)."""
+    from prometheus_client.exposition import MetricsHandler
+    from rlkube import readonly_http
+
+    return readonly_http.serve(host, port, MetricsHandler.factory(REGISTRY), "operator-metrics")
+
+
 PHASES = ("Pending", "Initializing", "Running", "Succeeded", "Failed", "Suspended")
 
 

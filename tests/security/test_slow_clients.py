@@ -1,5 +1,5 @@
 """Slow clients against the read-only servers inside the training process (`rlkube.readonly_http`:
-the RL trainer's `/metrics`, the SFT trainer's `/status`): sockets
+the RL trainer's `/metrics`, the SFT trainer's `/status`) and the operator's `/metrics`: sockets
 that trickle their request a byte at a time, faster than any per-read timeout, more of them than
 the server has handler threads. A legitimate request beside them is still answered at once, and
 each trickler is closed at its request's deadline. With a timeout on each read instead (as the
@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 from rlkube import readonly_http
+from rlkube_operator import metrics as operator_metrics
 
 from tests.test_readonly_http import closed_by_server, idle_sockets, metrics_server, sft_status
 
@@ -20,7 +21,20 @@ EVERY_S = 1.0
 """A byte per trickler this often: well under the deadline, so a per-read timeout never fires."""
 
 
-SERVERS = pytest.mark.parametrize("serving", [metrics_server, sft_status], ids=["trainer-metrics", "sft-status"])
+@contextlib.contextmanager
+def operator_metrics_server(tmp_path):
+    operator_metrics.record_run("RLRun", "team-a", "slow", {"phase": "Running", "restarts": 0})
+    server = operator_metrics.serve("127.0.0.1", 0)
+    try:
+        yield server.server_port, "/metrics", b'rlkube_run_phase{kind="RLRun",name="slow",namespace="team-a",phase="Running"} 1.0'
+    finally:
+        server.shutdown()
+        server.server_close()
+        operator_metrics.forget_run("RLRun", "team-a", "slow")
+
+
+SERVERS = pytest.mark.parametrize("serving", [metrics_server, sft_status, operator_metrics_server],
+                                  ids=["trainer-metrics", "sft-status", "operator-metrics"])
 
 
 @contextlib.contextmanager
@@ -70,3 +84,24 @@ def test_a_request_is_answered_while_more_clients_than_handlers_trickle(serving,
         assert all(closed_by_server(s, left + 1.5) for s in sockets), "a trickler outlived its request's deadline"
         assert time.monotonic() - connected < readonly_http.REQUEST_TIMEOUT + 1.5
         answered_within(port, path, expected, 1.0)
+
+
+def test_the_operators_metrics_cost_no_thread_per_socket_and_bound_connections(tmp_path):
+    """The operator's `/metrics` (served as `rlkube-operator --metrics-port` serves it): idle
+    sockets start no thread, those over the bound are closed as they are made, and a request
+    is answered again once the idle ones are closed at their deadline."""
+    with operator_metrics_server(tmp_path) as (port, path, expected):
+        threads = threading.active_count()
+        sockets = idle_sockets(port, readonly_http.MAX_CONNECTIONS)
+        try:
+            time.sleep(0.3)  # the server has accepted them all by now
+            assert threading.active_count() == threads, "a thread per idle socket"
+            over = idle_sockets(port, 3)
+            sockets += over
+            assert all(closed_by_server(s, 1.0) for s in over), "a connection over the bound was kept"
+            assert all(closed_by_server(s, readonly_http.REQUEST_TIMEOUT + 1.0) for s in sockets[:-3]), \
+                "an idle connection was kept past the deadline"
+            answered_within(port, path, expected, 1.0)
+        finally:
+            for s in sockets:
+                s.close()

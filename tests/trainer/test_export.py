@@ -20,6 +20,7 @@ from rlkube.trainer.rl.setup import build_training_env
 from rlkube.trainer.rl.trainer import RLTrainer
 from rlkube.transport.client import RolloutClient
 from rlkube.transport.weights import StoragePublisher
+from rlkube.transport.weights_delta import DeltaPublisher
 from safetensors.torch import load_file
 
 from tests.fixtures.inference import free_port
@@ -28,28 +29,35 @@ from tests.trainer.rl.test_trainer import RecordingMetrics, Server, SyntheticSou
 RANK, ALPHA = 8, 16.0
 
 
-class RecordingStoragePublisher(StoragePublisher):
-    """The storage transport's publisher that also keeps each policy it wrote (in memory)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.published = {}
+class Recording:
+    """A publisher that also keeps each policy it is given (in memory)."""
 
     def publish(self, state_dict, step):
-        self.published[step] = {k: v.clone() for k, v in state_dict.items()}
+        self.published = getattr(self, "published", {}) | {step: {k: v.clone() for k, v in state_dict.items()}}
         return super().publish(state_dict, step)
 
 
+class RecordingStorage(Recording, StoragePublisher):
+    pass
+
+
+class RecordingDelta(Recording, DeltaPublisher):
+    pass
+
+
 def train_rl(config: TrainerConfig) -> RLTrainer:
-    """4 steps of the RL trainer on a synthetic batch over real gRPC, publishing to storage and
-    checkpointing at steps 2 and 4, with the config written where `rlkube rl` writes it."""
+    """4 steps of the RL trainer on a synthetic batch over real gRPC, publishing to storage (as
+    deltas with `weights.delta`) and checkpointing at steps 2 and 4, with the config written
+    where `rlkube rl` writes it."""
     from rlkube.trainer.lora import adapter_config
 
     write_toml(config, config.output_dir / "configs" / "trainer.toml")
     env = build_training_env(config)
     lora = adapter_config(config.lora, config.model.name) if config.lora else None
-    publisher = RecordingStoragePublisher(str(config.output_dir / "weights"), config.model.name, keep_last=None,
-                                          adapter_config=lora)
+    storage = (StoragePublisher if config.weights.delta else RecordingStorage)(
+        str(config.output_dir / "weights"), config.model.name, keep_last=None, adapter_config=lora)
+    publisher = (RecordingDelta(storage, config.model.name, config.weights.delta.full_every, final_step=config.max_steps)
+                 if config.weights.delta else storage)
     trainer = RLTrainer(config, env, RolloutClient(f"127.0.0.1:{config.rollouts.port}", timeout_s=60), publisher,
                         TrainerCheckpointer(config.output_dir / "checkpoints", config.ckpt, env.rank), RecordingMetrics())
     batch = synthetic_batch(torch.Generator().manual_seed(0))
@@ -63,8 +71,8 @@ def train_rl(config: TrainerConfig) -> RLTrainer:
 
 def rl_config(tiny_model, out: Path, **extra) -> TrainerConfig:
     return TrainerConfig(
-        output_dir=out, model={"name": str(tiny_model)}, max_steps=4, device="cpu", optim={"lr": 3e-3},
-        ckpt={"interval": 2}, loss={"kl_tau": 0.0}, rollouts={"port": free_port(), "timeout_s": 60}, **extra,
+        output_dir=out, model={"name": str(tiny_model)}, max_steps=4, device="cpu", ckpt={"interval": 2},
+        loss={"kl_tau": 0.0}, rollouts={"port": free_port(), "timeout_s": 60}, **({"optim": {"lr": 3e-3}} | extra),
     )
 
 
@@ -130,6 +138,19 @@ def test_a_storage_snapshot_exports_the_same_model_as_the_checkpoint(full_run, t
     assert export("--run", run, "--out", tmp_path / "from_ckpt") == 0
     a, b = (load_file(tmp_path / name / "model.safetensors") for name in ("from_weights", "from_ckpt"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_delta_snapshot_exports_applied_to_its_bases(tiny_model, tmp_path, world_of_one):
+    """A bfloat16 wire at a small learning rate changes few elements a step: steps 2 and 3 travel
+    as deltas, which the export applies to step 1's full snapshot."""
+    trainer = train_rl(rl_config(tiny_model, tmp_path / "run", optim={"lr": 1e-5},
+                                 weights={"dtype": "bfloat16", "delta": {"full_every": 10}}))
+    run = trainer.config.output_dir
+    assert json.loads((run / "weights" / "step_3" / "COMPLETE").read_text())["base"] == 2, "step 3 is a delta"
+    assert export("--run", run, "--source", "weights", "--step", 3, "--dtype", "bfloat16", "--out", tmp_path / "step_3") == 0
+    exported, policy = load_file(tmp_path / "step_3" / "model.safetensors"), trainer.publisher.published[3]
+    assert exported.keys() == policy.keys() and all(torch.equal(exported[k], policy[k]) for k in policy)
+    assert any(not torch.equal(policy[k], trainer.publisher.published[1][k]) for k in policy), "step 3 moved"
 
 
 def test_bad_input_exits_2_naming_the_field(full_run, tmp_path, capsys):

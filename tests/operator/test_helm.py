@@ -10,6 +10,10 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+from helm_python import _native
+from kubernetes_validate.utils import SchemaNotFoundError
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from tests.operator.cluster import pod_creating, pod_failed
 from tests.operator.embedded import VERBS, operator_calls
@@ -32,10 +36,29 @@ CRD_CHART = CHART.parent / "rlkube-crds"
 CLUSTER_SCOPED = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "Namespace"}
 
 
-def render(values: dict, chart: Path = CHART, name: str = "rlkube", namespace: str = "rlkube-system") -> list[dict]:
-    out = helm.Chart.load(str(chart)).render(values, name=name, namespace=namespace, is_install=True)
+def render_files(values: dict, chart: Path = CHART, name: str = "rlkube", namespace: str = "rlkube-system",
+                 kube_version: str | None = None) -> dict[str, str]:
+    """Template path -> rendered text, as `helm install` renders it (`helm template
+    --kube-version` with one: Chart.render does not pass that option of Helm's SDK on)."""
+    opts = {"name": name, "namespace": namespace, "is_install": True}
+    if kube_version:
+        opts["kube_version"] = kube_version
+    with helm.Chart.load(str(chart)) as loaded:
+        return json.loads(_native.call_string("helm_render", loaded._raw(), json.dumps(values), json.dumps(opts)))
+
+
+def render(values: dict, chart: Path = CHART, name: str = "rlkube", namespace: str = "rlkube-system",
+           kube_version: str | None = None) -> list[dict]:
+    out = render_files(values, chart, name, namespace, kube_version)
     return [doc for path, text in sorted(out.items()) if path.endswith(".yaml")
             for doc in yaml.safe_load_all(text) if doc]
+
+
+def claimed_minors(chart: Path) -> list[str]:
+    """The Kubernetes minors the chart's kubeVersion admits that kubernetes-validate has the
+    official schemas of ("1.28.0", ...)."""
+    claimed = SpecifierSet(yaml.safe_load((chart / "Chart.yaml").read_text())["kubeVersion"].replace("-0", ""))
+    return sorted({v for v in kubernetes_validate.utils.all_versions() if Version(v) in claimed}, key=Version)
 
 
 def owned(objects: list[dict], namespace: str) -> set[tuple]:
@@ -53,13 +76,36 @@ def test_chart_lints_clean(name):
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
-@pytest.mark.parametrize("name", sorted(VALUES))
-def test_rendered_objects_validate(name):
-    objects = render(VALUES[name])
+def validate(obj: dict, version: str) -> None:
+    if obj["apiVersion"] != "monitoring.coreos.com/v1":  # the Prometheus Operator's CRD, not Kubernetes'
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_chart_claims_the_minors_its_default_install_runs_on():
+    """kubeVersion's floor is the CRDs' (CEL rules with fieldPath, 1.28); the guardrails' admission
+    policy (v1, 1.30) is rendered only where the cluster serves it."""
+    assert claimed_minors(CHART)[:3] == ["1.28.0", "1.29.0", "1.30.0"]
+    assert claimed_minors(CRD_CHART) == claimed_minors(CHART)
+    assert "ValidatingAdmissionPolicy" not in {o["kind"] for o in render({}, kube_version="v1.29.9")}
+    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= {
+        o["kind"] for o in render({}, kube_version="v1.30.0")}
+
+
+MINORS = claimed_minors(CHART)
+
+
+@pytest.mark.parametrize(("name", "version"), [("default", v) for v in MINORS] + [
+    (name, v) for name in sorted(VALUES) if name != "default" for v in (MINORS[0], MINORS[-1])])
+def test_rendered_objects_validate_on_every_claimed_minor(name, version):
+    """Rendered for that minor (what `helm install` on such a cluster renders), every object is
+    valid against that minor's official schemas: an API it does not serve has no schema there.
+    The defaults on every minor, the other value sets on the first and the last."""
+    objects = render(VALUES[name], kube_version=f"v{version}")
     for obj in objects:
-        if obj["apiVersion"] == "monitoring.coreos.com/v1":
-            continue  # the Prometheus Operator's CRD, not in the Kubernetes schemas
-        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+        try:
+            validate(obj, version)
+        except SchemaNotFoundError as e:
+            raise AssertionError(f"Kubernetes {version} has no {obj['apiVersion']} {obj['kind']}") from e
     # The one Secret: the key of the runs' tokens (test_the_operator_gets_its_token_key_…).
     assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == ["rlkube-rlkube-operator-token-key"]
 
@@ -155,13 +201,14 @@ def test_crds_are_upgradable_templates_kept_on_uninstall():
     assert not [o for o in render({"crds": {"install": False}}) if o["kind"] == "CustomResourceDefinition"]
 
 
-def test_the_crd_chart_installs_exactly_the_committed_crds():
-    report = helm.lint(str(CRD_CHART), {}, strict=True, kube_version="v1.30.0")
+@pytest.mark.parametrize("version", claimed_minors(CRD_CHART))
+def test_the_crd_chart_installs_exactly_the_committed_crds(version):
+    report = helm.lint(str(CRD_CHART), {}, strict=True, kube_version=f"v{version}")
     assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == []
-    crds = render({}, CRD_CHART, name="rlkube-crds", namespace="default")
+    crds = render({}, CRD_CHART, name="rlkube-crds", namespace="default", kube_version=f"v{version}")
     assert sorted(c["metadata"]["name"] for c in crds) == ["rlruns.rlkube.dev", "sftruns.rlkube.dev"]
     for c in crds:
-        kubernetes_validate.validate(c, "1.37.0", strict=True)
+        kubernetes_validate.validate(c, version, strict=True)
         assert c == yaml.safe_load((REPO / "crds" / f"rlkube.dev_{c['spec']['names']['plural']}.yaml").read_text())
     with pytest.raises(Exception, match="schema"):
         render({"install": True}, CRD_CHART)  # it takes no values: a typo is not ignored

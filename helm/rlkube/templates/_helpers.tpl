@@ -19,6 +19,28 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{- /* "true" where the cluster serves ValidatingAdmissionPolicy v1 (Kubernetes >= 1.30), which
+     the guardrails are made of; empty on 1.28 and 1.29 (the chart's kubeVersion). */}}
+{{- define "rlkube.admissionPolicies" -}}
+{{- if or (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
+          (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- /* The guardrails' values the operator (--guardrails) and the admission policy enforce, as JSON:
+     `guardrails` but `enabled`, with `<image.registry>/` among the allowed image registries. */}}
+{{- define "rlkube.guardrails" -}}
+{{- $g := omit .Values.guardrails "enabled" }}
+{{- $registries := prepend $g.allowedImageRegistries (printf "%s/" .Values.image.registry) | uniq }}
+{{- set $g "allowedImageRegistries" $registries | toJson }}
+{{- end -}}
+
+{{- define "rlkube.operatorImage" -}}
+{{- $repository := .Values.image.repository | default (printf "%s/rlkube-operator" .Values.image.registry) }}
+{{- printf "%s:%s" $repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end -}}
+
 {{/* The namespaces watched in single-namespace mode. */}}
 {{- define "rlkube.namespaces" -}}
 {{- if .Values.watch.namespaces -}}

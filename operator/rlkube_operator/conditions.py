@@ -1,4 +1,23 @@
-"""Standard conditions (metav1.Condition) kept by type, never by list position."""
+"""Standard conditions (metav1.Condition) kept by type, never by list position, and the text
+the operator writes into a run's status and Events."""
+
+import re
+
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+"""Terminal escape sequences: CSI (colours, cursor moves, clearing the screen), OSC (window
+titles, hyperlinks) and the two-byte ones."""
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]+")
+"""C0 and C1 control characters (newline, carriage return, NUL, bell, escape) and the
+bidirectional overrides that reorder what a terminal shows."""
+
+
+def printable(text: str) -> str:
+    """`text` as a run's status and Events carry it: escape sequences dropped, every run of other
+    control characters one space. Much of it comes from the run's pods (termination messages,
+    the log tail `FallbackToLogsOnError` makes one of, waiting messages), which run the
+    tenant's image: kept as they were, they would rewrite the terminal of whoever runs
+    `kubectl describe` or `kubectl get events`, or hide a line of the message."""
+    return _CONTROLS.sub(" ", _ESCAPES.sub("", text))
 
 
 def set_condition(
@@ -18,8 +37,8 @@ def set_condition(
     new = {
         "type": type_,
         "status": status,
-        "reason": reason,
-        "message": message,
+        "reason": printable(reason),
+        "message": printable(message),
         "lastTransitionTime": since,
         "observedGeneration": generation,
     }

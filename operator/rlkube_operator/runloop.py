@@ -28,6 +28,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from rlkube_operator import metrics
+from rlkube_operator.conditions import printable
 from rlkube_operator.names import RUN_UID_LABEL, RunRef
 from rlkube_operator.reconcile import Reconciler, Result
 
@@ -126,7 +127,9 @@ class RunLoops:
             metrics.RECONCILE_SECONDS.labels(kind).observe(time.monotonic() - started)
         metrics.RECONCILES.labels(kind, "error" if result.error else "ok").inc()
         for type_, reason, message in result.events:
-            kopf.event(body, type=type_, reason=reason, message=message[:1024])
+            kopf.event(body, type=type_, reason=printable(reason), message=printable(message)[:1024])
+        if result.status.get("message"):
+            result.status["message"] = printable(result.status["message"])
         written = plain.get("status") or {}
         pending = await self._write_status(kind, plain["metadata"], state, written, result.status)
         meta = plain["metadata"]

@@ -17,11 +17,15 @@ never scored without it (docs/rl.md, "A served judge"). Asserted:
   structured outputs, a choice of one label), so a rollout with a reply scored without its judge
   shows as 0.0 (an empty reply scores 0.0 without a call, as verifiers' reference judge does);
 - the judge was called while it was down (`judge/errors` after the kill: the kill landed while
-  rollouts were being scored) and answered again once back (`judge/requests` in the batches
-  made after its new pod was Ready).
+  rollouts were being scored) and answered again once back: calls scored every batch made after
+  its new pod was Ready, counted per batch from the batch's own samples (`judge_calls`: one per
+  rollout with a reply). Not from `judge/requests`, which counts the calls made between two
+  logged steps whichever batch their rollouts went into: a batch whose rollouts were all scored
+  before the previous step was logged shows 0 there.
 
 Printed: per step the reward, samples trained, rollouts errored and re-issued, judge requests
-and errors; the step the judge was killed at and its downtime (the kill to the new pod Ready).
+(as logged) and errors, and the judge calls that scored the batch; the step the judge was killed
+at and its downtime (the kill to the new pod Ready).
 
 Marked `extended`: minutes beyond the per-change gate, so `make test` deselects it;
 `make e2e-extended` runs it (e2e/README.md).
@@ -33,7 +37,7 @@ import pytest
 
 from e2e.scenarios.manifests import claim, short_rl
 from e2e.scenarios.runs import Run
-from tests.orchestrator.test_judge_vllm import replied
+from tests.orchestrator.test_judge_vllm import judge_calls, replied
 
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
@@ -78,18 +82,21 @@ def test_a_judge_killed_mid_run_costs_no_step(cluster, record_property):
     cluster.wait_phase("rlrun", NAME, {"Succeeded"}, 900)
 
     batches = run.batches()
+    steps = run.trainer_steps()
+    samples = {s: run.samples(s) for s in steps}
+    calls = {s: judge_calls(rows) for s, rows in samples.items()}
     print(f"\njudge pod {judge} killed after step {killed_at}, Ready again {downtime:.1f} s later (trainer at "
           f"step {back_at}); whole scenario {time.monotonic() - started:.0f} s")
-    print("step  " + "  ".join(COLUMNS))
+    print("step  " + "  ".join(COLUMNS) + "  judge calls")
     for step, record in sorted(batches.items()):
-        print(f"{step:>4}  " + "  ".join(f"{record.get(c, float('nan')):>{len(c)}g}" for c in COLUMNS))
+        print(f"{step:>4}  " + "  ".join(f"{record.get(c, float('nan')):>{len(c)}g}" for c in COLUMNS)
+              + f"  {calls.get(step, 0):>11}")
     record_property("judge killed after step", killed_at)
     record_property("judge downtime, kill to new pod Ready (s)", round(downtime, 1))
-    record_property("per step (samples trained, reward, judge requests)",
-                    {s: (r["samples/trained"], round(r["reward/all/mean"], 3), r["judge/requests"])
+    record_property("per step (samples trained, reward, judge calls that scored the batch)",
+                    {s: (r["samples/trained"], round(r["reward/all/mean"], 3), calls.get(s))
                      for s, r in sorted(batches.items())})
 
-    steps = run.trainer_steps()
     assert steps == list(range(1, MAX_STEPS + 1)), \
         f"the trainer trained steps {steps}, not 1..{MAX_STEPS} once each (judge killed after step {killed_at})"
     assert run.status().get("restarts", 0) == restarts, f"the judge's kill restarted the trainer's gang: {run.status()}"
@@ -99,8 +106,8 @@ def test_a_judge_killed_mid_run_costs_no_step(cluster, record_property):
              if r["errored_rollouts"] or not r["samples/trained"] == r["rollouts"] >= BATCH_SIZE}
     assert not short, (f"steps not trained on a full batch of {BATCH_SIZE} scored rollouts (judge killed after step "
                        f"{killed_at}, back at {back_at}): {short}")
-    unjudged = {s: [(row["reward"], row["error"], row["completion"][:40]) for row in run.samples(s)
-                    if row["error"] or row["reward"] != (1.0 if replied(row) else 0.0)] for s in steps}
+    unjudged = {s: [(row["reward"], row["error"], row["completion"][:40]) for row in rows
+                    if row["error"] or row["reward"] != (1.0 if replied(row) else 0.0)] for s, rows in samples.items()}
     unjudged = {s: rows for s, rows in unjudged.items() if rows}
     assert not unjudged, (f"rollouts not scored the judge's verdict ({VERDICT!r}: 1.0 for a reply, 0.0 for an empty "
                           f"one), by step as (reward, error, reply): {unjudged}; judge killed after step "
@@ -108,7 +115,7 @@ def test_a_judge_killed_mid_run_costs_no_step(cluster, record_property):
     while_down = {s: r["judge/errors"] for s, r in batches.items() if s > killed_at}
     assert sum(while_down.values()) > 0, \
         f"no judge call failed after the kill (judge/errors by step {while_down}): it did not land mid-run"
-    after = {s: r["judge/requests"] for s, r in batches.items() if s > back_at + 1}
+    after = {s: calls[s] for s in steps if s > back_at + 1}
     assert after and all(after.values()), \
-        f"the judge was not called in every batch made after it was back (judge/requests by step {after})"
+        f"the judge scored no rollout of some batch made after it was back (its calls by step, from the samples: {after})"
     cluster.delete("rlrun", NAME)

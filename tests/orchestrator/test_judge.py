@@ -16,10 +16,13 @@ from rlkube.envs import load_env
 from rlkube.orchestrator.inference import InferencePool
 from rlkube.orchestrator.judge import JUDGE_UNAVAILABLE, JudgeEndpoint
 from rlkube.orchestrator.rollouts import EnvRunner, Reissuer, run_group
+from rlkube.orchestrator.samples import sample_rows
+from rlkube.orchestrator.types import Batch
 from rlkube.ports import free_port
 
 from tests.fixtures.network import UnansweredPort
 from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
+from tests.orchestrator.test_judge_vllm import judge_calls
 
 TOKEN = "the-run-token"
 
@@ -103,6 +106,21 @@ def test_rewards_are_the_judges_verdicts_and_its_calls_carry_the_run_token(tiny_
     assert judge.models == ["the-judge"] * 16 and judge.authorizations == [f"Bearer {TOKEN}"] * 16
     assert metrics["judge/requests"] == 16 and metrics["judge/errors"] == 0 and metrics["judge/latency_s"] > 0
     assert reissued == 0
+
+
+def test_the_batchs_samples_count_the_judge_calls_that_scored_it(tiny_model, policy):
+    """`judge_calls` on a batch's samples file rows (`sample_rows`, as the orchestrator writes
+    them) counts the calls the judge received for its rollouts; an errored rollout's none."""
+    from transformers import AutoTokenizer
+
+    judge = FakeJudge()
+    with FakeInferenceThread(judge) as server:
+        config = JudgeConfig(model="the-judge", base_urls=[server.url])
+        results, _, _ = asyncio.run(judged_groups(tiny_model, policy, config, groups=4))
+    rows = sample_rows(Batch(1, [r for _, group in results for r in group]), AutoTokenizer.from_pretrained(tiny_model))
+    assert judge_calls(rows) == len(judge.models) == 8
+    rows[0]["error"], rows[1]["completion"] = "boom", "<|im_end|>"
+    assert judge_calls(rows) == 6
 
 
 def start_later(server: FakeInferenceThread, delay_s: float) -> threading.Timer:

@@ -100,6 +100,14 @@ def replied(row: dict) -> bool:
     return bool(reply.replace("<|im_end|>", "").replace("<|endoftext|>", "").strip())
 
 
+def judge_calls(rows: list[dict]) -> int:
+    """The judge calls that scored a batch, from its rollouts' own records (`sample_rows`, the
+    batch's samples file): one per rollout with a reply that did not error. Per batch, unlike
+    `judge/requests`, which counts the calls made between two logged steps, whichever batch
+    their rollouts went into."""
+    return sum(1 for row in rows if replied(row) and not row["error"])
+
+
 def assert_rewards_are(rows: list[dict], metrics: dict, reward: float) -> None:
     assert len(rows) == 8 and all(row["error"] == "" for row in rows), rows
     assert [row["reward"] for row in rows] == [reward if replied(row) else 0.0 for row in rows], rows

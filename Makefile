@@ -89,8 +89,10 @@ cluster-tools:
 	@command -v nft >/dev/null || [ "$$(id -u)" != 0 ] || \
 		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables)
 
+# ruff, and the generated files (CRDs, the chart's guardrails, docs/reference.md) fresh.
 lint: install
 	$(VENV)/bin/ruff check runtime operator tests benchmarks e2e
+	$(PY) -m rlkube_operator.crd --check
 
 clean:
 	rm -rf outputs .pytest_cache

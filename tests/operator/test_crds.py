@@ -397,3 +397,20 @@ def test_transition_rules_are_updates_only():
     assert {r["fieldPath"] for r in transitions} >= {".image", ".config", ".trainer", ".inference", ".storage"}
     assert not {".suspend", ".restartPolicy", ".ttlSecondsAfterFinished"} & {r["fieldPath"] for r in transitions}
     assert cel_errors("RLRun", with_spec_field(example("rlrun.yaml"), ("image",), "other:2")) == []
+
+
+def test_a_field_doc_changed_without_regenerating_leaves_the_reference_stale(tmp_path, monkeypatch):
+    """docs/reference.md is one of the generated files: a field's new doc, not regenerated, fails
+    `--check` (what `make lint` runs), and the page then carries the new doc."""
+    from rlkube.config.shared import ModelConfig
+
+    reference = tmp_path / "reference.md"
+    monkeypatch.setattr(crd, "OUTPUT_DIRS", [tmp_path])
+    monkeypatch.setattr(crd, "GUARDRAILS_FILE", tmp_path / "guardrails.yaml")
+    monkeypatch.setattr(crd, "REFERENCE_FILE", reference)
+    crd.main([])
+    assert "| `model.name` | str |" in reference.read_text()
+    monkeypatch.setattr(ModelConfig.model_fields["name"], "description", "A renamed doc of model.name.")
+    assert crd.main(["--check"]) == 1
+    crd.main([])
+    assert "| `model.name` | str | `\"outputs/tiny-model\"` | A renamed doc of model.name. |" in reference.read_text()

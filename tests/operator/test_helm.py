@@ -17,7 +17,7 @@ from packaging.version import Version
 
 from tests.operator.cluster import pod_creating, pod_failed
 from tests.operator.embedded import VERBS, operator_calls
-from tests.operator.test_operator_kmock import rlrun, start_everything
+from tests.operator.test_operator_kmock import TEACHER, rlrun, start_everything
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "rlkube"
 REPO = CHART.parents[1]
@@ -294,16 +294,18 @@ def test_a_malformed_network_policy_peer_is_refused_saying_why(capsys):
     ({"network_policy_peer": None}, NETWORK_POLICY_OFF),
 ], ids=["default", "no-network-policies"])
 async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster, values):
-    """A run's whole life (a created PVC, suspend and resume, a gang restart, completion,
-    deletion by its ttlSecondsAfterFinished), with every request the operator makes recorded by
-    the API emulator."""
-    await cluster.create(rlrun(storage={"pvc": {"size": "1Gi"}}))
+    """A run's whole life (a created PVC, a judge dropped while running, which waits, then
+    while suspended, which deletes its servers, budget and Service, suspend and resume, a gang
+    restart, completion, deletion by its ttlSecondsAfterFinished), with every request the
+    operator makes recorded by the API emulator."""
+    await cluster.create(rlrun(storage={"pvc": {"size": "1Gi"}}, judge=TEACHER))
     # An inference pod stuck creating (its volume events are read), then everything runs.
     await cluster.until(lambda: cluster.get("StatefulSet", "rt-inference"), what="StatefulSet")
     await cluster.run_pods(cluster.get("StatefulSet", "rt-inference"), 1, **pod_creating())
     await cluster.until(lambda: next(c for c in cluster.status("RLRun", "rt")["conditions"]
                                      if c["type"] == "InferenceReady")["reason"] == "Starting", what="seen")
     await cluster.delete("Pod", "rt-inference-0")
+    await cluster.run_pods(cluster.get("StatefulSet", "rt-judge"), TEACHER["replicas"])
     await start_everything(cluster)
     # Children edited by someone else are brought back (patched) on the next resync.
     await cluster.patch("Service", "rt-orchestrator", {"spec": {"ports": [{"name": "http", "port": 1}]}})
@@ -314,8 +316,17 @@ async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster, values):
                         and len(cluster.get("Service", "rt-orchestrator")["spec"]["ports"]) == 2
                         and all(cluster.get("NetworkPolicy", p)["spec"]["policyTypes"] == ["Ingress"]
                                 for p in cluster.names("NetworkPolicy")), what="corrected")
+    # A judge dropped while the run is running is refused (the CRD's rule); suspended, it goes:
+    # its StatefulSet, disruption budget and Service.
+    drop = {"spec": {"judge": None}}
+    code, answer = await cluster.api.request("PATCH", cluster.url("RLRun", "rt"), drop, "application/merge-patch+json")
+    assert code == 422 and "unless the run is suspended" in answer["message"], answer
     await cluster.patch("RLRun", "rt", {"spec": {"suspend": True}})
     await cluster.until(lambda: cluster.status("RLRun", "rt")["phase"] == "Suspended", what="suspended")
+    assert "rt-judge" in cluster.names("Service")
+    await cluster.patch("RLRun", "rt", drop)
+    await cluster.until(lambda: not {"rt-judge"} & (cluster.names("StatefulSet") | cluster.names("Service")
+                                                  | cluster.names("PodDisruptionBudget")), what="judge dropped")
     await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
     job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="resume")
     await cluster.run_pods(job, 1, **pod_failed())

@@ -1,6 +1,7 @@
 """rlkube-operator: the routing table from kopf events to handlers, and the entry point.
 
-    rlkube-operator [--namespace NS ... | --all-namespaces] [--interval 60] [--progress-interval 60]
+    rlkube-operator [--namespace NS ... | --all-namespaces [--allow-system-namespace NS ...]]
+                    [--interval 60] [--progress-interval 60]
                     [--metrics-port 8080] --token-key-file /etc/rlkube/token-key/key
                     [--network-policy-peer '{"namespaceSelector": …, "podSelector": …}']
                     [--egress-policy '{"allowed": [{"cidr": …, "ports": […]}]}']
@@ -31,6 +32,9 @@ from rlkube_operator.runloop import Pacing, RunLoops
 from rlkube_operator.runtoken import KEY_SETTING, read_key
 
 PLURALS = {"RLRun": "rlruns", "SFTRun": "sftruns"}
+SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
+"""Namespaces an operator watching every namespace leaves alone (with its own), unless allowed:
+its ClusterRole creates workloads anywhere, and a run there would put them beside the cluster's."""
 # (group, version, plural) of the children whose watch events wake their run: the workloads
 # and their pods, labelled with the run's uid.
 WATCHED_CHILDREN = (("", "v1", "pods"), ("batch", "v1", "jobs"), ("apps", "v1", "statefulsets"),
@@ -66,9 +70,23 @@ def crds_served(kube: Kube, **_) -> None:
         raise kopf.TemporaryError(f"the CRDs of {crds} are not installed: waiting for them", delay=10)
 
 
+def ignored_namespaces(args: argparse.Namespace) -> frozenset[str]:
+    """With --all-namespaces: the system namespaces and the operator's own, but those allowed."""
+    if not args.all_namespaces:
+        return frozenset()  # the namespaces listed are the admin's choice
+    own = {args.operator_namespace} if args.operator_namespace else set()
+    return frozenset({*SYSTEM_NAMESPACES, *own} - set(args.allow_system_namespace))
+
+
 def build_registry(reconciler: Reconciler, *, interval: float, progress_interval: float = Pacing.progress_interval,
-                   login=kopf.login_via_client) -> kopf.OperatorRegistry:
-    """The routing table. `login` is kopf's default client login; tests pass one for kmock."""
+                   login=kopf.login_via_client, ignored: frozenset[str] = frozenset()) -> kopf.OperatorRegistry:
+    """The routing table. `login` is kopf's default client login; tests pass one for kmock. Runs
+    and children in an `ignored` namespace match no handler: kopf neither finalizes nor reconciles
+    them, so the operator creates nothing there."""
+    def outside_ignored(namespace: str | None, **_) -> bool:
+        return namespace not in ignored
+
+    when = {"when": outside_ignored} if ignored else {}
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(configure)
     kopf.on.startup(id="crds-served", registry=registry)(functools.partial(crds_served, reconciler.kube))
@@ -76,11 +94,12 @@ def build_registry(reconciler: Reconciler, *, interval: float, progress_interval
     loops = RunLoops(reconciler, Pacing(interval=interval, progress_interval=progress_interval))
     for group, version, plural in WATCHED_CHILDREN:
         kopf.on.event(group, version, plural, labels={RUN_UID_LABEL: kopf.PRESENT}, id="wake-run",
-                      registry=registry)(loops.wake_for_child)
+                      registry=registry, **when)(loops.wake_for_child)
     for kind, plural in PLURALS.items():
-        kopf.daemon(GROUP, VERSION, plural, id="reconcile", registry=registry)(functools.partial(loops.run, kind))
-        kopf.on.event(GROUP, VERSION, plural, id="wake", registry=registry)(loops.wake_for_run)
-        kopf.on.delete(GROUP, VERSION, plural, id="forget", optional=True, registry=registry)(
+        kopf.daemon(GROUP, VERSION, plural, id="reconcile", registry=registry, **when)(
+            functools.partial(loops.run, kind))
+        kopf.on.event(GROUP, VERSION, plural, id="wake", registry=registry, **when)(loops.wake_for_run)
+        kopf.on.delete(GROUP, VERSION, plural, id="forget", optional=True, registry=registry, **when)(
             functools.partial(forget_run, kind)
         )
     return registry
@@ -127,6 +146,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("--namespace", "-n", action="append", default=[], help="watch only these namespaces")
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch the whole cluster")
+    parser.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE"),
+                        help="the operator's own namespace, left alone with --all-namespaces (default: $POD_NAMESPACE)")
+    parser.add_argument("--allow-system-namespace", action="append", default=[], metavar="NS",
+                        help="with --all-namespaces, reconcile runs in this one of " + ", ".join(SYSTEM_NAMESPACES)
+                        + " or the operator's namespace all the same (repeatable; default: none)")
     parser.add_argument("--interval", type=float, default=Pacing.interval,
                         help="seconds between resyncs of a run (events of the run and its children "
                         "reconcile it at once)")
@@ -233,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     reconciler = Reconciler(Kube(api_client()), settings)
     operator = functools.partial(
         kopf.operator,
-        registry=build_registry(reconciler, interval=args.interval, progress_interval=args.progress_interval),
+        registry=build_registry(reconciler, interval=args.interval, progress_interval=args.progress_interval,
+                                ignored=ignored_namespaces(args)),
         clusterwide=args.all_namespaces,
         namespaces=args.namespace,
         standalone=True,

@@ -78,8 +78,8 @@ async def api_server() -> AsyncIterator[ApiServer]:
 
 @contextlib.asynccontextmanager
 async def running_operator(server: ApiServer, status_url: str, *, settings: dict | None = None,
-                           **registry_options) -> AsyncIterator[Cluster]:
-    """The operator watching `NS` on `server`, reading progress from `status_url`; yields the
+                           namespaces: tuple[str, ...] = (NS,), **registry_options) -> AsyncIterator[Cluster]:
+    """The operator watching `namespaces` on `server`, reading progress from `status_url`; yields the
     caller's handle on the cluster. `registry_options` go to `build_registry` (`interval`, …).
 
     The operator runs in a thread with an event loop of its own, as in its own process: on
@@ -105,7 +105,7 @@ async def running_operator(server: ApiServer, status_url: str, *, settings: dict
         reconciler = Reconciler(Kube(api_client(url)), Settings(status_url_template=status_url, token_key=TOKEN_KEY,
                                                                   **(settings or {})))
         registry = build_registry(reconciler, login=login, **registry_options)
-        await kopf.operator(registry=registry, settings=kopf_settings, standalone=True, namespaces=[NS],
+        await kopf.operator(registry=registry, settings=kopf_settings, standalone=True, namespaces=list(namespaces),
                             stop_flag=stop, ready_flag=ready, liveness_endpoint=liveness)
 
     operator = concurrent.futures.Future()

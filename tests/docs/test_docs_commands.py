@@ -43,13 +43,15 @@ MAPPED: dict[str, tuple[str, ...]] = {
     r"^kubectl( -n \S+)? (apply|get|describe|scale|logs|delete|rollout)\b": ("e2e/scenarios/test_reverse_text.py",),
     r"^torchrun --nproc-per-node 2 -m rlkube\.entrypoints\.sft\b": ("tests/integration/test_sft_reverse_text.py",),
     r"^rlkube plot\b": ("tests/test_plot.py",),
+    r"^rlkube export\b": ("tests/trainer/test_export.py",),
 }
 
 # Outputs of long commands that a file's later commands read: made as tiny models before the
 # file's commands run, standing in for what the mapped run writes.
 PRODUCED = {
     "README.md": ("outputs/reverse_text/sft/weights/final",),
-    "docs/rl.md": ("outputs/reverse_text/sft/weights/final", "outputs/reverse_text/sft_long/weights/final"),
+    "docs/rl.md": ("outputs/reverse_text/sft/weights/final", "outputs/reverse_text/sft_long/weights/final",
+                   "outputs/reverse_text/rl/export/step_140"),
     "docs/inference.md": ("outputs/reverse_text/sft/weights/final",),
     "docs/sft.md": (),
 }

@@ -153,6 +153,20 @@ def test_a_delta_snapshot_exports_applied_to_its_bases(tiny_model, tmp_path, wor
     assert any(not torch.equal(policy[k], trainer.publisher.published[1][k]) for k in policy), "step 3 moved"
 
 
+def test_an_moe_checkpoint_exports_its_stacked_experts_one_linear_layer_each(tiny_moe_model, tmp_path, world_of_one):
+    """The trainer holds each MoE block's experts stacked (rlkube.trainer.experts); the export
+    has the checkpoint layout the model came in, which vLLM and transformers read."""
+    config = rl_config(tiny_moe_model, tmp_path / "run")
+    write_toml(config, config.output_dir / "configs" / "trainer.toml")
+    env = build_training_env(config)
+    assert any(name.endswith("experts.gate_up_proj") for name, _ in env.model.named_parameters())
+    TrainerCheckpointer(config.output_dir / "checkpoints", config.ckpt, env.rank).save(1, env.model, env.optimizer, env.scheduler)
+    assert export("--run", config.output_dir, "--out", tmp_path / "moe") == 0
+    exported, base = load_file(tmp_path / "moe" / "model.safetensors"), load_file(Path(tiny_moe_model) / "model.safetensors")
+    assert "model.layers.0.mlp.experts.3.down_proj.weight" in exported
+    assert exported.keys() == base.keys() and all(torch.equal(exported[k], base[k]) for k in base), "the untrained model"
+
+
 def test_bad_input_exits_2_naming_the_field(full_run, tmp_path, capsys):
     run = full_run.config.output_dir
     (run / "checkpoints" / "step_2" / "trainer" / MARKER).unlink()

@@ -20,6 +20,7 @@ exit code 2.
 """
 
 import json
+import warnings
 from pathlib import Path
 
 import fsspec
@@ -120,7 +121,9 @@ def checkpoint_tensors(part: str) -> dict[str, torch.Tensor]:
     state = {key: torch.empty(meta.size, dtype=meta.properties.dtype)
              for key, meta in metadata.state_dict_metadata.items()
              if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)}
-    dcp.load(state, storage_reader=FsspecReader(url), no_dist=True)
+    with warnings.catch_warnings():  # DCP warns that it loads on one process, which is the point
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=FsspecReader(url), no_dist=True)
     return {key.removeprefix(prefix): tensor for key, tensor in state.items()}
 
 

@@ -365,7 +365,7 @@ class Reconciler:
             desired = queueing.queue_from_label(desired, meta.get("labels"))
         except ValidationError as e:
             desired = None
-            invalid = format_validation_error(e).replace("invalid config:\n", "invalid spec: ").replace("\n", ";")
+            invalid = format_validation_error(e, model=workload.spec_model).replace("invalid config:\n", "invalid spec: ").replace("\n", ";")
         except ValueError as e:  # the run's queue-name label contradicts spec.queue
             desired, invalid = None, f"invalid spec: {e}"
         refused, checked = self.guardrail_refusals(run, desired) if desired is not None else ([], False)

@@ -15,6 +15,7 @@ import sys
 import tomllib
 import types
 import typing
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args, get_origin
@@ -23,6 +24,7 @@ import tomli_w
 from pydantic import BaseModel, ValidationError
 
 from rlkube.config.base import Config
+from rlkube.config.renames import RenamedKeyWarning, target_path
 
 
 class ConfigError(ValueError):
@@ -72,21 +74,36 @@ def _is_optional(annotation: Any) -> bool:
     )
 
 
-def normalize_keys(data: dict, model: type[BaseModel]) -> dict:
-    """Snake-case the keys that name fields, guided by the model (free-form dicts are kept)."""
+def normalize_keys(data: dict, model: type[BaseModel], renamed_from: list[str] | None = None) -> dict:
+    """Snake-case the keys that name fields, or another name of one (`Config.RENAMED`), guided
+    by the model (free-form dicts are kept). `renamed_from`: the path, in `model`, of a table of
+    renamed keys `data` is (`["train"]` for prime-rl's `[orchestrator.train]`)."""
     out = {}
     for key, value in data.items():
         name = key.replace("-", "_")
-        field = model.model_fields.get(name)
-        if field is None:
+        path = [*(renamed_from or []), name]
+        if renamed_from is None and name in model.model_fields:
+            field = model.model_fields[name]
+        elif (target := target_path(getattr(model, "RENAMED", {}), path)) is not None:
+            field = _field_at(model, target, ".".join(path))
+        elif isinstance(value, dict) and any(a.startswith(".".join(path) + ".") for a in getattr(model, "RENAMED", {})):
+            out[name] = normalize_keys(value, model, path)
+            continue
+        else:
             out[key] = value  # left for pydantic to reject with its path
             continue
-        if isinstance(value, dict) and (sub := _model_in(field.annotation)) is not None:
-            value = normalize_keys(value, sub)
-        elif isinstance(value, list) and (item := _list_item_model(field.annotation)) is not None:
-            value = [normalize_keys(v, item) if isinstance(v, dict) else v for v in value]
-        out[name] = value
+        out[name] = _normalize_value(value, field)
     return out
+
+
+def _normalize_value(value: Any, field) -> Any:
+    if field is None:
+        return value
+    if isinstance(value, dict) and (sub := _model_in(field.annotation)) is not None:
+        return normalize_keys(value, sub)
+    if isinstance(value, list) and (item := _list_item_model(field.annotation)) is not None:
+        return [normalize_keys(v, item) if isinstance(v, dict) else v for v in value]
+    return value
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -138,6 +155,8 @@ def _field_at(model: type[BaseModel], path: list[str], flag: str):
                 return None
             raise ConfigError(f"{flag}: '{'.'.join(path[:i])}' has no sub-fields")
         field = model.model_fields.get(part)
+        if field is None and (target := target_path(getattr(model, "RENAMED", {}), path[i:])) is not None:
+            return _field_at(model, target, flag)  # another name of a field: the flag keeps it, the model renames it
         if field is None:
             known = ", ".join(sorted(model.model_fields))
             raise ConfigError(
@@ -201,14 +220,30 @@ def parse_flags(args: list[str], model: type[BaseModel]) -> dict:
     return data
 
 
-def format_validation_error(error: ValidationError, writer: str | None = None) -> str:
+def _model_at(model: type[BaseModel] | None, loc: tuple) -> type[BaseModel] | None:
+    """The model that holds the field at `loc` (a validation error's path) under `model`."""
+    for part in loc[:-1]:
+        if model is None:
+            return None
+        if isinstance(part, str):
+            field = model.model_fields.get(part)
+            model = None if field is None else (_model_in(field.annotation) or _list_item_model(field.annotation))
+    return model
+
+
+def format_validation_error(error: ValidationError, writer: str | None = None,
+                            model: type[BaseModel] | None = None) -> str:
     """One line per field: its path and the reason. `writer`: the rlkube version that wrote the
-    config, named with this runtime's own in the reason of a field this runtime does not know."""
+    config, named with this runtime's own in the reason of a field this runtime does not know.
+    `model`: the model validated, whose `UNSUPPORTED` keys (prime-rl's) say why they are refused."""
     lines = []
     for e in error.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
         reason = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
+        holder = _model_at(model, e["loc"]) if e["type"] == "extra_forbidden" and e["loc"] else None
+        if holder is not None and (why := getattr(holder, "UNSUPPORTED", {}).get(str(e["loc"][-1]))) is not None:
+            reason = f"not supported: {why}"
+        elif e["type"] == "extra_forbidden":
             reason = "unknown field"
             if writer is not None:
                 reason += (f": {VERSION_SKEW} {writer} and this runtime is rlkube {RLKUBE_VERSION}"
@@ -223,7 +258,7 @@ def validate(model: type[Config], data: dict, writer: str | None = None) -> Conf
     try:
         return model.model_validate(normalize_keys(data, model))
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, writer)) from None
+        raise ConfigError(format_validation_error(e, writer, model)) from None
 
 
 def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -324,7 +359,14 @@ def parse_cli(
     dry_run = "--dry-run" in argv
     argv = [a for a in argv if a != "--dry-run"]
     try:
-        config = load_config(model, argv)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RenamedKeyWarning)
+            config = load_config(model, argv)
+        for warning in caught:
+            if issubclass(warning.category, RenamedKeyWarning):
+                print(f"rlkube {command}: warning: {warning.message}", file=sys.stderr)
+            else:
+                warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
         if check is not None:
             check(config)
         return config, dry_run

@@ -1,13 +1,21 @@
 """`rlkube orchestrator`: environments, rollouts, advantages, batches for the trainer."""
 
+import warnings
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from rlkube.config.base import Config
+from rlkube.config.renames import RenamedKeyWarning, rename_keys
 
 
 class EnvConfig(Config):
+    UNSUPPORTED = {
+        "env": "prime-rl's verifiers v1 env-server block (taskset, agent harness): rlkube names an environment "
+               "by `id` (a built-in, an installed environment module or a verifiers taskset id) with `args` for "
+               "its loader, and picks how rollouts run with `rollout_path`",
+    }
+
     id: str = "reverse_text"
     """A `verifiers` environment: a built-in rlkube env (`reverse_text`) or an installed
     environment module (what `verifiers.load_environment` takes)."""
@@ -50,6 +58,9 @@ class SamplingConfig(Config):
     (temperature > 0, top_p = 1): the trainer recomputes each token's log-prob as
     `log_softmax(logits / temperature)`, and a truncated distribution would make vLLM's
     log-probs disagree with it."""
+
+    RENAMED = {"max_completion_tokens": "max_tokens"}
+    SECTION = "sampling"
 
     temperature: float = Field(default=1.0, ge=0)
     """Sampling temperature (0 is greedy: eval only)."""
@@ -107,6 +118,8 @@ class DifficultyConfig(Config):
 
 
 class EvalConfig(Config):
+    RENAMED = {"env": "envs", "group_size": "rollouts_per_example"}
+    SECTION = "orchestrator.eval"
     envs: list[EnvConfig] = [EnvConfig(args=HELD_OUT)]
     """Environments to evaluate on: each on its held-out split (`args.split = "test"`) unless its
     `args` name a `split`."""
@@ -129,6 +142,7 @@ class EvalConfig(Config):
     @model_validator(mode="before")
     @classmethod
     def _envs_on_held_out_split(cls, data: Any) -> Any:
+        data = rename_keys(data, cls.RENAMED, cls.SECTION)  # `env` entries too (Config's renaming runs after this)
         if isinstance(data, dict) and isinstance(data.get("envs"), list):
             data = {**data, "envs": [on_held_out_split(env) for env in data["envs"]]}
         return data
@@ -230,8 +244,22 @@ class RolloutServerConfig(Config):
 class OrchestratorSection(Config):
     """The `[orchestrator]` section of an RL config."""
 
+    RENAMED = {"train.env": "envs", "train.sampling": "sampling", "env": "envs", "rollouts_per_example": "group_size"}
+    SECTION = "orchestrator"
+    UNSUPPORTED = {
+        "renderer": "rlkube renders prompts with the model's own chat template (vLLM's, through verifiers), "
+                    "not prime-rl's client-side renderers; leave it out",
+        "token_batch_size": "rlkube's batch is a number of rollouts (`batch_size`), not of tokens",
+    }
+
+    training_mode: Literal["rl"] = "rl"
+    """prime-rl's key, with its one value rlkube's orchestrator has: it samples from the policy it
+    trains (a `teacher`, when set, scores those rollouts: on-policy distillation is
+    `trainer.loss.type = "opd"`). prime-rl's `opd` and `sft` are refused with where rlkube sets them."""
+
     batch_size: int = Field(default=128, ge=1)
-    """Rollouts per training step; a multiple of `group_size`."""
+    """Rollouts per training step (prime-rl's code counts its `batch_size` the same way); a
+    multiple of `group_size`: `batch_size / group_size` tasks a step."""
 
     group_size: int = Field(default=8, ge=1)
     """Rollouts per task; advantages are computed within each group."""
@@ -306,6 +334,35 @@ class OrchestratorSection(Config):
     env_worker_timeout_s: float = Field(default=1800, gt=0)
     """A group an env worker has held this long is sent to another worker too (the first
     answer is trained): a worker that hangs with its connection open cannot stall the run."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prime_rl_training_mode(cls, data: Any) -> Any:
+        """prime-rl's `training_mode` values other than `rl`, refused with where rlkube sets them."""
+        mode = data.get("training_mode", "rl") if isinstance(data, dict) else "rl"
+        if mode == "opd":
+            raise ValueError("training_mode 'opd': rlkube distills when the trainer's loss uses a teacher: set "
+                             "trainer.loss.type = 'opd' and a [teacher] (or orchestrator.teacher), and leave "
+                             "training_mode out")
+        if mode == "sft":
+            raise ValueError("training_mode 'sft' (a teacher generates the rollouts): not supported: rlkube's "
+                             "orchestrator samples from the policy it trains; for SFT on a teacher's rollouts run "
+                             "`rlkube eval --save-samples` against the teacher, then `rlkube sft` on the samples")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _batch_counts_rollouts(cls, data: Any) -> Any:
+        """A config in prime-rl's names says what its `batch_size` trains: prime-rl's code counts
+        it in rollouts as rlkube does, while its Training page calls it tasks per step."""
+        if isinstance(data, dict) and "batch_size" in data and any(key.split(".")[0] in data for key in cls.RENAMED):
+            group = data.get("group_size", data.get("rollouts_per_example", cls.model_fields["group_size"].default))
+            if isinstance(data["batch_size"], int) and isinstance(group, int) and group > 0:
+                warnings.warn(f"'orchestrator.batch_size' {data['batch_size']} counts rollouts, as prime-rl's code does: "
+                              f"{data['batch_size'] / group:g} tasks x group_size {group} a step (for "
+                              f"{data['batch_size']} tasks, set batch_size = {data['batch_size'] * group})",
+                              RenamedKeyWarning, stacklevel=2)
+        return data
 
     @property
     def drops_zero_advantage(self) -> bool:

@@ -68,6 +68,8 @@ class OrchestratorConfig(RunConfig, OrchestratorSection):
 class RLConfig(RunConfig, PlannedGpuConfig):
     """`rlkube rl @ rl.toml`: inference, orchestrator and trainer from one file."""
 
+    RENAMED = {"seq_len": "orchestrator.seq_len"}
+
     trainer: RLTrainerSection = RLTrainerSection()
     """The trainer."""
 

@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("rlkube.rl")
     for name, path in paths.items():
         log.info("%s config: %s", name, path)
+    batch = config.orchestrator
+    log.info("batch: %d rollouts a step (%d tasks x group_size %d)", batch.batch_size,
+             batch.batch_size // batch.group_size, batch.group_size)
     if gpus:
         servers = [(f"{name}-{i}", d) for name, each in (("inference", gpus.inference), *gpus.served.items())
                    for i, d in enumerate(each)]

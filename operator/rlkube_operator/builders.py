@@ -169,11 +169,12 @@ def build_network_policies(run: RunRef, operator_peer: dict, status_port: int, s
     """Only the run's own pods reach its pods; the operator reaches `status_port` (`GET
     /status`), and a metrics scraper (`scraper_peer`, a namespace) the ports that serve
     `/metrics` (`metrics_ports`). Nothing else, unless another NetworkPolicy allows it
-    (policies add up). Within the run, the stores that take no token are fenced further:
-    torchrun's (`TORCHRUN_PORT`) admits only the trainer's pods, the NCCL weight transfer's
-    (`nccl_port`, on trainer pod 0; its values are unpickled by every inference worker) only the
-    trainer's and the inference servers'. So two policies: one for the trainer's pods, one for
-    the others (none in an SFTRun). A NetworkPolicy cannot say "the same run as the target", so
+    (policies add up). Within the run, the trainer's pods, whose ports take no token (torchrun's
+    store, gloo, NCCL's bootstrap and UCX; the weights' gRPC and NCCL store), admit only the pods
+    that need them: the trainer's on every port, the inference servers' (weights) on all but
+    torchrun's store (`TORCHRUN_PORT`). The orchestrator, env workers, teacher and judge, which
+    only ever dial out to the trainer's peers, reach none of its ports. So two policies: one for
+    the trainer's pods, one for the others (none in an SFTRun). A NetworkPolicy cannot say "the same run as the target", so
     each run gets its own, selecting its uid's pods."""
     uid = run.pod_labels()
 
@@ -187,11 +188,9 @@ def build_network_policies(run: RunRef, operator_peer: dict, status_port: int, s
     outside = [{"from": [operator_peer], "ports": [{"protocol": "TCP", "port": status_port}]}]
     if scraper_peer is not None:
         outside.append({"from": [scraper_peer], "ports": [{"protocol": "TCP", "port": p} for p in metrics_ports]})
-    stores = [TORCHRUN_PORT] + ([nccl_port] if nccl_port else [])
     trainer = [
         {"from": [peer("In", ["trainer"])]},
         {"from": [peer("In", ["inference"])], "ports": _tcp_ports_except(TORCHRUN_PORT)},
-        {"from": [peer("NotIn", ["trainer", "inference"])], "ports": _tcp_ports_except(*stores)},
     ]
     policies = [("trainer-network-policy", pods("In", ["trainer"]), trainer + outside)]
     if nccl_port is not None:  # an RLRun: its other pods admit each other on every port

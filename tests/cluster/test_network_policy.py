@@ -17,6 +17,7 @@ from tests.fixtures.prerequisites import require
 LISTEN = "import socket, sys, time; s = [socket.create_server(('', int(p))) for p in sys.argv[1:]]; time.sleep(3600)"
 WEB_PORTS = {"web": 8080, "other": 8081}  # two, so that one a policy does not list can be tried
 CONNECT = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3]))"
+DATA_PORT = 41000  # one of the ports gloo, NCCL's bootstrap and UCX listen on (any free port)
 REFUSED_WITHIN_S = 1.5  # a dropped SYN: the client waits this long, then counts it refused
 
 
@@ -161,7 +162,7 @@ def test_a_runs_networkpolicies_fence_its_ports(net):
         policy["metadata"].pop("ownerReferences")  # no RLRun here: the garbage collector would take it
         net.create(RUN.namespace, policy)
     for ns, name, pod_labels, ports in [
-        (RUN.namespace, "trainer-0", labels["trainer-0"], {"torchrun": 29500, "nccl": nccl}),
+        (RUN.namespace, "trainer-0", labels["trainer-0"], {"torchrun": 29500, "nccl": nccl, "data": DATA_PORT}),
         (RUN.namespace, "trainer-1", labels["trainer-0"], None),
         (RUN.namespace, "inference-0", labels["inference"], {"http": vllm}),
         (RUN.namespace, "orchestrator", labels["orchestrator"], {"grpc": grpc, "http": status}),
@@ -177,10 +178,12 @@ def test_a_runs_networkpolicies_fence_its_ports(net):
     prometheus, operator = net.running("monitoring", "prometheus"), net.running("rlkube", "operator")
 
     for client, server, port in [(trainer_1, trainer, 29500), (inference, trainer, nccl),
+                                 (trainer_1, trainer, DATA_PORT), (inference, trainer, DATA_PORT),
                                  (orchestrator, inference, vllm), (trainer, orchestrator, grpc),
                                  (prometheus, inference, vllm), (operator, orchestrator, status)]:
         assert net.connects(client, server, port, timeout=10), (client["metadata"]["name"], server["metadata"]["name"], port)
     for client, server, port in [(inference, trainer, 29500), (orchestrator, trainer, 29500), (orchestrator, trainer, nccl),
+                                 (orchestrator, trainer, DATA_PORT),
                                  (lookalike, trainer, 29500), (lookalike, inference, vllm), (fake_scraper, inference, vllm),
                                  (prometheus, trainer, 29500), (operator, orchestrator, grpc)]:
         assert not net.connects(client, server, port), (client["metadata"]["name"], server["metadata"]["name"], port)

@@ -22,6 +22,7 @@ from rlkube_operator.names import (
 from rlkube_operator.podsecurity import IMAGE_UID, PodSecurityContext
 from rlkube_operator.reconcile import WORKLOADS, _metrics_ports, _status_port
 from rlkube_operator.spec import RLRunSpec, SFTRunSpec
+from rlkube_operator.wiring import trainer_metrics_port
 
 from e2e.localcluster import admission
 from tests.operator.test_operator_kmock import EXAMPLES, example
@@ -838,7 +839,7 @@ def test_the_stores_and_the_runs_ports_admit_only_whom_they_serve():
     values every inference worker unpickles) take no token, so only the pods that need them
     reach them; a pod labelled as a scraper, or as the run's own pods, in another namespace
     reaches nothing; the scraper's namespace reaches the /metrics ports only."""
-    spec = RLRunSpec.model_validate(GPU_RLRUN | {"envWorkers": {"replicas": 1}, "teacher": TEACHER})
+    spec = RLRunSpec.model_validate(GPU_RLRUN | {"envWorkers": {"replicas": 1}, "teacher": TEACHER, "judge": TEACHER})
     objs = manifests("RLRun", spec)
     policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
     templates = {o["metadata"]["name"].removeprefix("big-"): o["spec"]["template"]["metadata"]["labels"]
@@ -851,10 +852,15 @@ def test_the_stores_and_the_runs_ports_admit_only_whom_they_serve():
     assert admitted(policies, here["inference"], trainer, nccl)
     assert admitted(policies, here["inference"], trainer, 50052)  # gRPC weights, NCCL's data ports
     assert not admitted(policies, here["inference"], trainer, 29500)
-    for other in ("orchestrator", "env-worker", "teacher"):
-        assert not admitted(policies, here[other], trainer, 29500), other
-        assert not admitted(policies, here[other], trainer, nccl), other
+    # Issue 41: the trainer's data ports (gloo, NCCL's bootstrap, UCX: any port; the weights'
+    # gRPC) take no token either, so the pods that never dial the trainer reach none of them.
+    weights_grpc, metrics = spec.config.weights.grpc_port, trainer_metrics_port(spec)
+    for other in ("orchestrator", "env-worker", "teacher", "judge"):
+        for port in (1, 29400, 29500, nccl, weights_grpc, metrics, 40000, 65535):
+            assert not admitted(policies, here[other], trainer, port), (other, port)
         assert admitted(policies, here[other], orchestrator, grpc), other
+    for port in (29400, weights_grpc, 40000, 65535):
+        assert admitted(policies, here["trainer-0"], trainer, port) and admitted(policies, here["inference"], trainer, port)
     assert admitted(policies, here["trainer-0"], orchestrator, grpc)
     assert admitted(policies, here["orchestrator"], inference, 8000)
 

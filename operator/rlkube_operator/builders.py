@@ -9,18 +9,18 @@ import json
 
 from rlkube.config import InferenceServerConfig
 from rlkube.config.cli import EXIT_INVALID
+from rlkube.scopes import WEIGHTS_PEERS_ENV
 
 from rlkube_operator.components import ServersSpec
 from rlkube_operator.names import (
     COMPLETION_INDEX_LABEL,
     CONFIG_MOUNT,
     JOB_NAME_LABEL,
-    TOKEN_KEY,
     TORCHRUN_PORT,
     RunRef,
 )
 from rlkube_operator.pods import container, http_probes, pod_settings, pod_template
-from rlkube_operator.runtoken import run_token
+from rlkube_operator.runtoken import run_credentials
 from rlkube_operator.spec import RLRunSpec, RunSpecBase
 from rlkube_operator.wiring import INFERENCE_URLS, trainer_metrics_port
 
@@ -42,13 +42,14 @@ def build_configmap(run: RunRef, tomls: dict[str, str], applied_spec: dict) -> d
 
 
 def build_token_secret(run: RunRef, key: bytes) -> dict:
-    """`<run>-token`: the run's token (`rlkube.auth`), which every server of the run requires and
-    every pod gets (`pods.token_env`), derived from the run's uid and the operator's `key`
-    (`runtoken`): the same for every pass and every operator, so the operator only ever creates
-    it (`Kube.create`) and never reads it back. Immutable: nothing rotates it under running pods."""
-    token = base64.b64encode(run_token(key, run.uid).encode()).decode()
+    """`<run>-token`: the run's credentials (`rlkube.auth`), one key per scope, which the servers
+    of the run require and each pod gets those of its component (`pods.credentials_env`),
+    derived from the run's uid and the operator's `key` (`runtoken`): the same for every pass
+    and every operator, so the operator only ever creates it (`Kube.create`) and never reads it
+    back. Immutable: nothing rotates it under running pods."""
+    data = {scope: base64.b64encode(value.encode()).decode() for scope, value in run_credentials(key, run.uid).items()}
     return {"apiVersion": "v1", "kind": "Secret", "metadata": run.metadata("token"), "type": "Opaque",
-            "immutable": True, "data": {TOKEN_KEY: token}}
+            "immutable": True, "data": data}
 
 
 def build_pvc(run: RunRef, spec: RunSpecBase) -> dict | None:
@@ -94,6 +95,12 @@ def build_served_service(run: RunRef, spec: RLRunSpec, name: str) -> dict:
     return _servers_service(run, name, getattr(spec, name).server.port)
 
 
+def weights_peers_env(run: RunRef, spec: RLRunSpec) -> list[dict]:
+    """The only weight server the policy's replicas send the weights credential to: the
+    trainer's rank-0 Service (`rlkube.auth.check_weights_peer`), as `wiring` points them at it."""
+    return [{"name": WEIGHTS_PEERS_ENV, "value": f"{run.trainer_master}:{spec.config.weights.grpc_port}"}]
+
+
 def _servers_statefulset(run: RunRef, spec: RLRunSpec, component: str, pods: ServersSpec,
                          server: InferenceServerConfig, replicas: int) -> dict:
     """`rlkube inference @ <component>.toml` in each pod, Ready once vLLM's `/health` answers."""
@@ -107,6 +114,7 @@ def _servers_statefulset(run: RunRef, spec: RLRunSpec, component: str, pods: Ser
         ports=[{"name": "http", "containerPort": server.port}],
         res=pods.resources,
         gpus=pods.gpus_per_replica,
+        env=weights_peers_env(run, spec) if component == "inference" else None,
         probes=http_probes("/health", "http", server.startup_timeout_s),
     )
     template = pod_template(run, spec, settings, component, [main], [config_file])

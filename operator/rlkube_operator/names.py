@@ -10,6 +10,9 @@ not adopt what its predecessor left for the garbage collector).
 
 from dataclasses import dataclass
 
+from rlkube.scopes import WEIGHTS_PEERS_ENV
+from rlkube.withheld import CREDENTIAL_ENVS, TOKEN_ENV
+
 from rlkube_operator import API_VERSION
 
 CONFIG_MOUNT = "/etc/rlkube"
@@ -23,12 +26,10 @@ RESERVED_PREFIX = "rlkube.dev/"
 APP_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
               "app.kubernetes.io/component")
 # What the operator sets in every pod: a user's pod settings may not override it.
-TOKEN_ENV = "RLKUBE_TOKEN"
-"""Where the runtime reads the run's token (`rlkube.auth.TOKEN_ENV`; the operator does not import
-the runtime's gRPC)."""
-TOKEN_KEY = "token"
-"""The key of the token in the run's Secret `<run>-token`."""
-OPERATOR_ENV = ("PYTHONUNBUFFERED", "HOME", "AWS_ENDPOINT_URL", "NODE_RANK", "MASTER_ADDR", TOKEN_ENV)
+RUN_CREDENTIAL_ENVS = (TOKEN_ENV, *CREDENTIAL_ENVS, WEIGHTS_PEERS_ENV)
+"""The run's token and credentials (`rlkube.withheld`), and the weight servers inference sends its
+credential to (`rlkube.scopes.WEIGHTS_PEERS_ENV`)."""
+OPERATOR_ENV = ("PYTHONUNBUFFERED", "HOME", "AWS_ENDPOINT_URL", "NODE_RANK", "MASTER_ADDR", *RUN_CREDENTIAL_ENVS)
 OPERATOR_VOLUMES = ("config", "data", "dshm", "tmp")
 # Set by the Job controller on each pod of an Indexed Job (Kubernetes >= 1.28).
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"

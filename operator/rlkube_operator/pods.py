@@ -1,7 +1,9 @@
 """Pod-template pieces every component shares: volumes, the container, scheduling (pure)."""
 
+from rlkube.scopes import HELD, scope_env
+
 from rlkube_operator import gang
-from rlkube_operator.names import CONFIG_MOUNT, TOKEN_ENV, TOKEN_KEY, RunRef
+from rlkube_operator.names import CONFIG_MOUNT, RunRef
 from rlkube_operator.podsettings import PodSettings, Resources
 from rlkube_operator.spec import RunSpecBase
 from rlkube_operator.wiring import EMPTYDIR_OUTPUT
@@ -165,13 +167,14 @@ def pod_template(run: RunRef, spec: RunSpecBase, settings: PodSettings, componen
     metadata = {"labels": run.labels(component) | group_labels | settings.labels}
     if annotations := (annotations or {}) | group_annotations | settings.annotations:
         metadata["annotations"] = annotations
-    return {"metadata": metadata, "spec": pod_spec(run, spec, settings, containers, config_files, **extra)}
+    return {"metadata": metadata, "spec": pod_spec(run, spec, settings, component, containers, config_files,
+                                                        **extra)}
 
 
-def pod_spec(run: RunRef, spec: RunSpecBase, settings: PodSettings, containers: list[dict],
+def pod_spec(run: RunRef, spec: RunSpecBase, settings: PodSettings, component: str, containers: list[dict],
              config_files: list[str], **extra) -> dict:
     out = {
-        "containers": [c | {"env": [token_env(run), *c.get("env", [])]} for c in containers],
+        "containers": [c | {"env": [*credentials_env(run, component), *c.get("env", [])]} for c in containers],
         "volumes": volumes(run, spec, config_files) + settings.volumes,
         "enableServiceLinks": False,
         # The runtime never talks to the Kubernetes API.
@@ -194,10 +197,12 @@ def pod_spec(run: RunRef, spec: RunSpecBase, settings: PodSettings, containers: 
     return out
 
 
-def token_env(run: RunRef) -> dict:
-    """The run's token (`rlkube.auth`), from the run's Secret: every pod-to-pod call of the run
-    carries it, and every server of the run requires it."""
-    return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": run.child("token"), "key": TOKEN_KEY}}}
+def credentials_env(run: RunRef, component: str) -> list[dict]:
+    """The run's credentials `component` holds (`rlkube.scopes.HELD`), from the run's Secret:
+    each pod-to-pod call carries the one its route needs, and each server accepts only those
+    it holds."""
+    return [{"name": scope_env(scope), "valueFrom": {"secretKeyRef": {"name": run.child("token"), "key": scope}}}
+            for scope in HELD[component]]
 
 
 def http_probes(path: str, port: str, startup_timeout_s: float) -> dict:

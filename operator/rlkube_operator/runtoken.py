@@ -1,4 +1,5 @@
-"""Each run's token, derived from a key only the operator holds: an HMAC of the run's uid.
+"""Each run's token, derived from a key only the operator holds: an HMAC of the run's uid; and
+the run's credentials, one per scope, derived from the token (`rlkube.scopes`).
 
 The operator writes a run's token Secret and never reads one: the same run always gets the same
 token, so creating the Secret again (a restarted operator, a retried pass) needs no look at what
@@ -11,6 +12,8 @@ import hashlib
 import hmac
 from pathlib import Path
 
+from rlkube.scopes import SCOPES, scoped
+
 MIN_KEY_BYTES = 32
 KEY_SETTING = "--token-key-file"
 """The operator's setting naming the key's file (the chart mounts it from a Secret: `tokenKey`)."""
@@ -21,6 +24,13 @@ def run_token(key: bytes, uid: str) -> str:
     as `secrets.token_urlsafe(32)`)."""
     digest = hmac.new(key, uid.encode(), hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def run_credentials(key: bytes, uid: str) -> dict[str, str]:
+    """The run's credential for each scope, by scope: what its Secret holds. The token itself
+    is in no Secret: no pod needs it."""
+    token = run_token(key, uid)
+    return {scope: scoped(token, scope) for scope in SCOPES}
 
 
 def read_key(path: str | None) -> bytes:

@@ -21,7 +21,7 @@ from pathlib import PurePosixPath
 from rlkube.config import InferenceConfig, RLConfig, to_toml
 
 from rlkube_operator.names import CONFIG_MOUNT, SFT_STATUS_PORT, TRAINER_METRICS_PORT, RunRef
-from rlkube_operator.spec import RLRunSpec, RunSpecBase, SFTRunSpec
+from rlkube_operator.spec import SERVED_MODELS, RLRunSpec, RunSpecBase, SFTRunSpec
 
 EMPTYDIR_OUTPUT = "/var/lib/rlkube"
 INFERENCE_URLS = "inference_urls"
@@ -99,7 +99,10 @@ def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
     for name, served in spec.served_models().items():
         _section(data, "orchestrator", name).update(
             model=served.model.name, base_urls=server_urls(run, name, served.replicas, served.server.port),
-            **served.client_settings())
+            served_by_run=True, **served.client_settings())
+    for name in SERVED_MODELS:  # a user's servers are never sent the run's credential
+        if name not in spec.served_models() and (client := data["orchestrator"].get(name)) is not None:
+            client["served_by_run"] = False
     _section(data, "rollouts")["host"] = run.service_host("orchestrator")
     _section(data, "orchestrator")["env_workers"] = spec.env_workers.replicas  # the env-worker Deployment's
     weights, transfer = _section(data, "weights"), spec.config.weights.type

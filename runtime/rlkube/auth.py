@@ -1,23 +1,31 @@
-"""The run's token: what every pod-to-pod API of a run requires (`Authorization: Bearer <token>`).
+"""The run's credentials: what every pod-to-pod API of a run requires (`Authorization: Bearer <credential>`).
 
 A run's processes control each other: the orchestrator swaps the policy in vLLM through
 `/collective_rpc`, env workers hand back rewards, the trainer streams the model from
 `Weights.Fetch`. Any process that reaches those ports could do the same, so each server
-refuses a caller that does not present the run's token:
-- vLLM (`rlkube inference`): `RequireToken`, an ASGI middleware in front of every route,
-  vLLM's admin routes and rlkube's `/rlkube/*` included; only `/health` (the probes) and
-  `/metrics` (numbers for a scraper) are open;
-- gRPC (the orchestrator's Rollouts and EnvWorkers services, the trainer's Weights):
-  `server_interceptors`, which answers UNAUTHENTICATED before any handler runs.
-Clients send it with `http_headers()` / `grpc_metadata()`; verifiers' clients get
-`http_headers()` as their configured headers.
+refuses a caller that does not present a credential of the run, and of the scope the route
+needs (`rlkube.scopes`: generate, admin, weights, rollouts):
+- vLLM (`rlkube inference`): `RequireToken`, an ASGI middleware in front of every route:
+  `GENERATION_ROUTES` take generate (or admin), `WEIGHT_UPDATE_ROUTES` admin or weights,
+  every other route (vLLM's admin routes, rlkube's `/rlkube/*`) admin alone; only `/health` (the probes) and
+  `/metrics` (numbers for a scraper) are open. A server accepts only the scopes it holds: the
+  teacher's and the judge's hold generate alone, so nothing reaches their other routes;
+- gRPC: `server_interceptors`, which answers UNAUTHENTICATED before any handler runs: the
+  orchestrator's Rollouts and EnvWorkers services take rollouts, the trainer's Weights takes
+  weights.
+Clients send the credential a route needs with `route_headers()` / `http_headers(scope)` /
+`grpc_metadata(scope)`; verifiers' clients get `http_headers(GENERATE)` as their configured
+headers. Weights are fetched with the weights credential only from the run's own weight
+servers (`check_weights_peer`).
 
-The token comes from one place, the `RLKUBE_TOKEN` environment variable (`run_token`): the
-operator sets it in every pod from the run's Secret `<run>-token`; `rlkube rl` makes a fresh
-one per run for its children. A server without it serves everyone and says so loudly (a
-standalone `rlkube inference` on a workstation), but on a Kubernetes cluster it refuses to
-start (`serve_open`). The processes that run environments take it out of their environment
-at start (`rlkube.withheld`), so that the programs environments start never see it.
+Each credential comes from the environment, `RLKUBE_TOKEN_<SCOPE>` (`credential`): the
+operator sets in each pod those its component holds (`rlkube.scopes.HELD`) from the run's
+Secret `<run>-token`; `rlkube rl` derives them from a fresh run token per run. A process
+given the run's token itself (`RLKUBE_TOKEN`, a server started by hand) derives every scope
+from it. A server without any serves everyone and says so loudly (a standalone
+`rlkube inference` on a workstation), but on a Kubernetes cluster it refuses to start
+(`serve_open`). The processes that run environments take them out of their environment at
+start (`rlkube.withheld`), so that the programs environments start never see them.
 """
 
 import hmac
@@ -28,6 +36,7 @@ import secrets
 
 import grpc
 
+from rlkube.scopes import ADMIN, GENERATE, SCOPES, WEIGHTS, WEIGHTS_PEERS_ENV, scope_env, scoped
 from rlkube.withheld import TOKEN_ENV, held
 
 logger = logging.getLogger(__name__)
@@ -37,12 +46,45 @@ METADATA_KEY = "authorization"
 OPEN_ROUTES = frozenset({"/health", "/metrics"})
 """vLLM routes served without the token: the kubelet's probes carry none, and a metrics
 scraper reads numbers only; the run's NetworkPolicy admits just a labelled scraper."""
+GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/inference/v1/generate",
+                               "/tokenize", "/detokenize"})
+"""vLLM routes that generate (or tokenize) and change nothing: the generate scope. Matched
+exactly, so `/v1/../pause` is not one of them."""
+WEIGHT_UPDATE_ROUTES = frozenset({"/pause", "/resume", "/is_paused", "/get_world_size", "/init_weight_transfer_engine",
+                                  "/start_weight_update", "/update_weights", "/finish_weight_update",
+                                  "/shutdown_weight_transfer_engine",
+                                  "/reset_prefix_cache", "/update_weight_version", "/weight_info"})
+"""vLLM routes of a policy update, which the orchestrator drives (admin) or, with NCCL, the
+trainer (weights, `rlkube.transport.weights_nccl`)."""
 
 
 def run_token() -> str | None:
-    """The run's token (`RLKUBE_TOKEN`, or what `withheld.withhold` kept of it), None when the
-    run has none."""
+    """The run's token (`RLKUBE_TOKEN`, or what `withheld.withhold` kept of it), None when this
+    process was given none (a pod gets only its scopes' credentials)."""
     return held(TOKEN_ENV)
+
+
+def credential(scope: str) -> str | None:
+    """This process's credential for `scope`: `RLKUBE_TOKEN_<SCOPE>`, else derived from the
+    run's token, else None (the process does not hold that scope)."""
+    if value := held(scope_env(scope)):
+        return value
+    token = run_token()
+    return scoped(token, scope) if token else None
+
+
+def held_scopes() -> dict[str, str]:
+    """Credential by scope, of those this process holds."""
+    return {scope: value for scope in SCOPES if (value := credential(scope))}
+
+
+def route_scopes(path: str) -> tuple[str, ...]:
+    """The scopes a vLLM route accepts (see the module docstring)."""
+    if path in GENERATION_ROUTES:
+        return (GENERATE, ADMIN)
+    if path in WEIGHT_UPDATE_ROUTES:
+        return (ADMIN, WEIGHTS)
+    return (ADMIN,)
 
 
 def new_token() -> str:
@@ -58,14 +100,51 @@ def is_authorized(presented: str | None, token: str) -> bool:
     return presented is not None and hmac.compare_digest(presented.encode(), _bearer(token).encode())
 
 
-def http_headers() -> dict[str, str]:
-    token = run_token()
-    return {"Authorization": _bearer(token)} if token else {}
+def http_headers(scope: str) -> dict[str, str]:
+    value = credential(scope)
+    return {"Authorization": _bearer(value)} if value else {}
 
 
-def grpc_metadata() -> tuple[tuple[str, str], ...]:
-    token = run_token()
-    return ((METADATA_KEY, _bearer(token)),) if token else ()
+def route_headers(route: str) -> dict[str, str]:
+    """The headers for vLLM's `route`: the credential of the first scope it accepts that this
+    process holds."""
+    for scope in route_scopes(route):
+        if value := credential(scope):
+            return {"Authorization": _bearer(value)}
+    return {}
+
+
+def served_model_headers(section: str, served_by_run: bool, api_key_env: str | None) -> dict[str, str]:
+    """What the calls to a teacher or judge (`orchestrator.<section>`) carry: the key in
+    `api_key_env` for servers outside the run, the generate credential for the run's own
+    (`served_by_run`), else nothing: the run's credentials never go to a URL a user set.
+    ValueError naming the field when `api_key_env` is not set in this process."""
+    if api_key_env:
+        if not (key := held(api_key_env)):
+            raise ValueError(f"orchestrator.{section}.api_key_env: {api_key_env} is not set in this process's "
+                             "environment (on a cluster, add it to the orchestrator's and env workers' pod env)")
+        return {"Authorization": _bearer(key)}
+    return http_headers(GENERATE) if served_by_run else {}
+
+
+def grpc_metadata(scope: str) -> tuple[tuple[str, str], ...]:
+    value = credential(scope)
+    return ((METADATA_KEY, _bearer(value)),) if value else ()
+
+
+def check_weights_peer(address: str) -> None:
+    """Refuse (PermissionError) to send the weights credential to `address` ("host:port")
+    unless it is one of the run's weight servers (`WEIGHTS_PEERS_ENV`): a location handed to
+    `rlkube_load_weights` could name any address, and whoever listens there would get the
+    credential and choose the weights. Without the list (a standalone server), any address
+    is one, except on a Kubernetes cluster, where the operator always sets it."""
+    if credential(WEIGHTS) is None:
+        return
+    peers = [p.strip() for p in os.environ.get(WEIGHTS_PEERS_ENV, "").split(",") if p.strip()]
+    if address in peers or (not peers and not os.environ.get(IN_CLUSTER_ENV)):
+        return
+    raise PermissionError(f"{address} is not one of the run's weight servers ({WEIGHTS_PEERS_ENV}: "
+                          f"{', '.join(peers) or 'unset'}): rlkube sends the weights credential only to the run's own")
 
 
 IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
@@ -78,16 +157,19 @@ def serve_open(server: str) -> None:
     token, so a pod without one is misconfigured); elsewhere (a standalone `rlkube inference`
     on a workstation) it serves everyone and says so loudly."""
     if os.environ.get(IN_CLUSTER_ENV):
-        raise RuntimeError(f"{server} would serve WITHOUT a token on a Kubernetes cluster: set {TOKEN_ENV} "
-                           "(the operator sets it in every pod of a run) to require `Authorization: Bearer <token>`")
+        raise RuntimeError(f"{server} would serve WITHOUT a token on a Kubernetes cluster: set the run's "
+                           "credentials (RLKUBE_TOKEN_<SCOPE>: the operator sets in every pod of a run those its "
+                           "component holds) to require `Authorization: Bearer <credential>`")
     logger.warning(
-        "%s serves WITHOUT a token: anyone who reaches its port can call it. Set %s (the operator "
-        "and `rlkube rl` always do) to require `Authorization: Bearer <token>`.", server, TOKEN_ENV
+        "%s serves WITHOUT a token: anyone who reaches its port can call it. Set %s, or the run's "
+        "credentials (RLKUBE_TOKEN_<SCOPE>; the operator and `rlkube rl` always do), to require "
+        "`Authorization: Bearer <credential>`.", server, TOKEN_ENV
     )
 
 
-def _refusal(what: str) -> str:
-    return f"{what} requires the run's token ({METADATA_KEY}: Bearer <{TOKEN_ENV}>)"
+def _refusal(what: str, scopes: tuple[str, ...]) -> str:
+    needed = " or ".join(f"Bearer <{scope_env(scope)}>" for scope in scopes)
+    return f"{what} requires the run's {' or '.join(scopes)} credential ({METADATA_KEY}: {needed})"
 
 
 # --- gRPC ---------------------------------------------------------------------------------
@@ -103,10 +185,10 @@ def _refusing_handler(abort):
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
-    """For a thread-pool `grpc.server`: calls without the token end UNAUTHENTICATED."""
+    """For a thread-pool `grpc.server`: calls without `scope`'s credential end UNAUTHENTICATED."""
 
-    def __init__(self, token: str):
-        self.token = token
+    def __init__(self, scope: str, token: str):
+        self.scope, self.token = scope, token
 
     def intercept_service(self, continuation, details):
         handler = continuation(details)
@@ -114,16 +196,16 @@ class TokenInterceptor(grpc.ServerInterceptor):
             return handler
 
         def abort(requests, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, _refusal(details.method))
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, _refusal(details.method, (self.scope,)))
 
         return _refusing_handler(abort)
 
 
 class AioTokenInterceptor(grpc.aio.ServerInterceptor):
-    """For a `grpc.aio.server`: calls without the token end UNAUTHENTICATED."""
+    """For a `grpc.aio.server`: calls without `scope`'s credential end UNAUTHENTICATED."""
 
-    def __init__(self, token: str):
-        self.token = token
+    def __init__(self, scope: str, token: str):
+        self.scope, self.token = scope, token
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -131,44 +213,48 @@ class AioTokenInterceptor(grpc.aio.ServerInterceptor):
             return handler
 
         async def abort(requests, context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _refusal(details.method))
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _refusal(details.method, (self.scope,)))
 
         return _refusing_handler(abort)
 
 
-def server_interceptors(server: str, aio: bool) -> list:
-    """The interceptors a gRPC server named `server` needs: none without a token (`serve_open`)."""
-    token = run_token()
+def server_interceptors(server: str, scope: str, aio: bool) -> list:
+    """The interceptors a gRPC server named `server`, which accepts `scope` alone, needs: none
+    when this process does not hold that scope (`serve_open`)."""
+    token = credential(scope)
     if token is None:
         serve_open(server)
         return []
-    return [AioTokenInterceptor(token) if aio else TokenInterceptor(token)]
+    return [AioTokenInterceptor(scope, token) if aio else TokenInterceptor(scope, token)]
 
 
 # --- HTTP (vLLM's ASGI app) ---------------------------------------------------------------
 class RequireToken:
     """ASGI middleware for vLLM's server (`--middleware rlkube.auth.RequireToken`, added last
-    so it runs first): every HTTP request but `OPEN_ROUTES` needs the run's token (401)."""
+    so it runs first): every HTTP request but `OPEN_ROUTES` needs a credential of a scope its
+    route accepts (`route_scopes`) and this server holds (401)."""
 
     def __init__(self, app):
         self.app = app
-        self.token = run_token()
-        if self.token is None:
+        self.held = held_scopes()
+        if not self.held:
             serve_open("rlkube inference (vLLM's routes, /collective_rpc and /pause included)")
 
     async def __call__(self, scope, receive, send):
-        if self.token is None or scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_ROUTES:
+        if not self.held or scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_ROUTES:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or ())
         presented = headers.get(METADATA_KEY.encode())
-        if is_authorized(presented.decode("latin-1") if presented is not None else None, self.token):
+        presented = presented.decode("latin-1") if presented is not None else None
+        accepted = route_scopes(scope["path"])
+        if any(is_authorized(presented, self.held[s]) for s in accepted if s in self.held):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        body = json.dumps({"error": _refusal(scope["path"])}).encode()
+        body = json.dumps({"error": _refusal(scope["path"], accepted)}).encode()
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"www-authenticate", b"Bearer")]})

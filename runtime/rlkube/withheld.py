@@ -7,7 +7,9 @@ and a plain `subprocess.run`. The run's token there would let such a program loa
 its choosing into inference; the store's credentials, overwrite checkpoints.
 
 So the processes that run environments (the orchestrator and its env workers) call
-`withhold()` before they load any: it moves the run's token (`auth.TOKEN_ENV`) and the
+`withhold()` before they load any: it moves the run's token (`TOKEN_ENV`), its scoped
+credentials (`CREDENTIAL_ENVS`), the keys of judges and teachers outside the run that the
+config names (`extra`), and the
 object store's credentials (`STORE_CREDENTIALS`, the variables the operator's
 `storage.objectStore.secretName` provides) out of `os.environ` into this process's memory.
 rlkube's own code reads the token with `held` (`auth.run_token`), and fsspec gets the
@@ -22,8 +24,12 @@ process (an environment's reward function) is the process's own and is not fence
 import ctypes
 import os
 
+from rlkube.scopes import SCOPES, scope_env
+
 TOKEN_ENV = "RLKUBE_TOKEN"
 """The run's token (`rlkube.auth` reads it through `held`)."""
+CREDENTIAL_ENVS = tuple(scope_env(scope) for scope in SCOPES)
+"""The run's credentials, one per scope (`rlkube.scopes`)."""
 
 STORE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_SESSION_TOKEN": "token"}
 """The object store's credential variables and the fsspec S3 option each becomes. Other
@@ -38,10 +44,10 @@ def held(name: str) -> str | None:
     return os.environ.get(name) or _held.get(name)
 
 
-def withhold() -> None:
-    """Move the run's secrets out of this process's environment (see the module docstring);
-    a no-op for those it lacks. Idempotent."""
-    for name in (TOKEN_ENV, *STORE_CREDENTIALS):
+def withhold(extra: tuple[str, ...] = ()) -> None:
+    """Move the run's secrets, and the variables named in `extra`, out of this process's
+    environment (see the module docstring); a no-op for those it lacks. Idempotent."""
+    for name in (TOKEN_ENV, *CREDENTIAL_ENVS, *STORE_CREDENTIALS, *extra):
         if (value := os.environ.pop(name, None)) is not None:
             _held[name] = value
     if store := {option: _held[name] for name, option in STORE_CREDENTIALS.items() if name in _held}:

@@ -21,3 +21,4 @@ def test_a_judge_of_your_own_is_passed_through():
     config = RLConfig.model_validate({"orchestrator": {"judge": {"model": "j", "base_urls": ["http://judge:8000"]}}})
     orchestrator = config.process_configs()["orchestrator"]
     assert orchestrator.judge.base_urls == ["http://judge:8000"] and "judge" not in config.process_configs()
+    assert not orchestrator.judge.served_by_run, "a judge of your own is never sent the run's credential"

@@ -1,6 +1,6 @@
 """Environment code never sees the run's secrets (issue 35, item 3): a program an environment
 runs, started by a process that began as `rlkube orchestrator` / `rlkube env-worker` do
-(`serve_main`), finds neither the run's token nor the object store's credentials in its
+(`serve_main`), finds neither the run's token, its scoped credentials nor the object store's credentials in its
 environment, nor in its parent's (`/proc/<ppid>/environ`), while the serving process still
 has them for its own use."""
 
@@ -8,9 +8,10 @@ import os
 import subprocess
 import sys
 
-from rlkube.withheld import STORE_CREDENTIALS, TOKEN_ENV
+from rlkube.withheld import CREDENTIAL_ENVS, STORE_CREDENTIALS, TOKEN_ENV
 
-SECRETS = {TOKEN_ENV: "the-run-token-1234", "AWS_ACCESS_KEY_ID": "AKIA-store-key-5678",
+SECRETS = {TOKEN_ENV: "the-run-token-1234", **{name: f"scoped-credential-{name}" for name in CREDENTIAL_ENVS},
+           "AWS_ACCESS_KEY_ID": "AKIA-store-key-5678",
            "AWS_SECRET_ACCESS_KEY": "store-secret-9012", "AWS_SESSION_TOKEN": "store-session-3456"}
 SERVE = """
 import sys

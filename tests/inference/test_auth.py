@@ -6,6 +6,7 @@ import httpx
 import pytest
 from rlkube import auth
 from rlkube.inference import client
+from rlkube.scopes import ADMIN
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +34,7 @@ async def test_without_the_token_only_health_and_metrics_answer(inference_server
                     assert response.status_code == 401, f"{method} {route} with {headers}: {response.status_code}"
             assert (await http.get(url + "/health")).status_code == 200
             assert (await http.get(url + "/metrics")).status_code == 200
-            ok = await http.get(url + "/is_paused", headers=auth.http_headers())
+            ok = await http.get(url + "/is_paused", headers=auth.http_headers(ADMIN))
             assert ok.status_code == 200 and ok.json()["is_paused"] is False, "a refused /pause paused the server"
         assert await client.weight_version(url) == version, "a refused request changed the weight version"
         assert (await client.post(url, "/v1/completions", 60, json={

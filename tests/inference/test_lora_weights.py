@@ -15,6 +15,7 @@ from rlkube.config.inference import POLICY_ADAPTER
 from rlkube.inference import client
 from rlkube.inference.process import InferenceProcess
 from rlkube.models.lora_math import PEFT_PREFIX, merged_weights
+from rlkube.scopes import ADMIN
 from rlkube.trainer.lora import adapter_config
 from rlkube.transport.weights import GrpcPublisher, StoragePublisher
 
@@ -95,7 +96,7 @@ async def generate_as(base_url: str, model: str) -> tuple[list[int], list[float]
         "model": model, "token_ids": PROMPT_IDS, "output_mode": "tokens",
         "sampling_params": {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True, "logprobs": 1},
     }
-    async with httpx.AsyncClient(timeout=120, headers=auth.http_headers()) as http:
+    async with httpx.AsyncClient(timeout=120, headers=auth.http_headers(ADMIN)) as http:
         response = await http.post(f"{base_url}/inference/v1/generate", json=body)
     assert response.status_code == 200, response.text
     return tokens_and_logprobs(response.json())
@@ -130,7 +131,7 @@ async def test_an_adapter_served_with_vllms_lora_support_computes_its_merged_wei
         from_second = await generate_as(lora_server, POLICY_ADAPTER)
         # The adapter's files where the server staged them, overwritten with the first one's:
         # the engine keeps serving the second adapter it loaded.
-        async with httpx.AsyncClient(timeout=30, headers=auth.http_headers()) as http:
+        async with httpx.AsyncClient(timeout=30, headers=auth.http_headers(ADMIN)) as http:
             cards = (await http.get(f"{lora_server}/v1/models")).json()["data"]
         staged = next(card["root"] for card in cards if card["id"] == POLICY_ADAPTER)
         first_files = storage.publish(first, 3)

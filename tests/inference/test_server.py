@@ -9,6 +9,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from rlkube import auth
 from rlkube.inference import client
+from rlkube.scopes import ADMIN
 from rlkube.transport.weights import GrpcPublisher, StoragePublisher
 
 from tests.fixtures.inference import S3_BUCKET, S3_ENV, free_port
@@ -22,7 +23,7 @@ LONG_PROMPT_IDS = PROMPT_IDS * 25  # 300 tokens: more than two of the CPU engine
 
 async def generate(base_url: str, token_ids=PROMPT_IDS, max_tokens: int = 12, **sampling) -> dict:
     params = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "logprobs": 1}
-    async with httpx.AsyncClient(timeout=120, headers=auth.http_headers()) as http:
+    async with httpx.AsyncClient(timeout=120, headers=auth.http_headers(ADMIN)) as http:
         response = await http.post(
             f"{base_url}/inference/v1/generate",
             json={
@@ -82,7 +83,7 @@ async def test_the_engine_runs_as_configured(inference_server):
     """What rlkube's vLLM arguments and environment turn on, read back from the running engine
     (the fixture's config: 2048 tokens of context, a 1 GiB KV cache on CPU, prefix caching)."""
     base_url = inference_server.base_url
-    async with httpx.AsyncClient(timeout=30, headers=auth.http_headers()) as http:
+    async with httpx.AsyncClient(timeout=30, headers=auth.http_headers(ADMIN)) as http:
         card = (await http.get(f"{base_url}/v1/models")).json()["data"][0]
     assert card["max_model_len"] == 2048
     assert samples(base_url, "vllm:cache_config_info")[0].labels["kv_cache_memory_bytes"] == str(2**30)
@@ -96,7 +97,7 @@ async def test_chat_completion_generates(inference_server):
         "max_tokens": 8,
         "ignore_eos": True,
     }
-    async with httpx.AsyncClient(timeout=120, headers=auth.http_headers()) as http:
+    async with httpx.AsyncClient(timeout=120, headers=auth.http_headers(ADMIN)) as http:
         response = await http.post(f"{inference_server.base_url}/v1/chat/completions", json=request)
     assert response.status_code == 200, response.text
     body = response.json()

@@ -12,6 +12,7 @@ from rlkube.http import async_client
 from rlkube.inference.client import is_paused, update_weights, weight_version
 from rlkube.inference.process import InferenceProcess
 from rlkube.orchestrator.inference import InferencePool
+from rlkube.scopes import ADMIN
 from rlkube.transport.weights_snapshot import Snapshot
 from rlkube.transport.weights_storage import write_snapshot
 
@@ -34,7 +35,7 @@ def test_a_server_starts_paused_until_the_pool_syncs_it(tiny_model, tmp_path):
     async def scenario(url: str) -> None:
         assert await is_paused(url) and await weight_version(url) == "default"
         async with async_client(120) as client:
-            client.headers.update(http_headers())  # the run's token, as every caller sends it
+            client.headers.update(http_headers(ADMIN))  # the run's token, as every caller sends it
             request = {"model": str(tiny_model), "prompt": "abc", "max_tokens": 2}
             completion = asyncio.ensure_future(client.post(f"{url}/v1/completions", json=request))
             await asyncio.sleep(2)

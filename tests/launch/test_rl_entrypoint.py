@@ -76,6 +76,7 @@ def test_a_served_judge_starts_beside_the_teacher_and_the_orchestrator_calls_it(
     judge = OrchestratorConfig.model_validate(tomllib.loads(paths["orchestrator"].read_text())).judge
     assert judge.model == "judge" and judge.base_urls == ["http://127.0.0.1:9300", "http://127.0.0.1:9301"]
     assert judge.sampling == {"temperature": 0.0, "max_tokens": 3}
+    assert judge.served_by_run, "the judge rlkube rl serves is sent the run's generate credential"
 
 
 def test_a_taken_teacher_port_is_refused_before_anything_starts(tmp_path, capsys):

@@ -201,7 +201,7 @@ def test_component_pod_settings_merge_over_the_run_level_defaults():
     assert trainer["affinity"] == TUNED_PODS["trainer"]["pod"]["affinity"]
     assert trainer["topologySpreadConstraints"][0]["topologyKey"] == "zone"
     (main,) = trainer["containers"]
-    assert [e["name"] for e in main["env"]] == ["RLKUBE_TOKEN", "NODE_RANK", "MASTER_ADDR", "PYTHONUNBUFFERED", "HOME",
+    assert [e["name"] for e in main["env"]] == ["RLKUBE_TOKEN_ROLLOUTS", "RLKUBE_TOKEN_WEIGHTS", "NODE_RANK", "MASTER_ADDR", "PYTHONUNBUFFERED", "HOME",
                                                 "AWS_ENDPOINT_URL",
                                                 "NCCL_DEBUG", "HF_TOKEN"]
     assert main["envFrom"] == [{"secretRef": {"name": "s3-creds"}}, {"configMapRef": {"name": "nccl-tuning"}}]
@@ -230,7 +230,8 @@ def test_an_sftruns_trainer_takes_the_same_pod_settings():
 
 
 def test_the_reserved_names_are_exactly_what_the_operator_sets():
-    """What `PodSettings` refuses is what the builders put in every pod by themselves."""
+    """What `PodSettings` refuses is what the builders put in every pod by themselves, and the
+    run's token, which no pod gets and none may be given: a process derives every scope from it."""
     env, volumes, labels, annotations = set(), set(), set(), set()
     for kind, spec in (SPECS["gpu-rlrun"], SPECS["example-sftrun"]):
         for pod in pods_by_component(kind, spec).values():
@@ -238,7 +239,7 @@ def test_the_reserved_names_are_exactly_what_the_operator_sets():
             volumes |= {v["name"] for v in pod["spec"]["volumes"]}
             labels |= set(pod["metadata"]["labels"])
             annotations |= set(pod["metadata"].get("annotations", {}))
-    assert env == set(OPERATOR_ENV)
+    assert env | {"RLKUBE_TOKEN"} == set(OPERATOR_ENV)
     assert volumes == set(OPERATOR_VOLUMES)
     assert all(operator_label(key) for key in labels)
     assert {key for key in annotations if key.startswith("rlkube.dev/")} == {"rlkube.dev/attempt"}
@@ -549,7 +550,8 @@ def test_the_orchestrator_asks_the_teachers_pods_for_the_teachers_model(tmp_path
 def test_the_judge_is_served_behind_the_runs_token_and_network_policy(tmp_path):
     """`judge`: vLLM servers `big-judge-<i>` of the judge's model on the GPU nodes, that the
     orchestrator and the env workers (their loopback endpoints) call with the judge's sampling.
-    Every judge pod gets the run's token (its vLLM requires it) and no store credentials; the
+    Every judge pod gets the run's generate credential alone (its vLLM accepts no other scope)
+    and no store credentials; the orchestrator is told the judge is the run's own; the
     run's NetworkPolicy admits only the run's pods (and the scraper, on its metrics port)."""
     from rlkube.config import InferenceConfig, OrchestratorConfig
 
@@ -571,7 +573,9 @@ def test_the_judge_is_served_behind_the_runs_token_and_network_policy(tmp_path):
     (main,) = pod["containers"]
     assert main["command"] == ["rlkube", "inference", "@", "/etc/rlkube/judge.toml"]
     assert main["resources"]["limits"]["nvidia.com/gpu"] == "1" and pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
-    assert {"name": "RLKUBE_TOKEN", "valueFrom": {"secretKeyRef": {"name": "big-token", "key": "token"}}} in main["env"]
+    assert [e for e in main["env"] if e["name"].startswith("RLKUBE_TOKEN")] == [
+        {"name": "RLKUBE_TOKEN_GENERATE", "valueFrom": {"secretKeyRef": {"name": "big-token", "key": "generate"}}}]
+    assert judge.served_by_run
     assert "envFrom" not in main, "no object-store credentials for the judge"
     assert objs["Service", "big-judge"]["spec"]["clusterIP"] == "None"
     assert objs["PodDisruptionBudget", "big-judge"]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "judge"
@@ -742,12 +746,12 @@ def test_credentials_in_the_configs_urls_are_refused_naming_the_field(config, fi
 
 def test_no_manifest_carries_a_secret_value():
     """Credentials are referenced (envFrom a Secret), never copied; the one Secret produced is
-    the run's own token."""
+    the run's own credentials, one per scope."""
     for name, (kind, spec) in SPECS.items():
         for obj in manifests(kind, spec):
             if obj["kind"] == "Secret":
                 assert obj["metadata"]["name"] == f"{RUN.name}-{'sft-' if kind == 'SFTRun' else ''}token"
-                assert set(obj["data"]) == {"token"}
+                assert set(obj["data"]) == {"generate", "admin", "weights", "rollouts"}
                 continue
             text = yaml.safe_dump(obj).lower()
             for word in (r"aws_secret_access_key", r"password", r"(?<![a-z])token:"):

@@ -10,6 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
+from rlkube.scopes import HELD, SCOPES, scope_env, scoped
 from rlkube_operator.crd import PRINTER_COLUMNS
 from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.names import TRAINER_METRICS_PORT
@@ -295,12 +296,15 @@ async def test_a_runs_token_is_made_once_owned_by_it_and_reaches_every_pod(clust
     secret = await cluster.until(lambda: cluster.get("Secret", "rt-token"), what="token Secret")
     assert [(r["uid"], r["controller"]) for r in secret["metadata"]["ownerReferences"]] == [(uid, True)]
     assert secret["immutable"] is True
-    assert base64.b64decode(secret["data"]["token"]).decode() == run_token(TOKEN_KEY, uid)
+    token = run_token(TOKEN_KEY, uid)
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {s: scoped(token, s) for s in SCOPES}
     await start_everything(cluster)
-    from_secret = {"name": "RLKUBE_TOKEN", "valueFrom": {"secretKeyRef": {"name": "rt-token", "key": "token"}}}
     for pod in cluster.names("Pod"):
+        component = cluster.get("Pod", pod)["metadata"]["labels"]["app.kubernetes.io/component"]
         for c in cluster.get("Pod", pod)["spec"]["containers"]:
-            assert from_secret in c["env"], f"{pod}/{c['name']} gets no token"
+            got = [e for e in c["env"] if e["name"].startswith("RLKUBE_TOKEN")]
+            assert got == [{"name": scope_env(s), "valueFrom": {"secretKeyRef": {"name": "rt-token", "key": s}}}
+                           for s in HELD[component]], f"{pod}/{c['name']}: {got}"
 
     # A restarted operator is a new Reconciler, remembering nothing: its pass remakes a lost
     # child, and leaves the token as it is.

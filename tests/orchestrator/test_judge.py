@@ -19,6 +19,7 @@ from rlkube.orchestrator.rollouts import EnvRunner, Reissuer, run_group
 from rlkube.orchestrator.samples import sample_rows
 from rlkube.orchestrator.types import Batch
 from rlkube.ports import free_port
+from rlkube.scopes import GENERATE, scoped
 
 from tests.fixtures.network import UnansweredPort
 from tests.orchestrator.fake_inference import FakeInference, FakeInferenceThread
@@ -97,13 +98,13 @@ def assert_scored_by_the_judge(results) -> None:
     assert rewards == {0.0, 1.0}, "the tasks drew both verdicts"
 
 
-def test_rewards_are_the_judges_verdicts_and_its_calls_carry_the_run_token(tiny_model, policy):
+def test_rewards_are_the_judges_verdicts_and_its_calls_carry_the_generate_credential(tiny_model, policy):
     judge = FakeJudge()
     with FakeInferenceThread(judge) as server:
-        config = JudgeConfig(model="the-judge", base_urls=[server.url])
+        config = JudgeConfig(model="the-judge", base_urls=[server.url], served_by_run=True)
         results, metrics, reissued = asyncio.run(judged_groups(tiny_model, policy, config, groups=8))
     assert_scored_by_the_judge(results)
-    assert judge.models == ["the-judge"] * 16 and judge.authorizations == [f"Bearer {TOKEN}"] * 16
+    assert judge.models == ["the-judge"] * 16 and judge.authorizations == [f"Bearer {scoped(TOKEN, GENERATE)}"] * 16
     assert metrics["judge/requests"] == 16 and metrics["judge/errors"] == 0 and metrics["judge/latency_s"] > 0
     assert reissued == 0
 

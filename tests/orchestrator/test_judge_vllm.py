@@ -74,7 +74,7 @@ def run_judged(inference_server, tmp_path, verdict: str, judge_url: str, wait_s:
         "filter_zero_advantage": False, "samples_interval": 1,
         "envs": [{"id": "judged_reverse_text", "args": {"num_examples": 20}}],
         "client": {"base_urls": [inference_server.base_url]},
-        "judge": {"model": inference_server.model_name, "base_urls": [judge_url], "wait_s": wait_s,
+        "judge": {"model": inference_server.model_name, "base_urls": [judge_url], "wait_s": wait_s, "served_by_run": True,
                   "sampling": {"temperature": 0.0, "max_tokens": 4, "structured_outputs": {"choice": [verdict]}}},
         "rollouts": {"port": grpc_port}, "http_port": free_port(),
     })

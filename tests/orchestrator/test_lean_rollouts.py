@@ -71,16 +71,17 @@ def test_lean_path_records_the_same_traces_as_verifiers(tiny_model):
 
 
 def test_both_paths_send_the_withheld_token(tiny_model, monkeypatch):
-    """The orchestrator took the token out of its environment (`rlkube.withheld`): verifiers'
-    clients still present it to inference, on both paths, from the process's memory."""
+    """The orchestrator took its credentials out of its environment (`rlkube.withheld`):
+    verifiers' clients still present the generate one to inference, on both paths, from the
+    process's memory."""
     monkeypatch.delenv(withheld.TOKEN_ENV, raising=False)
-    monkeypatch.setattr(withheld, "_held", {withheld.TOKEN_ENV: "held-token"})
+    monkeypatch.setattr(withheld, "_held", {"RLKUBE_TOKEN_GENERATE": "held-credential"})
     env = load_env(EnvConfig(args={"num_examples": 2}))
     fake = FakeInference(str(tiny_model), 0)
     with FakeInferenceThread(fake) as server:
         for path in ("verifiers", "lean"):
             asyncio.run(episodes(env, path, list(env.taskset), server.url, tiny_model, SamplingConfig(max_tokens=4)))
-    assert fake.authorizations == ["Bearer held-token"] * 4
+    assert fake.authorizations == ["Bearer held-credential"] * 4
 
 
 def test_lean_path_fails_a_rollout_like_verifiers_when_the_engine_is_down(tiny_model):

@@ -126,7 +126,8 @@ def test_teacher_logprobs_equal_the_servers_sampling_logprobs(inference_server):
             "seed": 7, "logprobs": 0, "return_token_ids": True, "ignore_eos": True,
         }
         choice = (await post(inference_server.base_url, "/v1/completions", 120, json=request)).json()["choices"][0]
-        teacher = Teacher(TeacherConfig(model=inference_server.model_name, base_urls=[inference_server.base_url]))
+        teacher = Teacher(TeacherConfig(model=inference_server.model_name, base_urls=[inference_server.base_url],
+                                             served_by_run=True))
         scored = await teacher.token_logprobs(inference_server.base_url, prompt + choice["token_ids"])
         return choice["token_ids"], choice["logprobs"]["token_logprobs"], scored
 

@@ -1,5 +1,6 @@
-"""Every gRPC service of a run refuses a caller without the run's token, over real loopback
-sockets: the orchestrator's Rollouts and EnvWorkers services and the trainer's Weights.Fetch."""
+"""Every gRPC service of a run refuses a caller without the run's credential of its scope, over
+real loopback sockets: the orchestrator's Rollouts and EnvWorkers services (rollouts) and the
+trainer's Weights.Fetch (weights)."""
 
 import asyncio
 import json
@@ -9,6 +10,7 @@ import pytest
 from rlkube.auth import TOKEN_ENV
 from rlkube.orchestrator.clock import PolicyClock
 from rlkube.orchestrator.workers import WorkerHub
+from rlkube.scopes import ROLLOUTS, WEIGHTS, scoped
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
 from rlkube.transport.client import RolloutClient, RolloutError
@@ -22,7 +24,8 @@ from tests.transport.test_rollouts_grpc import FakeSource, ServerThread
 
 TOKEN = "the-runs-token"
 WRONG = (("authorization", "Bearer not-the-runs-token"),)
-RIGHT = (("authorization", f"Bearer {TOKEN}"),)
+RIGHT = (("authorization", f"Bearer {scoped(TOKEN, ROLLOUTS)}"),)
+RIGHT_WEIGHTS = (("authorization", f"Bearer {scoped(TOKEN, WEIGHTS)}"),)
 
 
 @pytest.fixture
@@ -101,7 +104,7 @@ def test_the_weight_server_streams_the_model_only_to_holders_of_the_token(token,
                 with pytest.raises(grpc.RpcError) as refused:
                     list(fetch(pb.WeightsRequest(step=3), timeout=10, metadata=metadata))
                 assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            assert b"".join(c.data for c in fetch(pb.WeightsRequest(step=3), timeout=10, metadata=RIGHT)
+            assert b"".join(c.data for c in fetch(pb.WeightsRequest(step=3), timeout=10, metadata=RIGHT_WEIGHTS)
                             if c.file == "model.safetensors") == b"weights" * 100
 
         assert bytes(fetch_snapshot(f"127.0.0.1:{port}", 3, timeout=10)["model.safetensors"]) == b"weights" * 100
@@ -128,7 +131,7 @@ def test_a_server_without_the_token_refuses_to_start_on_a_cluster(monkeypatch, c
         RequireToken(app=None)
 
     monkeypatch.delenv(IN_CLUSTER_ENV)
-    assert RequireToken(app=None).token is None
+    assert RequireToken(app=None).held == {}
     assert "serves WITHOUT a token" in caplog.text
 
 

@@ -180,7 +180,31 @@ class ClientConfig(Config):
     generates anything."""
 
 
-class TeacherConfig(Config):
+class ServedModelClient(Config):
+    """Which credential the calls to a teacher or a judge carry."""
+
+    served_by_run: bool = False
+    """Whether `base_urls` are servers the run starts itself (`rlkube rl`'s `[teacher]` and
+    `[judge]`, an RLRun's `spec.teacher` and `spec.judge`): only those are sent the run's
+    generate credential. Set by `rlkube rl` and the operator, which overrides a user's value."""
+
+    api_key_env: str | None = None
+    """For servers outside the run (a hosted API): the environment variable holding the key
+    sent as `Authorization: Bearer <key>` (on a cluster, an `env` entry of the orchestrator's
+    and env workers' pods from a Secret of yours). It is taken out of the environment before
+    any environment runs, as the run's credentials are. Unset, a server outside the run is
+    sent no credential."""
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _not_the_runs(cls, name: str | None) -> str | None:
+        if name is not None and (not name or name.startswith("RLKUBE_")):
+            raise ValueError(f"{name!r}: name a variable of your own; the run's credentials (RLKUBE_*) are sent "
+                             "only to the run's own servers")
+        return name
+
+
+class TeacherConfig(ServedModelClient):
     """The teacher of on-policy distillation: an inference server (`rlkube inference`, not
     paused) whose model scores the student's sampled tokens. It is never updated."""
 
@@ -197,7 +221,7 @@ class TeacherConfig(Config):
     """Scoring requests (one per sample) in flight across all teacher replicas."""
 
 
-class JudgeConfig(Config):
+class JudgeConfig(ServedModelClient):
     """The judge of environments scored by verifiers' judges (`verifiers.v1.judges`: reference,
     rubric): an inference server (`rlkube inference`, not paused) that the processes running
     rollouts reach through a loopback endpoint of their own (`rlkube.orchestrator.judge`), which

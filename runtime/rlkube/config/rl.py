@@ -211,7 +211,7 @@ class RLConfig(RunConfig, PlannedGpuConfig):
             dump(self.orchestrator.client) | {"base_urls": self.inference_urls()}
             | ({"lora_adapter": POLICY_ADAPTER} if serves_adapter else {})
         )
-        served = {name: {"model": section.model.name, "base_urls": self.served_urls(name)}
+        served = {name: {"model": section.model.name, "base_urls": self.served_urls(name), "served_by_run": True}
                   | ({"sampling": section.sampling} if isinstance(section, JudgeServerSection) else {})
                   for name, section in self.served_models().items()}
         orchestrator = OrchestratorConfig.model_validate(

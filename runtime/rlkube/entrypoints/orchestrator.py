@@ -17,6 +17,7 @@ def serve_main(command: str, serve_module: str, argv: list[str] | None) -> int:
 
     withhold()
     config, dry_run = parse_cli(OrchestratorConfig, command, argv, check=check_references)
+    withhold(tuple(c.api_key_env for c in (config.judge, config.teacher) if c is not None and c.api_key_env))
     if dry_run:
         print(to_toml(config))
         return 0

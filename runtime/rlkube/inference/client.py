@@ -3,7 +3,7 @@
 server, the route and what went wrong.
 
 The policy update of one replica is `pause` -> `update_weights` -> `resume`. Every call but
-`/health` sends the run's token (`rlkube.auth`).
+`/health` sends the run's credential its route needs (`rlkube.auth.route_headers`).
 """
 
 import asyncio
@@ -40,11 +40,15 @@ def _reason(response: httpx.Response) -> str:
     return str(body.get("error", body) if isinstance(body, dict) else body)[:500]
 
 
-async def post(base_url: str, route: str, timeout: float, **kwargs) -> httpx.Response:
+async def post(base_url: str, route: str, timeout: float, headers: dict[str, str] | None = None,
+               **kwargs) -> httpx.Response:
+    """POST `route` with the credential it needs (`auth.route_headers`), or `headers` where
+    given (a server outside the run gets its own credential or none)."""
     url = base_url.rstrip("/") + route
     try:
         async with async_client(timeout) as client:
-            response = await client.post(url, headers=auth.http_headers(), **kwargs)
+            response = await client.post(url, headers=auth.route_headers(route) if headers is None else headers,
+                                         **kwargs)
     except httpx.TimeoutException:
         raise ReplicaUnreachable(f"POST {url} timed out after {timeout:g}s") from None
     except httpx.TransportError as e:
@@ -60,7 +64,7 @@ async def _get(base_url: str, route: str, timeout: float) -> dict:
     url = base_url.rstrip("/") + route
     try:
         async with async_client(timeout) as client:
-            response = await client.get(url, headers=auth.http_headers())
+            response = await client.get(url, headers=auth.route_headers(route))
     except httpx.TransportError as e:
         raise ReplicaUnreachable(f"GET {url} failed: {e!r}") from None
     except httpx.HTTPError as e:

@@ -15,6 +15,7 @@ from rlkube.config import RLConfig, write_toml
 from rlkube.launch.gpus import GpuPlacement
 from rlkube.launch.supervisor import ChildSpec
 from rlkube.ports import free_port
+from rlkube.scopes import component_env
 
 PROCESSES = ("inference", "orchestrator", "trainer")
 ENV_WORKER_RESTARTS = 5
@@ -98,10 +99,17 @@ def child_stages(
     """Inference, teacher and judge replicas and the trainer start at once (model loading overlaps
     vLLM's start); the orchestrator starts once every replica is healthy, with its env workers
     (they dial it until it listens). `gpus`: the devices each replica and the trainer see.
-    Every child gets the run's token (`rlkube.auth`): `RLKUBE_TOKEN` when it is set (so that
-    servers started by hand can join), else a fresh one for this run."""
+    Every child gets the run's credentials its component holds (`rlkube.scopes.HELD`), derived
+    from the run's token: `RLKUBE_TOKEN` when it is set (so that servers started by hand with it
+    can join), else a fresh one for this run. Inference sends the weights credential only to
+    the trainer's weight server (`auth.WEIGHTS_PEERS_ENV`)."""
     logs = config.output_dir / "logs"
-    run_env = {auth.TOKEN_ENV: auth.run_token() or auth.new_token()}
+    token = auth.run_token() or auth.new_token()
+
+    def run_env(component: str) -> dict[str, str]:
+        return component_env(token, component)
+
+    weights_peer = {auth.WEIGHTS_PEERS_ENV: f"{config.weights.grpc_host}:{config.weights.grpc_port}"}
 
     def servers(name: str, urls: list[str], devices: list[list[str]]) -> list[ChildSpec]:
         return [
@@ -110,7 +118,7 @@ def child_stages(
                 argv=[*_module("inference"), "@", str(paths[name]), "--port", url.rsplit(":", 1)[1]],
                 log_path=logs / f"{name}-{i}.log",
                 health_url=f"{url}/health",
-                env=run_env | (gpus.env(devices[i]) if gpus else {}),
+                env=run_env(name) | (weights_peer if name == "inference" else {}) | (gpus.env(devices[i]) if gpus else {}),
                 max_restarts=JUDGE_RESTARTS if name == "judge" else 0,
             )
             for i, url in enumerate(urls)
@@ -121,7 +129,7 @@ def child_stages(
     served = [child for name in config.served_models()
               for child in servers(name, config.served_urls(name), gpus.served[name] if gpus else [])]
     trainer_cmd, trainer_env = trainer_argv(config.trainer.nproc_per_node, paths["trainer"])
-    trainer_env |= run_env
+    trainer_env |= run_env("trainer")
     if gpus:
         trainer_env |= gpus.env(gpus.trainer)
     trainer = ChildSpec("trainer", trainer_cmd, logs / "trainer.log", env=trainer_env, must_finish=True)
@@ -129,12 +137,12 @@ def child_stages(
         "orchestrator",
         [*_module("orchestrator"), "@", str(paths["orchestrator"])],
         logs / "orchestrator.log",
-        env=run_env,
+        env=run_env("orchestrator"),
         must_finish=True,
     )
     env_workers = [
         ChildSpec(f"env-worker-{i}", [*_module("env_worker"), "@", str(paths["orchestrator"])],
-                  logs / f"env-worker-{i}.log", env=run_env, max_restarts=ENV_WORKER_RESTARTS)
+                  logs / f"env-worker-{i}.log", env=run_env("env-worker"), max_restarts=ENV_WORKER_RESTARTS)
         for i in range(config.orchestrator.env_workers)
     ]
     return [[*inference, *served, trainer], [orchestrator, *env_workers]]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rlkube.child_process import die_with_parent
 from rlkube.config.cli import EXIT_INVALID
+from rlkube.withheld import CREDENTIAL_ENVS, TOKEN_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,12 @@ class ChildSpec:
     exit fails the run."""
 
 
+def _without_run_credentials(environ) -> dict[str, str]:
+    """The supervisor's environment less the run's token and credentials: each child gets those
+    its component holds from its `ChildSpec.env` alone (`rlkube.scopes.HELD`)."""
+    return {k: v for k, v in environ.items() if k not in (TOKEN_ENV, *CREDENTIAL_ENVS)}
+
+
 class Child:
     def __init__(self, spec: ChildSpec, restarts: int = 0):
         self.spec, self.restarts = spec, restarts
@@ -65,7 +72,7 @@ class Child:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **spec.env},
+            env={**_without_run_credentials(os.environ), **spec.env},
             start_new_session=True,
             preexec_fn=die_with_parent,  # noqa: PLW1509 (one prctl call, resolved before the fork)
         )

@@ -95,6 +95,7 @@ def model_contexts(base_urls: list[str], model: str, renderer_model: str, sampli
 
     from rlkube.auth import http_headers
     from rlkube.models.renderer import renderer_config_for
+    from rlkube.scopes import GENERATE
 
     renderer = renderer_config_for(renderer_model)
     vf_sampling = Sampling(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens)
@@ -103,7 +104,7 @@ def model_contexts(base_urls: list[str], model: str, renderer_model: str, sampli
             model=model,
             client=TrainClientConfig(
                 base_url=url.rstrip("/") + "/v1",
-                headers=http_headers(),  # the run's token, from memory: never an env var of env code
+                headers=http_headers(GENERATE),  # the run's credential, from memory: never an env var of env code
                 renderer=renderer,
                 renderer_model_name=renderer_model,
                 timeout=ClientTimeoutConfig(read=timeout_s),

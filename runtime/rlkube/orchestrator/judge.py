@@ -12,8 +12,10 @@ choosing) would hand it the run's authority. A path is percent-decoded and norma
 `.`, `//`) before it is looked up; anything else is answered 404 (405 for another method)
 without contacting the judge, and what is forwarded is the route's own path. It exists for
 three things the SDK call cannot do:
-- the run's token: the judge's vLLM requires it, and environment code never sees it
-  (`rlkube.withheld`); the endpoint adds it to what it forwards;
+- the run's generate credential: the judge's vLLM requires it, and environment code never
+  sees it (`rlkube.withheld`); the endpoint adds it to what it forwards, to the judge the
+  run serves only (`judge.served_by_run`); a judge outside the run gets the key named by
+  `judge.api_key_env`, or nothing;
 - a judge that is down: a refused, reset or unanswered (`CONNECT_TIMEOUT_S`) connection, or a
   502/503/504, is retried with backoff (0.5 s doubling to 5 s) for up to `judge.wait_s`, so
   the rollout waits; past that the endpoint answers 503 with `JUDGE_UNAVAILABLE` in its
@@ -65,6 +67,8 @@ class JudgeEndpoint:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.in_flight = dict.fromkeys(config.base_urls, 0)
+        self.headers = {"Content-Type": "application/json",
+                        **auth.served_model_headers("judge", config.served_by_run, config.api_key_env)}
         self.slots = asyncio.Semaphore(config.max_concurrent)
         self.requests = self.errors = self.answered = 0
         self.latency_s = 0.0
@@ -117,12 +121,11 @@ class JudgeEndpoint:
         """(status, body) of the judge's answer to `method` `route` (one of `ROUTES`), waiting
         out an unreachable judge (see the module docstring)."""
         deadline, delay = time.monotonic() + self.config.wait_s, FIRST_RETRY_S
-        headers = {"Content-Type": "application/json", **auth.http_headers()}
         while True:
             replica = min(self.in_flight, key=self.in_flight.__getitem__)
             self.in_flight[replica] += 1
             try:
-                async with self._session.request(method, f"{replica}{route}", data=body, headers=headers) as r:
+                async with self._session.request(method, f"{replica}{route}", data=body, headers=self.headers) as r:
                     status, content = r.status, await r.read()
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
                 status, content = None, f"{type(e).__name__}: {e}".encode()

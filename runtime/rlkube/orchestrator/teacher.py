@@ -19,6 +19,7 @@ A sample the teacher fails to score fails its rollout, which is then counted but
 import asyncio
 import logging
 
+from rlkube import auth
 from rlkube.config import TeacherConfig
 from rlkube.inference.client import InferenceError, post, wait_until_healthy
 from rlkube.orchestrator.inference import pick_replica
@@ -32,6 +33,7 @@ class Teacher:
     def __init__(self, config: TeacherConfig):
         self.config = config
         self.slots = asyncio.Semaphore(config.max_concurrent)
+        self.headers = auth.served_model_headers("teacher", config.served_by_run, config.api_key_env)
 
     async def wait_until_healthy(self) -> None:
         await asyncio.gather(*(wait_until_healthy(url, self.config.timeout_s) for url in self.config.base_urls))
@@ -40,7 +42,7 @@ class Teacher:
         """The teacher's log-prob of each token given the tokens before it (0.0 for the first)."""
         request = {"model": self.config.model, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0}
         async with self.slots:
-            response = await post(base_url, "/v1/completions", self.config.timeout_s, json=request)
+            response = await post(base_url, "/v1/completions", self.config.timeout_s, self.headers, json=request)
         prompt_logprobs = response.json()["choices"][0]["prompt_logprobs"]
         if len(prompt_logprobs) != len(token_ids):
             raise InferenceError(f"{base_url}: {len(prompt_logprobs)} prompt log-probs for {len(token_ids)} tokens")

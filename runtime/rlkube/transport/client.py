@@ -17,6 +17,7 @@ import time
 import grpc
 
 from rlkube import auth
+from rlkube.scopes import ROLLOUTS
 from rlkube.transport import keepalive
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
@@ -71,7 +72,7 @@ class RolloutClient:
         """The run's token, and the instance expected, so that another one refuses the request
         before acting on it."""
         expected = () if self.orchestrator_id is None else ((INSTANCE_ID_KEY, self.orchestrator_id),)
-        return auth.grpc_metadata() + expected
+        return auth.grpc_metadata(ROLLOUTS) + expected
 
     def _call(self, what: str, fn, timeout_s: float | None = None):
         """`fn(remaining_s)` until it succeeds, retrying UNAVAILABLE until the deadline. `fn`

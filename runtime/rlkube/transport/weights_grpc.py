@@ -25,6 +25,7 @@ from concurrent import futures
 import grpc
 
 from rlkube import auth
+from rlkube.scopes import WEIGHTS
 from rlkube.transport import keepalive, rlkube_pb2, rlkube_pb2_grpc
 from rlkube.transport.weights_snapshot import COMPLETE, bases_needed
 
@@ -172,7 +173,7 @@ class WeightsServicer:
 def serve_weights(servicer: WeightsServicer, bind: str) -> grpc.Server:
     """Start a gRPC server for `servicer` on `bind` ("host:port")."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=CHANNEL_OPTIONS + keepalive.SERVER,
-                         interceptors=auth.server_interceptors("the weight server (Weights.Fetch)", aio=False))
+                         interceptors=auth.server_interceptors("the weight server (Weights.Fetch)", WEIGHTS, aio=False))
     fetch = grpc.unary_stream_rpc_method_handler(  # responses are sent as encoded
         servicer.Fetch, request_deserializer=rlkube_pb2.WeightsRequest.FromString, response_serializer=None
     )
@@ -199,7 +200,11 @@ def fetch_snapshot(address: str, step: int, timeout: float) -> dict[str, bytearr
     readiness takes ~0.2 s with grpcio 1.85 (its connectivity poll's slice), which every gRPC
     load paid once and every NIXL load twice (a descriptor fetch before and after its READ).
     Keeping channels between fetches instead made a load after a trainer's pod vanished wait on
-    the dead connection until keepalive gave it up."""
+    the dead connection until keepalive gave it up.
+
+    The weights credential goes only to the run's own weight servers: another `address`
+    raises PermissionError before any dial (`auth.check_weights_peer`)."""
+    auth.check_weights_peer(address)
     channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS + keepalive.CLIENT)
     try:
         parts = _fetch(channel, address, step, timeout)
@@ -221,7 +226,7 @@ def _fetch(channel: grpc.Channel, address: str, step: int, timeout: float) -> di
     parts: dict[str, list[bytes]] = {}
     try:
         request = rlkube_pb2.WeightsRequest(step=step)
-        for chunk in rlkube_pb2_grpc.WeightsStub(channel).Fetch(request, timeout=timeout, metadata=auth.grpc_metadata()):
+        for chunk in rlkube_pb2_grpc.WeightsStub(channel).Fetch(request, timeout=timeout, metadata=auth.grpc_metadata(WEIGHTS)):
             parts.setdefault(chunk.file, []).append(chunk.data)
     except grpc.RpcError as e:
         raise ConnectionError(

@@ -18,11 +18,12 @@ import torch
 
 from rlkube import auth
 from rlkube.config import WeightTransferConfig
+from rlkube.scopes import WEIGHTS
 from rlkube.transport.weights import WeightPublisher
 
 
 def _authorized_sync_client(base_url: str, timeout: float):
-    """vLLM's HTTP weight-sync client, sending the run's token (`rlkube.auth`) with each request:
+    """vLLM's HTTP weight-sync client, sending the run's weights credential (`rlkube.auth`) with each request:
     its `_post` sends no headers. Should vLLM rename `_post`, the routes answer 401: loud, not silent."""
     import requests
     from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
@@ -30,7 +31,7 @@ def _authorized_sync_client(base_url: str, timeout: float):
     class AuthorizedSyncClient(HTTPVLLMWeightSyncClient):
         def _post(self, path: str, json: dict[str, Any] | None = None) -> None:
             url = f"{self.base_url}/{path}"
-            requests.post(url, json=json, timeout=self.timeout, headers=auth.http_headers()).raise_for_status()
+            requests.post(url, json=json, timeout=self.timeout, headers=auth.http_headers(WEIGHTS)).raise_for_status()
 
     return AuthorizedSyncClient(base_url, timeout)
 
@@ -54,7 +55,7 @@ class _ReplicasClient:
 
         def one(i: int) -> None:
             url = self.base_urls[i].rstrip("/") + route
-            httpx.post(url, timeout=self.timeout, headers=auth.http_headers(), **kwargs).raise_for_status()
+            httpx.post(url, timeout=self.timeout, headers=auth.http_headers(WEIGHTS), **kwargs).raise_for_status()
 
         self._each(one)
 
@@ -77,7 +78,7 @@ def _world_size(base_url: str, timeout: float) -> int:
     import httpx
 
     response = httpx.get(f"{base_url.rstrip('/')}/get_world_size", params={"include_dp": "false"}, timeout=timeout,
-                         headers=auth.http_headers())
+                         headers=auth.http_headers(WEIGHTS))
     response.raise_for_status()
     return int(response.json()["world_size"])
 

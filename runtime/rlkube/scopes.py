@@ -1,0 +1,65 @@
+"""The run's credentials, one per scope, and which component holds which.
+
+A run's token is not handed out whole: each caller gets a credential for what it does, so that
+whatever reaches one of them (an environment's program, a compromised judge) holds no more
+than that component's part. Each credential is HMAC-SHA256 of the scope's name keyed by the
+run's token, so whoever has the token (the operator, from its key and the run's uid;
+`rlkube rl`, which makes it) derives all of them, and none of them gives back the token or
+another scope's credential.
+
+- `generate`: the generation routes of the policy's, the teacher's and the judge's vLLM
+  (`rlkube.auth.GENERATION_ROUTES`): the orchestrator and env workers (rollouts, scoring);
+- `admin`: the policy's vLLM's other routes (pause, resume, load weights, load an adapter):
+  the orchestrator alone;
+- `weights`: the trainer's weight server (`Weights.Fetch`), and with NCCL the weight-update
+  routes of the policy's vLLM (`rlkube.auth.WEIGHT_UPDATE_ROUTES`): the trainer and inference;
+- `rollouts`: the orchestrator's gRPC (batches to the trainer, work to env workers).
+
+This module imports nothing beyond the standard library: the operator derives the credentials
+it writes into the run's Secret with it.
+"""
+
+import base64
+import hashlib
+import hmac
+import os
+import sys
+
+GENERATE, ADMIN, WEIGHTS, ROLLOUTS = "generate", "admin", "weights", "rollouts"
+SCOPES = (GENERATE, ADMIN, WEIGHTS, ROLLOUTS)
+
+HELD = {
+    "inference": (GENERATE, ADMIN, WEIGHTS),  # serves generate and admin; fetches and accepts weights
+    "teacher": (GENERATE,),
+    "judge": (GENERATE,),
+    "orchestrator": (GENERATE, ADMIN, ROLLOUTS),
+    "env-worker": (GENERATE, ROLLOUTS),
+    "trainer": (ROLLOUTS, WEIGHTS),
+}
+"""The scopes each component's processes hold: a server accepts only the scopes it holds."""
+WEIGHTS_PEERS_ENV = "RLKUBE_WEIGHTS_PEERS"
+"""The run's weight servers, `host:port` comma-separated (the trainer's Service on the cluster;
+`weights.grpc_host:grpc_port` under `rlkube rl`): the only addresses inference sends the weights
+credential to (`rlkube.auth.check_weights_peer`)."""
+
+
+def scope_env(scope: str) -> str:
+    """The environment variable that carries `scope`'s credential: `RLKUBE_TOKEN_<SCOPE>`."""
+    return f"RLKUBE_TOKEN_{scope.upper()}"
+
+
+def scoped(token: str, scope: str) -> str:
+    """`scope`'s credential under the run's `token`: HMAC-SHA256, URL-safe base64 unpadded."""
+    digest = hmac.new(token.encode(), f"rlkube/{scope}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def component_env(token: str, component: str) -> dict[str, str]:
+    """The credentials `component` is given (`HELD`), by variable."""
+    return {scope_env(scope): scoped(token, scope) for scope in HELD[component]}
+
+
+if __name__ == "__main__":  # `python -m rlkube.scopes admin`: a scope's credential under RLKUBE_TOKEN, for curl
+    if len(sys.argv) != 2 or sys.argv[1] not in SCOPES or not os.environ.get("RLKUBE_TOKEN"):
+        sys.exit(f"usage: RLKUBE_TOKEN=<the run's token> python -m rlkube.scopes {{{','.join(SCOPES)}}}")
+    print(scoped(os.environ["RLKUBE_TOKEN"], sys.argv[1]))

@@ -1,0 +1,182 @@
+"""Each server of a run accepts only the scopes its routes need (`rlkube.auth`, `rlkube.scopes`).
+
+The exploits: a component that holds one of the run's credentials (an env worker's generate
+credential, or a judge that is sent one) uses it where it grants more than generation: the
+policy's or the judge's vLLM admin routes (load weights from an address of its choosing),
+the trainer's weight stream, the orchestrator's batches. Each case starts the real server
+(rlkube's ASGI middleware served by uvicorn, as vLLM serves it; the orchestrator's and the
+trainer's gRPC servers) with the credentials its component is given, and sends the real
+request over the socket."""
+
+import threading
+import time
+
+import grpc
+import httpx
+import pytest
+import uvicorn
+from rlkube.auth import TOKEN_ENV, RequireToken
+from rlkube.scopes import (
+    ADMIN,
+    GENERATE,
+    HELD,
+    ROLLOUTS,
+    SCOPES,
+    WEIGHTS,
+    component_env,
+    scope_env,
+    scoped,
+)
+from rlkube.transport import rlkube_pb2 as pb
+from rlkube.transport import rlkube_pb2_grpc as pb_grpc
+from rlkube.transport.weights_grpc import WeightsServicer, serve_weights
+
+from tests.fixtures.inference import free_port
+from tests.transport.test_rollouts_grpc import FakeSource, ServerThread
+
+TOKEN = "the-runs-token-for-scopes"
+CREDENTIAL = {scope: scoped(TOKEN, scope) for scope in SCOPES}
+
+
+def as_component(monkeypatch, component: str) -> None:
+    """This process's environment as the operator and `rlkube rl` make `component`'s."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    for scope in SCOPES:
+        monkeypatch.delenv(scope_env(scope), raising=False)
+    for name, value in component_env(TOKEN, component).items():
+        monkeypatch.setenv(name, value)
+
+
+class Recorder:
+    """An ASGI app standing for vLLM's routes: answers 200 and records each path it is reached on."""
+
+    def __init__(self):
+        self.reached: list[str] = []
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return
+        self.reached.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+class Served:
+    """`RequireToken(app)` served by uvicorn on a free port, in a thread, as `rlkube inference`
+    serves vLLM's app behind it."""
+
+    def __init__(self, app):
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(RequireToken(app), host="127.0.0.1", port=self.port,
+                                                    log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def statuses(url: str, calls: list[tuple[str, str, str | None]]) -> list[int]:
+    with httpx.Client(timeout=10) as http:
+        return [http.request(method, url + route, headers={"Authorization": f"Bearer {CREDENTIAL[scope]}"}
+                             if scope else {}).status_code for method, route, scope in calls]
+
+
+ADMIN_ROUTES = [("POST", "/collective_rpc"), ("POST", "/rlkube/load_lora_adapter"), ("POST", "/v1/load_lora_adapter"),
+                ("POST", "/pause"), ("POST", "/update_weights"), ("POST", "/init_weight_transfer_engine")]
+
+
+@pytest.mark.parametrize("component", ["judge", "teacher"])
+def test_the_judge_and_the_teacher_accept_generate_alone(monkeypatch, component):
+    """No credential of the run, the admin one included, reaches a served model's admin
+    routes: the judge's vLLM could otherwise be made to load weights from anywhere."""
+    as_component(monkeypatch, component)
+    app = Recorder()
+    with Served(app) as url:
+        refused = statuses(url, [(m, r, s) for m, r in ADMIN_ROUTES for s in SCOPES])
+        generated = statuses(url, [("POST", "/v1/chat/completions", GENERATE), ("GET", "/v1/models", GENERATE),
+                                   ("POST", "/v1/chat/completions", ADMIN), ("POST", "/v1/completions", None)])
+    assert set(refused) == {401}, refused
+    assert generated == [200, 200, 401, 401]
+    assert app.reached == ["/v1/chat/completions", "/v1/models"]
+
+
+def test_the_policys_admin_routes_refuse_the_generate_credential(monkeypatch):
+    """Env workers hold generate: with it they generate, and can neither pause the policy nor
+    load weights into it. The trainer's weights credential drives a policy update (NCCL) and
+    nothing else."""
+    as_component(monkeypatch, "inference")
+    app = Recorder()
+    with Served(app) as url:
+        by_generate = statuses(url, [(m, r, GENERATE) for m, r in ADMIN_ROUTES])
+        by_rollouts = statuses(url, [(m, r, ROLLOUTS) for m, r in ADMIN_ROUTES])
+        by_weights = statuses(url, [("POST", "/collective_rpc", WEIGHTS), ("POST", "/rlkube/load_lora_adapter", WEIGHTS),
+                                    ("POST", "/pause", WEIGHTS), ("POST", "/update_weights", WEIGHTS)])
+        allowed = statuses(url, [("POST", "/v1/chat/completions", GENERATE), ("POST", "/inference/v1/generate", GENERATE),
+                                 ("POST", "/collective_rpc", ADMIN), ("POST", "/v1/chat/completions", ADMIN)])
+    assert set(by_generate) == set(by_rollouts) == {401}, (by_generate, by_rollouts)
+    assert by_weights == [401, 401, 200, 200]
+    assert allowed == [200] * 4
+    assert app.reached == ["/pause", "/update_weights", "/v1/chat/completions", "/inference/v1/generate",
+                           "/collective_rpc", "/v1/chat/completions"]
+
+
+def bearer(scope: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {CREDENTIAL[scope]}"),)
+
+
+def test_the_orchestrators_grpc_refuses_every_scope_but_rollouts(monkeypatch):
+    """The orchestrator holds generate and admin too; neither opens its batches or its work."""
+    as_component(monkeypatch, "orchestrator")
+    source, port = FakeSource(), free_port()
+    with ServerThread(source, port), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.RolloutsStub(channel)
+        for scope in (GENERATE, ADMIN, WEIGHTS):
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ReportPolicy(pb.PolicyReport(step=1, location="grpc://evil:1"), timeout=10, metadata=bearer(scope))
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED and "rollouts" in refused.value.details()
+            with pytest.raises(grpc.RpcError) as refused:
+                list(stub.GetBatch(pb.GetBatchRequest(step=1, rank=0, world_size=2), timeout=10, metadata=bearer(scope)))
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert source.reports == [] and source.requests == []
+        assert stub.ReportPolicy(pb.PolicyReport(step=1, location="/ok"), timeout=10,
+                                 metadata=bearer(ROLLOUTS)).accepted_step == 1
+
+
+def test_the_weight_server_refuses_every_scope_but_weights(monkeypatch):
+    as_component(monkeypatch, "trainer")
+    servicer = WeightsServicer(keep_last=1)
+    servicer.add(3, {"model.safetensors": b"w" * 10, "COMPLETE": b"{}"})
+    port = free_port()
+    server = serve_weights(servicer, f"127.0.0.1:{port}")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            fetch = pb_grpc.WeightsStub(channel).Fetch
+            for scope in (GENERATE, ADMIN, ROLLOUTS):
+                with pytest.raises(grpc.RpcError) as refused:
+                    list(fetch(pb.WeightsRequest(step=3), timeout=10, metadata=bearer(scope)))
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED and "weights" in refused.value.details()
+            assert list(fetch(pb.WeightsRequest(step=3), timeout=10, metadata=bearer(WEIGHTS)))
+    finally:
+        server.stop(0)
+
+
+def test_each_component_is_given_only_its_scopes():
+    """Who holds what (`HELD`): admin is the orchestrator's and the policy server's alone, and
+    neither the judge nor the teacher nor an env worker holds anything beyond generate and,
+    for env workers, rollouts."""
+    holders = {scope: {c for c, held in HELD.items() if scope in held} for scope in SCOPES}
+    assert holders[ADMIN] == {"orchestrator", "inference"}
+    assert holders[WEIGHTS] == {"trainer", "inference"}
+    assert holders[ROLLOUTS] == {"orchestrator", "env-worker", "trainer"}
+    assert HELD["judge"] == HELD["teacher"] == (GENERATE,)
+    assert len(set(CREDENTIAL.values()) | {TOKEN}) == len(SCOPES) + 1, "no credential is the token or another's"
+

@@ -93,6 +93,7 @@ cluster-tools:
 lint: install
 	$(VENV)/bin/ruff check runtime operator tests benchmarks e2e
 	$(PY) -m rlkube_operator.crd --check
+	$(PY) scripts/chart_readme.py --check
 
 clean:
 	rm -rf outputs .pytest_cache

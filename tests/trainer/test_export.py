@@ -180,6 +180,10 @@ def test_bad_input_exits_2_naming_the_field(full_run, tmp_path, capsys):
     (tmp_path / "not_a_model" / "notes.txt").write_text("keep me")
     assert export("--run", run, "--out", tmp_path / "not_a_model") == 2
     assert (tmp_path / "not_a_model" / "notes.txt").read_text() == "keep me"
+    (run / "configs" / "trainer.toml").rename(tmp_path / "trainer.toml")
+    assert export("--run", run) == 2
+    assert "holds no configs/trainer.toml or configs/sft.toml" in capsys.readouterr().err
+    assert export("--run", run, "--config", tmp_path / "trainer.toml", "--out", tmp_path / "named") == 0
     empty = tmp_path / "empty"
     (empty / "configs").mkdir(parents=True)
     write_toml(full_run.config, empty / "configs" / "trainer.toml")

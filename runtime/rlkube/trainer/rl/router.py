@@ -67,8 +67,7 @@ class RouterProbe:
         self.num_experts, self.top_k = routers[0].num_experts, routers[0].top_k
         self.batch: dict | None = None
         self.records: dict[int, dict[str, Tensor]] = {}
-        for layer, router in routers.items():
-            router.register_forward_hook(self._hook(layer))
+        self.hooks = [router.register_forward_hook(self._hook(layer)) for layer, router in routers.items()]
 
     @classmethod
     def attach(cls, model: nn.Module, replay: bool) -> "RouterProbe | None":
@@ -79,6 +78,12 @@ class RouterProbe:
                 raise ValueError(f"loss.router_replay: {type(model).__name__} has no mixture-of-experts router")
             return None
         return cls(routers, replay)
+
+    def detach(self) -> None:
+        """Remove the hooks: a pool's run that leaves (rlkube.trainer.rl.multi_run) takes its
+        probe off the routers the other runs' probes stay on."""
+        for hook in self.hooks:
+            hook.remove()
 
     @contextmanager
     def micro_batch(self, batch: dict):

@@ -58,14 +58,21 @@ class TrainingEnv:
 
 
 def build_training_env(config: TrainerConfig) -> TrainingEnv:
+    info, model, compile_cache = build_sharded_model(config)
+    optimizer = build_optimizer(model, config.optim)
+    scheduler = build_scheduler(optimizer, config.scheduler, config.max_steps)
+    return TrainingEnv(
+        info.rank, info.world_size, info.device, model, optimizer, scheduler, config.lora is not None, compile_cache
+    )
+
+
+def build_sharded_model(config: TrainerConfig) -> tuple[rdist.DistInfo, torch.nn.Module, CompileCache]:
+    """The process group, the compile cache (activated first) and the FSDP2-sharded model:
+    what a solo run's environment and a pool's trainer (rlkube.trainer.rl.multi_run) share."""
     info = rdist.init_distributed(config.device, config.cpu_threads)
     compile_cache = CompileCache(config.output_dir, info.device, config.compile_cache_url, main=info.rank == 0)
     compile_cache.activate()
     torch.manual_seed(config.seed)
     dtype = resolve_dtype(config.model.dtype, info.device)
     model = build_model(config.model, config.parallel, info.device, dtype, packed_attention=True, lora=config.lora)
-    optimizer = build_optimizer(model, config.optim)
-    scheduler = build_scheduler(optimizer, config.scheduler, config.max_steps)
-    return TrainingEnv(
-        info.rank, info.world_size, info.device, model, optimizer, scheduler, config.lora is not None, compile_cache
-    )
+    return info, model, compile_cache

@@ -75,8 +75,13 @@ class RLTrainer:
         logger.info("finished at step %d", self.step)
 
     def close(self) -> None:
-        """Finish the publish in flight (raising its error)."""
-        self.publishing.close()
+        """Finish the publish in flight (raising its error) and take the router probe off the
+        model (which a pool's other runs go on training)."""
+        try:
+            self.publishing.close()
+        finally:
+            if self.router:
+                self.router.detach()
 
     def resume(self) -> None:
         """Restore step `resume_step` and republish its weights (not reported: the

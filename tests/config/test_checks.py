@@ -6,6 +6,8 @@ from rlkube.config import RLConfig
 from rlkube.entrypoints.eval import main as eval_main
 from rlkube.entrypoints.rl import main as rl_main
 
+from tests.fixtures.hub import hub_offline
+
 
 def refusal(capsys, main, argv) -> str:
     """The error `main` prints when it refuses `argv` (as `rlkube ... --dry-run`)."""
@@ -87,7 +89,7 @@ def test_a_directory_without_a_model_config_is_refused(capsys, tmp_path):
 @pytest.mark.parametrize("name", ["Qwen/Qwen3-0.6B", "gpt2", "outputs/tiny-model"])
 def test_hub_ids_are_not_taken_for_missing_paths(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)  # no outputs/ here: `outputs/tiny-model` may be a hub id
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # else each name not in the offline table waits out the hub's timeout
+    hub_offline(monkeypatch)  # else each name not in the offline table waits out the hub's timeout
     assert rl_main(["--output-dir", str(tmp_path / "run"), "--model.name", name, "--dry-run"]) == 0
 
 

@@ -14,6 +14,7 @@ from rlkube.config.gpus import GPUS
 from rlkube_operator import wiring
 from rlkube_operator.spec import RLRunSpec, SFTRunSpec
 
+from tests.fixtures.hub import hub_offline
 from tests.operator.test_manifests import K8S_VERSION, RUN, manifests
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -63,7 +64,7 @@ tensor parallel size: from `inference.gpusPerReplica`)."""
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch):
     """CI has no network: every architecture must come from `rlkube.models.architectures`."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_offline(monkeypatch)
 
 
 def test_every_config_directory_is_covered():

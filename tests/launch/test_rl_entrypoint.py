@@ -10,6 +10,7 @@ from rlkube.config import InferenceConfig, OrchestratorConfig, RLConfig, Trainer
 from rlkube.entrypoints.rl import main
 from rlkube.launch.local import child_stages, write_process_configs
 
+from tests.fixtures.hub import hub_offline
 from tests.fixtures.inference import free_port
 
 
@@ -17,7 +18,7 @@ from tests.fixtures.inference import free_port
 def offline(monkeypatch):
     """These dry runs name hub models that are not in the offline architectures table: without
     this, each waits out the hub's timeout (~23 s) on a machine that cannot reach it."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_offline(monkeypatch)
 
 
 def test_dry_run_writes_each_process_config(tmp_path):

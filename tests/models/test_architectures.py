@@ -7,6 +7,8 @@ from rlkube.config import ModelConfig
 from rlkube.models.architectures import KNOWN, model_architecture
 from rlkube.trainer.model import build_meta_model
 
+from tests.fixtures.hub import hub_offline
+
 CARDS = {  # (parameters, non-embedding parameters), in billions as each card rounds them
     "Qwen/Qwen3-0.6B": ("0.6", "0.44"),
     "Qwen/Qwen3-1.7B": ("1.7", "1.4"),
@@ -22,7 +24,7 @@ def test_every_known_architecture_has_its_model_card():
 
 @pytest.mark.parametrize("name", sorted(KNOWN))
 def test_the_meta_build_has_the_model_cards_parameter_counts(name, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # from the table, never the network
+    hub_offline(monkeypatch)  # from the table, never the network
     model = build_meta_model(ModelConfig(name=name))
     assert all(p.device == torch.device("meta") for p in model.parameters())
     total = sum(p.numel() for p in model.parameters())

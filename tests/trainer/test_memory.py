@@ -6,12 +6,14 @@ from rlkube.config import LoraConfig, ModelConfig, ParallelConfig, TrainerCommon
 from rlkube.trainer.memory import GIB, RL_LOGITS_BYTES, model_shape, trainer_memory
 from rlkube.trainer.rl.packed import LOGPROB_CHUNK
 
+from tests.fixtures.hub import hub_offline
+
 CHECKPOINTED = TrainerCommonConfig(parallel=ParallelConfig(activation_checkpointing=True))
 
 
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_offline(monkeypatch)
 
 
 @pytest.mark.parametrize(("name", "measured_gib"), [("Qwen/Qwen3-0.6B", 12.3), ("Qwen/Qwen3-1.7B", 32.1)])

@@ -14,7 +14,7 @@ XDIST := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup -
 # minutes each, run by `make e2e-extended`.
 GATE := not extended
 
-.PHONY: install reverse-text test test-fast e2e-local e2e-extended proto crds lint clean gpu-wheels gpu-check images check-gpu-image image-tools cluster-tools
+.PHONY: install reverse-text test test-fast e2e-local e2e-extended proto crds lint clean gpu-wheels gpu-check images push check-gpu-image image-tools cluster-tools
 
 install: $(VENV)/.installed
 
@@ -73,6 +73,14 @@ gpu-check:
 images:
 	@command -v buildah >/dev/null || docker info >/dev/null 2>&1 || $(MAKE) image-tools
 	bash images/build.sh
+
+# Push the images (built first where they are not) to REGISTRY, each tagged with the version and
+# the commit: `make push REGISTRY=registry.example.com/ml`, then the chart's
+# `--set image.registry=registry.example.com/ml` (images/README.md).
+push:
+	@[ -n "$(REGISTRY)" ] || { echo "make push REGISTRY=registry.example.com/path" >&2; exit 2; }
+	@command -v buildah >/dev/null || docker info >/dev/null 2>&1 || $(MAKE) image-tools
+	bash images/build.sh --push "$(REGISTRY)"
 
 # The GPU runtime image, built (`images/build.sh runtime-gpu`) and checked without a GPU: imports,
 # `rlkube --help`, a GPU config's dry run (images/check-gpu-image.sh). Not part of `make images`.

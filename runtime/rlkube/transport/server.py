@@ -20,7 +20,6 @@ from typing import Protocol
 import grpc
 
 from rlkube import auth
-from rlkube.scopes import ROLLOUTS
 from rlkube.transport import keepalive
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
@@ -100,8 +99,8 @@ class RolloutsService(pb_grpc.RolloutsServicer):
 async def start_server(source: BatchSource | None, host: str, port: int, workers=None) -> grpc.aio.Server:
     """Serve `source` on host:port (port 0 picks a free one: read it from `server.port`), and
     the EnvWorkers service over `workers` (a `GroupHub`: the orchestrator's `WorkerHub`) when given."""
-    interceptors = auth.server_interceptors("the orchestrator's gRPC (rollouts, env workers)", ROLLOUTS,
-                                              aio=True)
+    interceptors = auth.server_interceptors("the orchestrator's gRPC (rollouts, env workers)",
+                                              ("Rollouts", "EnvWorkers"), aio=True)
     server = grpc.aio.server(options=CHANNEL_OPTIONS + keepalive.SERVER, interceptors=interceptors)
     if source is not None:
         pb_grpc.add_RolloutsServicer_to_server(RolloutsService(source), server)

@@ -173,7 +173,7 @@ class WeightsServicer:
 def serve_weights(servicer: WeightsServicer, bind: str) -> grpc.Server:
     """Start a gRPC server for `servicer` on `bind` ("host:port")."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=CHANNEL_OPTIONS + keepalive.SERVER,
-                         interceptors=auth.server_interceptors("the weight server (Weights.Fetch)", WEIGHTS, aio=False))
+                         interceptors=auth.server_interceptors("the weight server (Weights.Fetch)", ("Weights",), aio=False))
     fetch = grpc.unary_stream_rpc_method_handler(  # responses are sent as encoded
         servicer.Fetch, request_deserializer=rlkube_pb2.WeightsRequest.FromString, response_serializer=None
     )

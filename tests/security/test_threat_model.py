@@ -1,0 +1,95 @@
+"""docs/operator.md's threat model is the one the builders and the servers make
+(`rlkube_operator.threatmodel`): a scope a server accepts, a NetworkPolicy peer or a port changed
+without the docs fails here (and `python -m rlkube_operator.crd --check` in `make lint`)."""
+
+import asyncio
+
+import httpx
+import pytest
+from rlkube import auth
+from rlkube.scopes import ROLLOUTS, SCOPES, component_env, scope_env, scoped
+from rlkube_operator import builders, threatmodel
+
+TOKEN = "the-runs-token-for-the-threat-model"
+
+
+def rows_by_port() -> dict[tuple[str, str], tuple[str, str]]:
+    return {(where, serves): (reach, credential) for where, serves, reach, credential in threatmodel.rows()}
+
+
+def test_the_docs_table_is_the_derived_one():
+    text = threatmodel.PAGE.read_text()
+    assert threatmodel.BEGIN in text and threatmodel.END in text
+    assert threatmodel.page(text) == text, "docs/operator.md's threat model is stale: run `python -m rlkube_operator.crd`"
+
+
+def test_a_changed_server_scope_changes_the_table(monkeypatch):
+    """The weight server taking the rollouts credential (which env workers hold) would be a
+    hole: the table shows it on the trainer's weights row and on both credentials' grants."""
+    before = rows_by_port()
+    monkeypatch.setitem(auth.SERVICE_SCOPES, "Weights", ROLLOUTS)
+    after = rows_by_port()
+    (weights,) = [k for k in before if k[0] == "trainer `weights` [50052]"]
+    assert (before[weights][1], after[weights][1]) == ("`weights`", "`rollouts`")
+    assert threatmodel.page(threatmodel.PAGE.read_text()) != threatmodel.PAGE.read_text()
+
+
+def test_a_widened_network_policy_peer_changes_the_table(monkeypatch):
+    """A trainer policy that let every pod of the run in (the rule issue 41 removed) shows the
+    orchestrator, env workers, teacher and judge reaching torchrun's store and the data ports."""
+    build = builders.build_network_policies
+
+    def widened(*args, **kwargs):
+        policies = build(*args, **kwargs)
+        for policy in policies:
+            if policy["metadata"]["name"].endswith("-trainer-network-policy"):
+                policy["spec"]["ingress"].append({"from": [{"podSelector": {"matchLabels": policy["spec"][
+                    "podSelector"]["matchLabels"]}}]})
+        return policies
+
+    monkeypatch.setattr(builders, "build_network_policies", widened)
+    after = rows_by_port()
+    torchrun = next(v for k, v in after.items() if k[0] == "trainer `torchrun` [29500]")
+    assert "orchestrator" in torchrun[0] and "env-worker" in torchrun[0] and "judge" in torchrun[0]
+    assert threatmodel.page(threatmodel.PAGE.read_text()) != threatmodel.PAGE.read_text()
+
+
+def test_nothing_outside_the_run_reaches_a_port_but_the_operator_and_the_scraper():
+    for (where, _), (reach, _) in rows_by_port().items():
+        if where.startswith(("credential", "the judge endpoint")):
+            continue
+        assert "another namespace" not in reach and "another run's pods" not in reach, where
+
+
+class Recorder:
+    """An ASGI app standing for vLLM's routes: 200 on every path."""
+
+    async def __call__(self, scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+@pytest.mark.parametrize("component", ["inference", "teacher", "judge"])
+def test_the_vllm_rows_are_what_the_servers_middleware_answers(component, monkeypatch):
+    """Each vLLM row's credential, against rlkube's real middleware with the credentials the
+    operator gives `component`: every scope the row names is let through, every other is 401."""
+    monkeypatch.delenv(auth.TOKEN_ENV, raising=False)
+    for scope in SCOPES:
+        monkeypatch.delenv(scope_env(scope), raising=False)
+    for name, value in component_env(TOKEN, component).items():
+        monkeypatch.setenv(name, value)
+    app = auth.RequireToken(Recorder())
+    rows = {serves: credential for (where, serves), (_, credential) in rows_by_port().items()
+            if where.startswith(f"{component} `http`")}
+    assert len(rows) == 1 + len(threatmodel.VLLM_ROUTES)
+
+    async def status(path: str, scope: str) -> int:
+        headers = {"Authorization": f"Bearer {scoped(TOKEN, scope)}"}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm") as client:
+            return (await client.post(path, headers=headers)).status_code
+
+    for serves, path in threatmodel.VLLM_ROUTES.items():
+        answered = {scope: asyncio.run(status(path, scope)) for scope in SCOPES}
+        assert {s for s, code in answered.items() if code == 200} == {
+            s for s in SCOPES if f"`{s}`" in rows[serves]}, (serves, answered)
+        assert set(answered.values()) <= {200, 401}

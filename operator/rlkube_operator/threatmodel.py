@@ -67,7 +67,7 @@ DATA = {"trainer": "gloo, NCCL's bootstrap and data, UCX (ports they pick)",
         "inference": "NCCL's and NIXL's data connections (ports they pick)"}
 
 
-def _selects(selector: dict, labels: dict) -> bool:
+def selects(selector: dict, labels: dict) -> bool:
     """A LabelSelector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist) on `labels`."""
     if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
         return False
@@ -84,14 +84,14 @@ def admitted(policies: list[dict], source: tuple[str, dict], target: tuple[str, 
     (namespace, labels), (target_namespace, target_labels) = source, target
     selecting = [p["spec"] for p in policies if p["metadata"]["namespace"] == target_namespace
                  and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
-                 and _selects(p["spec"]["podSelector"], target_labels)]
+                 and selects(p["spec"]["podSelector"], target_labels)]
     if not selecting:
         return True
 
     def peer_matches(peer: dict) -> bool:
-        in_namespace = (_selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace})
+        in_namespace = (selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace})
                         if "namespaceSelector" in peer else namespace == target_namespace)
-        return in_namespace and _selects(peer.get("podSelector", {}), labels)
+        return in_namespace and selects(peer.get("podSelector", {}), labels)
 
     def port_matches(rule: dict) -> bool:
         return not rule.get("ports") or any(r.get("protocol", "TCP") == "TCP" and r["port"] <= port <= r.get(

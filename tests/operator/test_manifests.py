@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 from rlkube.config import RLConfig, SFTConfig, load_config
 from rlkube.config.cli import format_validation_error
-from rlkube_operator import builders, crd
+from rlkube_operator import builders, crd, threatmodel
 from rlkube_operator.names import (
     OPERATOR_ENV,
     OPERATOR_VOLUMES,
@@ -808,34 +808,14 @@ def test_compiled_kernels_outlive_the_trainer_pod(storage, cache_url, tmp_path):
     assert trainer.compile_cache_url == cache_url
 
 
-def _selects(selector: dict, labels: dict) -> bool:
-    """A LabelSelector (matchLabels, matchExpressions In/NotIn/Exists) on `labels`."""
-    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
-        return False
-    tests = {"In": lambda v, vs: v in vs, "NotIn": lambda v, vs: v not in vs,
-             "Exists": lambda v, vs: v is not None, "DoesNotExist": lambda v, vs: v is None}
-    return all(tests[e["operator"]](labels.get(e["key"]), e.get("values") or []) for e in selector.get("matchExpressions") or [])
-
-
 def admitted(policies: list[dict], source: tuple[str, dict], target: dict, port: int) -> bool:
     """Whether a pod (namespace, labels) may connect to a pod of the run's namespace with
-    `target` labels on `port`, as an enforcing network plugin reads the policies: isolated by
-    any policy that selects it, then admitted by any of their ingress rules."""
-    namespace, labels = source
-    selecting = [p["spec"] for p in policies if p["metadata"]["namespace"] == RUN.namespace
-                 and _selects(p["spec"]["podSelector"], target)]
-    assert selecting, "every pod of the run is isolated by a policy"
-
-    def peer_matches(peer: dict) -> bool:
-        in_namespace = (_selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace})
-                        if "namespaceSelector" in peer else namespace == RUN.namespace)
-        return in_namespace and _selects(peer.get("podSelector", {}), labels)
-
-    def port_matches(rule: dict) -> bool:
-        return not rule.get("ports") or any(r["port"] <= port <= r.get("endPort", r["port"]) for r in rule["ports"])
-
-    return any(port_matches(rule) and any(peer_matches(p) for p in rule["from"])
-               for spec in selecting for rule in spec["ingress"])
+    `target` labels on `port`, as an enforcing network plugin reads the policies
+    (`threatmodel.admitted`, which writes the docs' threat model); every pod of the run is
+    isolated by one."""
+    assert any(threatmodel.selects(p["spec"]["podSelector"], target) for p in policies), \
+        "every pod of the run is isolated by a policy"
+    return threatmodel.admitted(policies, source, (RUN.namespace, target), port)
 
 
 def test_the_stores_and_the_runs_ports_admit_only_whom_they_serve():

@@ -4,13 +4,19 @@ without the docs fails here (and `python -m rlkube_operator.crd --check` in `mak
 
 import asyncio
 
+import grpc
 import httpx
 import pytest
 from rlkube import auth
-from rlkube.scopes import ROLLOUTS, SCOPES, component_env, scope_env, scoped
+from rlkube.scopes import ROLLOUTS, SCOPES, WEIGHTS, scoped
+from rlkube.transport import rlkube_pb2 as pb
+from rlkube.transport import rlkube_pb2_grpc as pb_grpc
+from rlkube.transport.weights_grpc import WeightsServicer, serve_weights
 from rlkube_operator import builders, threatmodel
 
-TOKEN = "the-runs-token-for-the-threat-model"
+from tests.fixtures.inference import free_port
+from tests.security.test_scopes import TOKEN, as_component, bearer
+from tests.transport.test_rollouts_grpc import FakeSource, ServerThread
 
 
 def rows_by_port() -> dict[tuple[str, str], tuple[str, str]]:
@@ -73,11 +79,7 @@ class Recorder:
 def test_the_vllm_rows_are_what_the_servers_middleware_answers(component, monkeypatch):
     """Each vLLM row's credential, against rlkube's real middleware with the credentials the
     operator gives `component`: every scope the row names is let through, every other is 401."""
-    monkeypatch.delenv(auth.TOKEN_ENV, raising=False)
-    for scope in SCOPES:
-        monkeypatch.delenv(scope_env(scope), raising=False)
-    for name, value in component_env(TOKEN, component).items():
-        monkeypatch.setenv(name, value)
+    as_component(monkeypatch, component)
     app = auth.RequireToken(Recorder())
     rows = {serves: credential for (where, serves), (_, credential) in rows_by_port().items()
             if where.startswith(f"{component} `http`")}
@@ -93,3 +95,45 @@ def test_the_vllm_rows_are_what_the_servers_middleware_answers(component, monkey
         assert {s for s, code in answered.items() if code == 200} == {
             s for s in SCOPES if f"`{s}`" in rows[serves]}, (serves, answered)
         assert set(answered.values()) <= {200, 401}
+
+
+def row(where: str) -> tuple[str, str]:
+    (value,) = [v for (w, _), v in rows_by_port().items() if w == where]
+    return value
+
+
+def test_the_grpc_rows_are_what_the_real_servers_accept(monkeypatch):
+    """The orchestrator's and the trainer's gRPC rows, against the real servers started with
+    the credentials the operator gives their components: a scope the row names is served,
+    every other is UNAUTHENTICATED."""
+    as_component(monkeypatch, "orchestrator")
+    port = free_port()
+    with ServerThread(FakeSource(), port), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        report = pb_grpc.RolloutsStub(channel).ReportPolicy
+        served = set()
+        for scope in SCOPES:
+            try:
+                report(pb.PolicyReport(step=1, location="/ok"), timeout=10, metadata=bearer(scope))
+                served.add(scope)
+            except grpc.RpcError as refused:
+                assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert served == {s for s in SCOPES if f"`{s}`" in row("orchestrator `grpc` [50051]")[1]} == {ROLLOUTS}
+
+    as_component(monkeypatch, "trainer")
+    servicer = WeightsServicer(keep_last=1)
+    servicer.add(3, {"model.safetensors": b"w" * 10, "COMPLETE": b"{}"})
+    port = free_port()
+    server = serve_weights(servicer, f"127.0.0.1:{port}")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            fetch = pb_grpc.WeightsStub(channel).Fetch
+            served = set()
+            for scope in SCOPES:
+                try:
+                    list(fetch(pb.WeightsRequest(step=3), timeout=10, metadata=bearer(scope)))
+                    served.add(scope)
+                except grpc.RpcError as refused:
+                    assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        server.stop(0)
+    assert served == {s for s in SCOPES if f"`{s}`" in row("trainer `weights` [50052]")[1]} == {WEIGHTS}

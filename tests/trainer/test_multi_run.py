@@ -1,7 +1,8 @@
 """The multi-run trainer (rlkube.trainer.rl.multi_run) against solo LoRA trainers: two runs
 with their own lr, schedule, seed, loss and alpha, fed the same batches over real gRPC, trained
 interleaved on one pool (one joining after the other's first step, one leaving before the
-other's last), give bit-identical adapters, optimizer states and published adapter files."""
+other's last), give bit-identical adapters, optimizer states and published adapter files; and a
+restarted pool resumes each run from its own checkpoints bit-exactly."""
 
 import gc
 import json
@@ -9,12 +10,14 @@ import os
 import subprocess
 import sys
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from rlkube.config import TrainerConfig
+from rlkube.config import CheckpointConfig, TrainerConfig
 from rlkube.trainer.lora import adapter_config, adapter_state_dict
+from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
 from rlkube.trainer.rl.multi_run import MultiRunTrainer, _local
 from rlkube.trainer.rl.setup import build_training_env
 from rlkube.trainer.rl.trainer import RLTrainer
@@ -54,9 +57,10 @@ class StepBatches(SyntheticSource):
         return self.shares(step, world_size)[2 * rank:2 * rank + 2]
 
 
-def run_config(model_dir, out: Path, name: str, port: int) -> TrainerConfig:
-    return TrainerConfig(output_dir=out / name, model={"name": str(model_dir)}, max_steps=STEPS, device="cpu",
-                         rollouts={"port": port, "timeout_s": 60}, weights={"keep_last": None}, **RUNS[name])
+def run_config(model_dir, out: Path, name: str, port: int, **fields) -> TrainerConfig:
+    fields = {"max_steps": STEPS, **RUNS[name], **fields}
+    return TrainerConfig(output_dir=out / name, model={"name": str(model_dir)}, device="cpu",
+                         rollouts={"port": port, "timeout_s": 60}, weights={"keep_last": None}, **fields)
 
 
 def publisher_of(config: TrainerConfig, rank: int):
@@ -81,43 +85,68 @@ def solo_trainer(config: TrainerConfig) -> RLTrainer:
     return trainer
 
 
-def differences(name: str, solo: RLTrainer, pool: MultiRunTrainer, rank: int) -> list[str]:
-    """Collective: where run `name` of `pool` differs from its solo trainer (this rank's
-    optimizer shards, the whole adapter and the published files on rank 0); empty if nowhere."""
-    member = pool.members[name]
-    member.trainer.publishing.wait()
+@dataclass
+class Trained:
+    """What a run trained, as compared: its whole adapter (on rank 0), optimizer, logged
+    metrics by step and published weights' directory."""
+
+    adapter: dict[str, torch.Tensor]
+    optimizer: torch.optim.Optimizer
+    records: dict[int, dict]
+    weights: Path
+
+    @classmethod
+    def solo(cls, trainer: RLTrainer) -> "Trained":
+        """Collective."""
+        return cls(adapter_state_dict(trainer.model), trainer.optimizer, trainer.metrics.records,
+                   trainer.config.output_dir / "weights")
+
+    @classmethod
+    def pooled(cls, pool: MultiRunTrainer, name: str) -> "Trained":
+        """Collective: once the run's publish in flight is done."""
+        member = pool.members[name]
+        member.trainer.publishing.wait()
+        return cls(pool.adapter_state_dict(name), member.trainer.optimizer, member.trainer.metrics.records,
+                   member.config.output_dir / "weights")
+
+
+def differences(name: str, expected: Trained, got: Trained, rank: int, logged, published) -> list[str]:
+    """Where `got` differs from `expected` (this rank's optimizer shards; on rank 0 the adapter,
+    the losses of steps `logged` and the published files of steps `published`); empty if
+    nowhere."""
     found = []
-    solo_adapter, pooled_adapter = adapter_state_dict(solo.model), pool.adapter_state_dict(name)
-    if solo_adapter.keys() != pooled_adapter.keys():
+    if expected.adapter.keys() != got.adapter.keys():
         found.append(f"{name}: adapter keys")
-    found += [f"{name}: adapter {k}" for k in solo_adapter if not torch.equal(solo_adapter[k], pooled_adapter[k])]
-    solo_optim, pooled_optim = solo.optimizer.state_dict(), member.trainer.optimizer.state_dict()
-    if len(solo_optim["state"]) != len(pooled_optim["state"]) or not solo_optim["state"]:
-        found.append(f"{name}: optimizer states {len(solo_optim['state'])} vs {len(pooled_optim['state'])}")
-    for index, state in solo_optim["state"].items():
+    found += [f"{name}: adapter {k}" for k in expected.adapter if not torch.equal(expected.adapter[k], got.adapter[k])]
+    want, have = expected.optimizer.state_dict(), got.optimizer.state_dict()
+    if len(want["state"]) != len(have["state"]) or not want["state"]:
+        found.append(f"{name}: optimizer states {len(want['state'])} vs {len(have['state'])}")
+    for index, state in want["state"].items():
         for key, value in state.items():
-            if not torch.equal(_local(value), _local(pooled_optim["state"][index][key])):
+            if not torch.equal(_local(value), _local(have["state"][index][key])):
                 found.append(f"{name}: optimizer state {index}.{key}")
-    strip = [{k: v for k, v in group.items() if k != "params"} for group in solo_optim["param_groups"]]
-    if strip != [{k: v for k, v in g.items() if k != "params"} for g in pooled_optim["param_groups"]]:
+    strip = [{k: v for k, v in group.items() if k != "params"} for group in want["param_groups"]]
+    if strip != [{k: v for k, v in g.items() if k != "params"} for g in have["param_groups"]]:
         found.append(f"{name}: optimizer param groups (lr, betas ...)")
-    if solo.metrics.records.keys() != member.trainer.metrics.records.keys():
-        found.append(f"{name}: steps logged")
-    for step, record in solo.metrics.records.items():
-        if record["loss/mean"] != member.trainer.metrics.records[step]["loss/mean"]:
-            found.append(f"{name}: loss/mean at step {step}")
-    if rank == 0:
-        found += published_differences(name, solo.config.output_dir / "weights", member.config.output_dir / "weights")
+    if rank == 0:  # the one that logs metrics and publishes
+        if sorted(got.records) != list(logged):
+            found.append(f"{name}: steps logged {sorted(got.records)}")
+        found += [f"{name}: loss/mean at step {step}" for step in logged
+                  if expected.records[step]["loss/mean"] != got.records.get(step, {}).get("loss/mean")]
+        found += published_differences(name, expected.weights, got.weights, published)
     return found
 
 
-def published_differences(name: str, solo: Path, pooled: Path) -> list[str]:
-    files = sorted(p.relative_to(solo) for p in solo.rglob("*") if p.is_file())
-    if sorted(p.relative_to(pooled) for p in pooled.rglob("*") if p.is_file()) != files:
-        return [f"{name}: published files {files}"]
-    if sum(f.name == "adapter_model.safetensors" for f in files) != STEPS:
-        return [f"{name}: {STEPS} adapters published, found {files}"]
-    return [f"{name}: published {f}" for f in files if (solo / f).read_bytes() != (pooled / f).read_bytes()]
+def published_differences(name: str, expected: Path, got: Path, steps) -> list[str]:
+    found = []
+    for step in steps:
+        files = sorted(p.name for p in (expected / f"step_{step}").iterdir())
+        if "adapter_model.safetensors" not in files or sorted(p.name for p in (got / f"step_{step}").iterdir()) != files:
+            found.append(f"{name}: step {step} published {files}")
+            continue
+        found += [f"{name}: step {step} published {f}" for f in files
+                  if (expected / f"step_{step}" / f).read_bytes() != (got / f"step_{step}" / f).read_bytes()]
+    return found
 
 
 def held_tensors(member) -> list[weakref.ref]:
@@ -125,6 +154,11 @@ def held_tensors(member) -> list[weakref.ref]:
     tensors = list(member.adapter.values())
     tensors += [v for state in member.trainer.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
     return [weakref.ref(t) for t in tensors]
+
+
+def pool_config(model_dir, root: Path) -> TrainerConfig:
+    return TrainerConfig(output_dir=root / "pool", model={"name": str(model_dir)}, device="cpu", lora={"rank": 8},
+                         seed=99)
 
 
 def pooled_against_solo(model_dir, root: Path, ports: dict[str, int], rank: int) -> list[dict]:
@@ -137,9 +171,7 @@ def pooled_against_solo(model_dir, root: Path, ports: dict[str, int], rank: int)
         server.__enter__()
     try:
         solo = {name: solo_trainer(run_config(model_dir, root / "solo", name, port)) for name, port in ports.items()}
-        pool_config = TrainerConfig(output_dir=root / "pool", model={"name": str(model_dir)}, device="cpu",
-                                    lora={"rank": 8}, seed=99)
-        pool = MultiRunTrainer.build(pool_config)
+        pool = MultiRunTrainer.build(pool_config(model_dir, root))
         slot = set(pool.slot.params)
 
         def add(name):
@@ -151,7 +183,8 @@ def pooled_against_solo(model_dir, root: Path, ports: dict[str, int], rank: int)
         add("b")
         pool.train_step(["a", "b"])
         pool.train_step(["b", "a"])
-        found = differences("a", solo["a"], pool, rank)
+        steps = range(1, STEPS + 1)
+        found = differences("a", Trained.solo(solo["a"]), Trained.pooled(pool, "a"), rank, steps, steps)
         a, b = pool.adapter_state_dict("a"), pool.adapter_state_dict("b")  # rank 0's; empty elsewhere
         a_vs_b = [k for k in a if torch.equal(a[k], b[k])]
         refs = held_tensors(pool.members["a"])
@@ -159,7 +192,7 @@ def pooled_against_solo(model_dir, root: Path, ports: dict[str, int], rank: int)
         gc.collect()
         alive = sum(ref() is not None for ref in refs)
         pool.train_step(["b"])
-        found += differences("b", solo["b"], pool, rank)
+        found += differences("b", Trained.solo(solo["b"]), Trained.pooled(pool, "b"), rank, steps, steps)
         result = {"differences": found, "members": sorted(pool.members), "slot_unchanged": set(pool.slot.params) == slot,
                   "freed": len(refs) - alive, "alive": alive, "same_in_a_and_b": a_vs_b}
         results = [None] * pool.info.world_size
@@ -199,6 +232,48 @@ def test_on_two_gloo_ranks_too(tiny_model, tmp_path):
     results = json.loads(out.read_text())
     assert len(results) == 2
     assert_bit_exact(results)
+
+
+def test_each_run_resumes_from_its_own_checkpoints_bit_exactly(tiny_model, tmp_path, world_of_one):
+    """A pool trains a and b to step 4, each checkpointing steps 2 and 4 under its own root; a
+    new pool (the trainer restarted) resumes both from step 2 and trains steps 3 and 4 again,
+    in another order: the same adapters, optimizer states, losses and published files (step 2
+    republished from the checkpoint)."""
+    ports = {"a": free_port(), "b": free_port()}
+
+    def add(pool, out, name, resume_step=None):
+        ckpt = CheckpointConfig(url=str(tmp_path / "checkpoints" / name), interval=2, resume_step=resume_step)
+        config = run_config(tiny_model, out, name, ports[name], max_steps=4, ckpt=ckpt)
+        pool.add_run(name, config, client_of(config), publisher_of(config, 0), TrainerCheckpointer(ckpt.url, ckpt, 0),
+                     RecordingMetrics())
+
+    servers = [Server(StepBatches(RUNS[name]["seed"]), port) for name, port in ports.items()]
+    for server in servers:
+        server.__enter__()
+    try:
+        first = MultiRunTrainer.build(pool_config(tiny_model, tmp_path))
+        for name in ("a", "b"):
+            add(first, tmp_path / "first", name)
+        for names in (["a"], ["a", "b"], ["b", "a"], ["b"], ["a", "b"]):
+            first.train_step(names)
+        expected = {name: Trained.pooled(first, name) for name in ("a", "b")}
+        restarted = MultiRunTrainer.build(pool_config(tiny_model, tmp_path))
+        for name in ("b", "a"):
+            add(restarted, tmp_path / "restarted", name, resume_step=2)
+        assert {name: member.step for name, member in restarted.members.items()} == {"a": 2, "b": 2}
+        for names in (["b", "a"], ["a", "b"]):
+            restarted.train_step(names)
+        found = [d for name in ("a", "b") for d in differences(name, expected[name], Trained.pooled(restarted, name),
+                                                                0, logged=(3, 4), published=(2, 3, 4))]
+        assert found == []
+        assert expected["a"].adapter.keys() == expected["b"].adapter.keys()
+        assert not any(torch.equal(v, expected["b"].adapter[k]) for k, v in expected["a"].adapter.items())
+        for name in ("a", "b"):
+            first.remove_run(name)
+        restarted.close()
+    finally:
+        for server in servers:
+            server.__exit__(None, None, None)
 
 
 def test_a_run_that_does_not_fit_the_pool_is_refused_naming_the_field(tiny_model, tmp_path, world_of_one):

@@ -120,8 +120,8 @@ class DifficultyConfig(Config):
 class EvalConfig(Config):
     RENAMED = {"env": "envs", "group_size": "rollouts_per_example"}
     SECTION = "orchestrator.eval"
-    envs: list[EnvConfig] = [EnvConfig(args=HELD_OUT)]
-    """Environments to evaluate on: each on its held-out split (`args.split = "test"`) unless its
+    envs: list[EnvConfig] = Field(default=[EnvConfig(args=HELD_OUT)], min_length=1)
+    """Environments to evaluate on (at least one: leave `eval` out for none): each on its held-out split (`args.split = "test"`) unless its
     `args` name a `split`."""
 
     interval: int = Field(default=100, ge=1)
@@ -309,8 +309,8 @@ class OrchestratorSection(Config):
     """How many steps inference may run ahead of the trainer: 1 is one-step overlap,
     0 is synchronous (generate, then train, then generate)."""
 
-    envs: list[EnvConfig] = [EnvConfig()]
-    """Training environments, mixed by `ratio`."""
+    envs: list[EnvConfig] = Field(default=[EnvConfig()], min_length=1)
+    """Training environments, mixed by `ratio` (at least one)."""
 
     sampling: SamplingConfig = SamplingConfig()
     """Training sampling."""

@@ -45,6 +45,13 @@ class RLTrainerSection(TrainerCommonConfig):
     `<output_dir>/compile_cache/` either way."""
 
 
+def nccl_needs_cuda(device: str, weights: WeightTransferConfig, field: str) -> None:
+    """NCCL broadcasts from GPU memory: a trainer told to train on the CPU cannot start it."""
+    if weights.type == "nccl" and device == "cpu":
+        raise ValueError(f"weights.type 'nccl' broadcasts from GPU memory, but {field} is 'cpu': use "
+                         "weights.type 'storage', 'grpc' or 'nixl' on CPUs, or train on 'cuda'")
+
+
 class TrainerConfig(RunConfig, RLTrainerSection):
     """`rlkube trainer @ trainer.toml` (under `torchrun`): the RL trainer."""
 
@@ -53,6 +60,11 @@ class TrainerConfig(RunConfig, RLTrainerSection):
 
     weights: WeightTransferConfig = WeightTransferConfig()
     """How to publish new weights."""
+
+    @model_validator(mode="after")
+    def _nccl_on_a_gpu(self):
+        nccl_needs_cuda(self.device, self.weights, "device")
+        return self
 
 
 class OrchestratorConfig(RunConfig, OrchestratorSection):
@@ -96,6 +108,11 @@ class RLConfig(RunConfig, PlannedGpuConfig):
     inference, never updated) and points `orchestrator.judge` at; leave it out and set
     `orchestrator.judge` to use servers of your own. Local runs only: an RLRun has its own
     `judge` block."""
+
+    @model_validator(mode="after")
+    def _nccl_on_a_gpu(self):
+        nccl_needs_cuda(self.trainer.device, self.weights, "trainer.device")
+        return self
 
     @model_validator(mode="after")
     def _local_urls_match_replicas(self):

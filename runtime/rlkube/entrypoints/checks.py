@@ -1,7 +1,8 @@
 """Checks of what a config names outside itself, run by the CLI before anything starts
 (`--dry-run` included): every environment id must resolve, every local model directory
-must exist, and LoRA's target modules must name linear layers of the local model they adapt
-(built on the meta device from its `config.json`: no weights are read).
+must exist, LoRA's target modules must name linear layers of the local model they adapt
+(built on the meta device from its `config.json`: no weights are read), and a custom
+advantage or loss named by import path must import.
 
 Not pydantic validators: the operator validates the same models where neither the
 environments' packages nor the pods' volumes are, so only the runtime's CLI runs these. Each
@@ -23,9 +24,9 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from rlkube.config.cli import ConfigError
-from rlkube.config.orchestrator import EnvConfig
+from rlkube.config.orchestrator import AdvantageConfig, EnvConfig
 from rlkube.config.shared import ModelConfig
-from rlkube.config.trainer import LoraConfig, TrainerCommonConfig
+from rlkube.config.trainer import LoraConfig, LossConfig, TrainerCommonConfig
 
 HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
@@ -44,6 +45,10 @@ def _problems(node, path: str, model: ModelConfig | None = None) -> Iterator[tup
         yield f"{path}name", reason
     if isinstance(node, EnvConfig) and (reason := env_id_problem(node.id)):
         yield f"{path}id", reason
+    if isinstance(node, (AdvantageConfig, LossConfig)):  # user code by import path
+        field = "custom" if isinstance(node, AdvantageConfig) else "custom_loss"
+        if (target := getattr(node, field)) is not None and (reason := import_path_problem(target)):
+            yield f"{path}{field}", reason
     if isinstance(node, BaseModel):
         if isinstance(own := getattr(node, "model", None), ModelConfig):
             model = own
@@ -54,6 +59,18 @@ def _problems(node, path: str, model: ModelConfig | None = None) -> Iterator[tup
     elif isinstance(node, list):
         for i, item in enumerate(node):
             yield from _problems(item, f"{path}{i}.", model)
+
+
+def import_path_problem(path: str) -> str | None:
+    """None when `path` (`package.module:function`) imports to a callable, as the orchestrator
+    and the trainer import it when they start."""
+    from rlkube.plugins import import_callable
+
+    try:
+        import_callable(path, "")
+    except (ValueError, TypeError) as e:
+        return str(e).removeprefix(": ")
+    return None
 
 
 def model_path_problem(name: str) -> str | None:

@@ -132,7 +132,7 @@ def build_run(kind: str, spec: dict) -> list[dict]:
     return kube.objects
 
 
-def _pods(objects: list[dict]) -> dict[str, dict]:
+def pod_templates(objects: list[dict]) -> dict[str, dict]:
     """Component -> its pod template, of every workload built."""
     return {t["metadata"]["labels"]["app.kubernetes.io/component"]: t for o in objects
             if o["kind"] in ("StatefulSet", "Deployment", "Job") for t in [o["spec"]["template"]]}
@@ -180,7 +180,7 @@ def rows() -> list[tuple[str, ...]]:
 
     for variant, (kind, spec) in VARIANTS.items():
         objects = build_run(kind, spec)
-        pods = _pods(objects)
+        pods = pod_templates(objects)
         policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
         for component, pod in pods.items():
             for scope in sorted(_credentials(pod)):

@@ -217,6 +217,7 @@ def rows() -> list[tuple[str, ...]]:
                 variant)
     table = [(*row, f" ({variant})" if variant else "") for row, variant in out.items()]
     table = [(where + when, serves, reach, credential) for where, serves, reach, credential, when in table]
+    table.sort(key=lambda row: next((i for i, c in enumerate(COMPONENTS) if row[0].startswith(c)), len(COMPONENTS)))
     for scope in (*SCOPES, TOKEN_ENV):
         env = scope_env(scope) if scope in SCOPES else TOKEN_ENV
         holders = ", ".join(held_by.get(scope, [])) or "no pod"

@@ -48,9 +48,9 @@ def test_latest_is_the_newest_step_both_processes_completed(ckpt_root):  # noqa:
     assert resolve_resume_step(ckpt_root, "latest", "orchestrator") == 4, "both resolve the same step"
     assert resolve_resume_step(ckpt_root, 2, "trainer") == 2
     assert resolve_resume_step(ckpt_root, 6, "trainer") == 6, "an explicit step needs only its own part"
-    with pytest.raises(ValueError, match=r"ckpt.resume_step: .*step_8/trainer is not a complete checkpoint"):
+    with pytest.raises(ValueError, match=r"ckpt.resume_step: .*trainer/step_8 is not a complete checkpoint"):
         resolve_resume_step(ckpt_root, 8, "trainer")
-    with pytest.raises(ValueError, match=r"ckpt.resume_step: .*step_3/orchestrator .*\[2, 4\]"):
+    with pytest.raises(ValueError, match=r"ckpt.resume_step: .*orchestrator/step_3 .*\[2, 4\]"):
         resolve_resume_step(ckpt_root, 3, "orchestrator")
 
 
@@ -96,5 +96,17 @@ def test_pruning_removes_whole_steps_and_keeps_interval_multiples(ckpt_root):  #
     assert prune(ckpt_root, "trainer", keep_last=2, keep_interval=10) == [5]
     assert complete_steps(ckpt_root) == [10, 15, 20]
     fs, path = fsspec.core.url_to_fs(ckpt_root)
-    assert not fs.exists(f"{path}/step_5"), "the orchestrator's part goes with the step"
+    assert not fs.exists(f"{path}/trainer/step_5") and not fs.exists(f"{path}/orchestrator/step_5"), \
+        "the orchestrator's part goes with the step"
     assert prune(ckpt_root, "trainer", keep_last=None, keep_interval=None) == []
+
+
+def test_checkpoints_in_the_old_layout_are_named_not_skipped(tmp_path):
+    """`step_N/<process>/` (before per-process directories): `latest` does not start the run
+    over past them, it says how to move them."""
+    old = tmp_path / "step_4" / "trainer"
+    old.mkdir(parents=True)
+    (old / MARKER).touch()
+    with pytest.raises(ValueError, match=r"holds checkpoints of steps \[4\] in the layout before per-process"):
+        resolve_resume_step(tmp_path, "latest", "trainer")
+

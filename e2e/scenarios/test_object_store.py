@@ -60,7 +60,7 @@ def test_weights_and_checkpoints_through_an_object_store(cluster, s3, record_pro
 
     cluster.wait(lambda: any(k.endswith("trainer/COMPLETE") for k in keys()), 300, "a checkpoint in the bucket")
     assert any("/weights/" in k for k in keys()), "weight snapshots go to the bucket"
-    assert cluster.read_file(CLAIM, f"{NAME}/checkpoints/step_2/trainer/COMPLETE") is None, \
+    assert cluster.read_file(CLAIM, f"{NAME}/checkpoints/trainer/step_2/COMPLETE") is None, \
         "checkpoints go to the object store, not the claim"
 
     killed_at = run.recover("trainer killed (checkpoints in S3)", lambda: cluster.kill(run.pod("trainer")))

@@ -2,7 +2,9 @@
 
 Layout under the checkpoint root (`ckpt.url`: a path or fsspec URL such as
 `s3://bucket/run/checkpoints`; `<output_dir>/checkpoints` when unset):
-`step_N/{trainer,orchestrator}/` for an RL run, `step_N/trainer/` for SFT.
+`{trainer,orchestrator}/step_N/` for an RL run, `trainer/step_N/` for SFT. Each process writes
+under its own directory only, so on a cluster the orchestrator's pod can be given a writable
+mount of `orchestrator/` and none of `trainer/`, whose DCP files the trainer unpickles.
 
 One rule everywhere: a process's part counts only once its `COMPLETE` marker exists, and the
 marker is written LAST, after every other file of the part. Object stores have no atomic
@@ -41,7 +43,7 @@ def _fs(root: Path | str) -> tuple[fsspec.AbstractFileSystem, str]:
 
 def part_dir(root: Path | str, step: int, process: str) -> str:
     """The URL (or path) of `process`'s part of step `step`."""
-    return f"{str(root).rstrip('/')}/step_{step}/{process}"
+    return f"{str(root).rstrip('/')}/{process}/step_{step}"
 
 
 def is_complete(root: Path | str, step: int, process: str) -> bool:
@@ -55,9 +57,17 @@ def complete_steps(root: Path | str, processes: tuple[str, ...] = RL_PROCESSES) 
     if not fs.isdir(path):
         return []
     markers = set(fs.find(path, withdirs=False))  # one listing, not one request per step
-    steps = [int(m.group(1)) for entry in fs.ls(path, detail=False)
-             if (m := _STEP_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1]))]
-    return sorted(s for s in steps if all(f"{path}/step_{s}/{p}/{MARKER}" in markers for p in processes))
+    complete = [{s for s in _steps_in(fs, f"{path}/{p}") if f"{path}/{p}/step_{s}/{MARKER}" in markers}
+                for p in processes]
+    return sorted(set.intersection(*complete))
+
+
+def _steps_in(fs: fsspec.AbstractFileSystem, path: str) -> list[int]:
+    """The N of each `step_N` directly under `path`."""
+    if not fs.isdir(path):
+        return []
+    return [int(m.group(1)) for entry in fs.ls(path, detail=False)
+            if (m := _STEP_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1]))]
 
 
 def latest_run_checkpoint(root: Path | str, processes: tuple[str, ...] = RL_PROCESSES) -> int | None:
@@ -76,6 +86,13 @@ def resolve_resume_step(root: Path | str, resume_step: int | str | None, process
     if resume_step == "latest":
         step = latest_run_checkpoint(root, processes)
         if step is None:
+            fs, path = _fs(root)
+            if old := _steps_in(fs, path):
+                raise ValueError(
+                    f"ckpt.resume_step: {root} holds checkpoints of steps {sorted(old)} in the layout before "
+                    f"per-process directories (step_N/<process>/, now <process>/step_N/): move them there to "
+                    "resume from them (their files are unsigned: see rlkube.manifest), or remove them to start fresh"
+                )
             logger.info("no complete checkpoint under %s: starting fresh", root)
         return step
     if not is_complete(root, int(resume_step), process):
@@ -140,10 +157,13 @@ def prune(root: Path | str, process: str, keep_last: int | None, keep_interval: 
     leaves nothing that looks complete. Returns the deleted steps."""
     doomed = steps_to_delete(complete_steps(root, (process,)), keep_last, keep_interval)
     fs, path = _fs(root)
+    owners = sorted((p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False) if fs.isdir(p)),
+                    key=lambda owner: owner != process)  # ours first
     for step in doomed:
-        parts = [p.rstrip("/") for p in fs.ls(f"{path}/step_{step}", detail=False)]
-        for part in sorted(parts, key=lambda p: not p.endswith(f"/{process}")):  # ours first
+        parts = [f"{path}/{owner}/step_{step}" for owner in owners if fs.exists(f"{path}/{owner}/step_{step}")]
+        for part in parts:
             if fs.exists(f"{part}/{MARKER}"):
                 fs.rm(f"{part}/{MARKER}")
-        fs.rm(f"{path}/step_{step}", recursive=True)
+        for part in parts:
+            fs.rm(part, recursive=True)
     return doomed

@@ -23,7 +23,7 @@ def test_half_written_checkpoints_are_not_resumable(ckpt_root):  # noqa: F811
     fs, path = fsspec.core.url_to_fs(part_dir(ckpt_root, 6, "orchestrator"))
     fs.makedirs(path, exist_ok=True)
     fs.pipe_file(f"{path}/state.json", b"{}")  # killed before COMPLETE
-    with pytest.raises(ValueError, match="ckpt.resume_step: .*step_6/orchestrator is not a complete checkpoint"):
+    with pytest.raises(ValueError, match="ckpt.resume_step: .*orchestrator/step_6 is not a complete checkpoint"):
         checkpoint.resolve_step(ckpt_root, 6)
     checkpoint.save(ckpt_root, 2, {})
     assert checkpoint.resolve_step(ckpt_root, "latest") is None, "the trainer's part of step 2 is missing"

@@ -182,8 +182,8 @@ def test_resume_restores_unconsumed_batches_and_samplers(tmp_path):
     config = make_config(tmp_path, max_steps=4, ckpt={"interval": 2, "resume_step": "latest"})
     # "latest" needs the trainer's part too; here only the orchestrator's exists: a fresh start
     assert checkpoint.resolve_step(tmp_path / "checkpoints", "latest") is None
-    abandoned = tmp_path / "checkpoints" / "step_6" / "orchestrator"  # from a run that got further
-    shutil.copytree(tmp_path / "checkpoints" / "step_2" / "orchestrator", abandoned)
+    abandoned = tmp_path / "checkpoints" / "orchestrator" / "step_6"  # from a run that got further
+    shutil.copytree(tmp_path / "checkpoints" / "orchestrator" / "step_2", abandoned)
     resumed_runner, pool = FakeRunner(), FakePool()
     resumed = Orchestrator(config, [resumed_runner], pool, lambda m, s: None)
     results = asyncio.run(run_with_trainer(resumed, config, start_step=3, resume_step=2))

@@ -75,5 +75,5 @@ def test_orchestrator_process_with_vllm(inference_server, tmp_path):
     assert len(served) == 3 and all(r["off_policy/served_lag/max"] <= 1 for r in served), served
     evals = [r["step"] for r in records if "eval/reverse_text/avg@1" in r]
     assert evals == [0, 2, 3], "eval at step 0, every 2 steps, and at the last step"
-    assert (tmp_path / "checkpoints/step_2/orchestrator/COMPLETE").is_file()
-    assert (tmp_path / "checkpoints/step_3/orchestrator/COMPLETE").is_file()
+    assert (tmp_path / "checkpoints/orchestrator/step_2/COMPLETE").is_file()
+    assert (tmp_path / "checkpoints/orchestrator/step_3/COMPLETE").is_file()

@@ -1,4 +1,4 @@
-"""Which SFT checkpoints resume can see: `step_N/trainer` parts marked COMPLETE, nothing else."""
+"""Which SFT checkpoints resume can see: `trainer/step_N` parts marked COMPLETE, nothing else."""
 
 from pathlib import Path
 
@@ -9,7 +9,7 @@ from rlkube.trainer.ckpt import CheckpointManager
 
 
 def make_step(root: Path, name: str, marked: bool) -> None:
-    trainer = root / "checkpoints" / name / "trainer"
+    trainer = root / "checkpoints" / "trainer" / name
     trainer.mkdir(parents=True)
     (trainer / "__0_0.distcp").write_bytes(b"x")
     (trainer / ".metadata").write_bytes(b"x")
@@ -49,5 +49,5 @@ def test_the_url_replaces_the_output_dir(run_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("step", [12, 14, 3])
 def test_an_incomplete_or_missing_step_is_a_clear_error(run_dir, step):
-    with pytest.raises(ValueError, match=rf"ckpt.resume_step: .*step_{step}/trainer is not a complete .*\[2, 10\]"):
+    with pytest.raises(ValueError, match=rf"ckpt.resume_step: .*trainer/step_{step} is not a complete .*\[2, 10\]"):
         manager(run_dir, resume_step=step).resolve_resume_step()

@@ -198,7 +198,7 @@ def test_a_resumed_lora_run_continues_exactly(lora_trainer_config):
         assert resumed.metrics.records[step]["loss/mean"] == trainer.metrics.records[step]["loss/mean"], step
     for name, tensor in trainer.publisher.published[4].items():
         assert torch.equal(resumed.publisher.published[4][name], tensor), name
-    saved = dcp.FileSystemReader(str(config.output_dir / "checkpoints" / "step_2" / "trainer" / "dcp")).read_metadata()
+    saved = dcp.FileSystemReader(str(config.output_dir / "checkpoints" / "trainer" / "step_2" / "dcp")).read_metadata()
     model_keys = [k.removeprefix("model.") for k in saved.state_dict_metadata if k.startswith("model.")]
     assert model_keys and all(is_adapter_key(k) for k in model_keys), "the frozen base is not checkpointed"
 

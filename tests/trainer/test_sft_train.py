@@ -94,7 +94,7 @@ def test_two_process_torchrun_matches_one_process(small_model, reference_run, tm
     reference, two = losses(reference_run), losses(out)
     for step in (1, 2, 3):
         assert two[step] == pytest.approx(reference[step], rel=1e-3), step
-    shards = sorted(p.name for p in (out / "checkpoints" / "step_3" / "trainer").glob("*.distcp"))
+    shards = sorted(p.name for p in (out / "checkpoints" / "trainer" / "step_3").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own shard
     assert (out / "weights" / "step_3" / "model.safetensors").is_file()
 
@@ -123,8 +123,8 @@ def test_a_kill_during_saving_leaves_no_checkpoint_resume_would_pick(small_model
         proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the trainer finished before it could be killed"
     for step in checkpoints(out):
-        assert (root / f"step_{step}" / "trainer" / ".metadata").is_file(), step
-        assert (root / f"step_{step}" / "trainer" / "train_state.json").is_file(), step
+        assert (root / "trainer" / f"step_{step}" / ".metadata").is_file(), step
+        assert (root / "trainer" / f"step_{step}" / "train_state.json").is_file(), step
     latest = checkpoints(out)[-1]
     run_sft(sft_args(small_model, out, latest + 1, "--ckpt.resume-step", "latest"))
     assert checkpoints(out)[-1] == latest + 1

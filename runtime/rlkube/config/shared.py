@@ -21,7 +21,7 @@ class ModelConfig(Config):
 
 
 class CheckpointConfig(Config):
-    """Checkpoints under `<ckpt.url or output_dir/checkpoints>/step_N/`, each part marked
+    """Checkpoints under `<ckpt.url or output_dir/checkpoints>/<process>/step_N/`, each part marked
     `COMPLETE` last. Present means enabled (`--ckpt`)."""
 
     url: str | None = None

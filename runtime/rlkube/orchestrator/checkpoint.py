@@ -1,4 +1,4 @@
-"""The orchestrator's part of a run checkpoint: `<ckpt root>/step_N/orchestrator/`.
+"""The orchestrator's part of a run checkpoint: `<ckpt root>/orchestrator/step_N/`.
 
 Written when policy N is loaded (so the trainer has consumed batches 1..N). It holds what a
 restart needs to lose no finished work: batches already cut for steps after N, finished groups

@@ -1,9 +1,9 @@
-"""The RL trainer's part of a run checkpoint: `<ckpt root>/step_N/trainer/`.
+"""The RL trainer's part of a run checkpoint: `<ckpt root>/trainer/step_N/`.
 
 Sharded model and optimizer state via `torch.distributed.checkpoint` (each rank writes its
 shards; loads reshard to any world size), plus the scheduler and the step in `progress.json`.
 The root is a path or an fsspec URL (`ckpt.url`); every rank writes its shards straight into
-`step_N/trainer/dcp/`, and rank 0 writes the `COMPLETE` marker only once DCP's metadata (the
+`trainer/step_N/dcp/`, and rank 0 writes the `COMPLETE` marker only once DCP's metadata (the
 last thing `dcp.save` writes, after every rank's shards) and `progress.json` are there (see
 rlkube.checkpoints), so a run killed mid-save resumes from the previous checkpoint,
 never from a torn one.

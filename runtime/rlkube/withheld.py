@@ -9,7 +9,7 @@ its choosing into inference; the store's credentials, overwrite checkpoints.
 So the processes that run environments (the orchestrator and its env workers) call
 `withhold()` before they load any: it moves the run's token (`TOKEN_ENV`), its scoped
 credentials (`CREDENTIAL_ENVS`), the keys of judges and teachers outside the run that the
-config names (`extra`), and the
+config names (`extra`), the checkpoint key (`CHECKPOINT_KEY_ENV`) and the
 object store's credentials (`STORE_CREDENTIALS`, the variables the operator's
 `storage.objectStore.secretName` provides) out of `os.environ` into this process's memory.
 rlkube's own code reads the token with `held` (`auth.run_token`), and fsspec gets the
@@ -30,6 +30,9 @@ TOKEN_ENV = "RLKUBE_TOKEN"
 """The run's token (`rlkube.auth` reads it through `held`)."""
 CREDENTIAL_ENVS = tuple(scope_env(scope) for scope in SCOPES)
 """The run's credentials, one per scope (`rlkube.scopes`)."""
+CHECKPOINT_KEY_ENV = "RLKUBE_CHECKPOINT_KEY"
+"""The run's checkpoint key (`rlkube.manifest`): the trainer's alone, withheld in case a
+process that runs environments inherited it (`rlkube rl`'s children share its environment)."""
 
 STORE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_SESSION_TOKEN": "token"}
 """The object store's credential variables and the fsspec S3 option each becomes. Other
@@ -47,7 +50,7 @@ def held(name: str) -> str | None:
 def withhold(extra: tuple[str, ...] = ()) -> None:
     """Move the run's secrets, and the variables named in `extra`, out of this process's
     environment (see the module docstring); a no-op for those it lacks. Idempotent."""
-    for name in (TOKEN_ENV, *CREDENTIAL_ENVS, *STORE_CREDENTIALS, *extra):
+    for name in (TOKEN_ENV, *CREDENTIAL_ENVS, CHECKPOINT_KEY_ENV, *STORE_CREDENTIALS, *extra):
         if (value := os.environ.pop(name, None)) is not None:
             _held[name] = value
     if store := {option: _held[name] for name, option in STORE_CREDENTIALS.items() if name in _held}:

@@ -8,10 +8,10 @@ import os
 import subprocess
 import sys
 
-from rlkube.withheld import CREDENTIAL_ENVS, STORE_CREDENTIALS, TOKEN_ENV
+from rlkube.withheld import CHECKPOINT_KEY_ENV, CREDENTIAL_ENVS, STORE_CREDENTIALS, TOKEN_ENV
 
 SECRETS = {TOKEN_ENV: "the-run-token-1234", **{name: f"scoped-credential-{name}" for name in CREDENTIAL_ENVS},
-           "AWS_ACCESS_KEY_ID": "AKIA-store-key-5678",
+           CHECKPOINT_KEY_ENV: "the-checkpoint-key-7890", "AWS_ACCESS_KEY_ID": "AKIA-store-key-5678",
            "AWS_SECRET_ACCESS_KEY": "store-secret-9012", "AWS_SESSION_TOKEN": "store-session-3456"}
 SERVE = """
 import sys

@@ -371,10 +371,7 @@ def parse_cli(
             check(config)
         return config, dry_run
     except ConfigError as e:
-        message = f"rlkube {command}: error: {e}"
-        print(message, file=sys.stderr)
-        write_termination_message(message)
-        sys.exit(EXIT_INVALID)
+        sys.exit(exit_invalid(command, e))
 
 
 FINISHED_STEP = "rlkube_finished_step"
@@ -396,6 +393,15 @@ def read_finished_step(message: str) -> int | None:
     except (ValueError, AttributeError):
         return None
     return step if isinstance(step, int) else None
+
+
+def exit_invalid(command: str, error: Exception) -> int:
+    """A failure no restart fixes (an invalid config, a checkpoint refused by its manifest): the
+    error on stderr and in the termination message; returns `EXIT_INVALID` to exit with."""
+    message = f"rlkube {command}: error: {error}"
+    print(message, file=sys.stderr)
+    write_termination_message(message)
+    return EXIT_INVALID
 
 
 def write_termination_message(message: str) -> None:

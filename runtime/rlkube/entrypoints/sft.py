@@ -29,11 +29,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if dry_run:
         return 0
+    from rlkube.config.cli import exit_invalid
+    from rlkube.manifest import Refused
     from rlkube.trainer.sft.train import SFTTrainer
 
     trainer = SFTTrainer(config)
     try:
         trainer.run()
+    except Refused as e:  # a checkpoint not written by this run's trainer: resuming cannot fix it
+        return exit_invalid(COMMAND, e)
     finally:
         trainer.close()
     return 0

@@ -19,12 +19,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import os
 
+    from rlkube.config.cli import exit_invalid
     from rlkube.logs import setup_logging
+    from rlkube.manifest import Refused
     from rlkube.trainer.rl.trainer import run
 
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(config.log.level if rank == 0 else "warning")
-    run(config)
+    try:
+        run(config)
+    except Refused as e:  # a checkpoint not written by this run's trainer: resuming cannot fix it
+        return exit_invalid(COMMAND, e)
     return 0
 
 

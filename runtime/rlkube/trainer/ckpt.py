@@ -1,6 +1,6 @@
 """Trainer checkpoints with torch.distributed.checkpoint (DCP), never counted half-written.
 
-Layout: `<ckpt root>/step_N/trainer/` (the root is `ckpt.url`, a path or an fsspec URL such as
+Layout: `<ckpt root>/trainer/step_N/` (the root is `ckpt.url`, a path or an fsspec URL such as
 `s3://bucket/run/checkpoints`, or `<output_dir>/checkpoints`) holds the sharded model,
 optimizer and scheduler state (DCP files) plus `train_state.json` (step, data position:
 anything JSON-like).
@@ -11,7 +11,14 @@ writes its shards straight into the part, DCP writes its `.metadata` after all r
 then rank 0 writes the JSON files and, last, the marker. A process killed mid-save leaves a
 part without a marker, which resume never picks and the next save of that step replaces
 (removing the marker first). Checkpoints written before the marker rule (a `.metadata`
-and no `COMPLETE`) are not picked: `touch step_N/trainer/COMPLETE` makes one resumable.
+and no `COMPLETE`) are not picked: `touch trainer/step_N/COMPLETE` makes one resumable.
+
+Why a part is signed: DCP reads `.metadata` with `pickle`, so a file planted in the part runs
+code in the trainer. Rank 0 writes `MANIFEST.json` (every file's size and SHA-256, HMAC-signed
+with the run's checkpoint key: rlkube.manifest) just before the marker, and a load checks it
+before DCP opens anything; the ranks hash the files between them. A refused part stops the run
+(`manifest.Refused`: the entry points exit 2 naming the file) rather than resuming from an older
+step, which the orchestrator, resolving `latest` on its own, would not follow.
 
 `save_part`/`load_part` are the mechanics the RL trainer's part shares (rlkube.trainer.rl.checkpoint).
 """
@@ -28,7 +35,9 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from rlkube import manifest
 from rlkube.checkpoints import (
+    MARKER,
     begin_part,
     checkpoint_root,
     finish_part,
@@ -90,8 +99,11 @@ def save_part(root: str, step: int, process: str, state: dict[str, Any], files: 
     url = part_dir(root, step, process)
     dcp.save(state, storage_writer=FsspecWriter(f"{url}/{dcp_dir}" if dcp_dir else url))
     _barrier()  # every rank's shards and DCP's metadata are written
+    digests = _digests(url, _broadcast(manifest.part_files(url, _UNLISTED) if is_main else None))
     if is_main:
-        finish_part(root, step, process, files)
+        listed = digests | {name: manifest.digest_bytes(data) for name, data in files.items()}
+        signed = manifest.manifest_bytes(listed, _place(step, process), manifest.checkpoint_key())
+        finish_part(root, step, process, files | {manifest.MANIFEST: signed})  # the manifest last, then the marker
         for pruned in prune(root, process, config.keep_last, config.keep_interval):
             logger.info(f"pruned checkpoint step {pruned}")
     _barrier()
@@ -104,9 +116,52 @@ def load_part(root: str, step: int, process: str, state: dict[str, Any], names: 
     url = part_dir(root, step, process)
     if not is_complete(root, step, process):
         raise FileNotFoundError(f"ckpt.resume_step: {url} is not a complete checkpoint")
+    verify_part(url, _place(step, process))  # before DCP unpickles its metadata
     dcp.load(state, storage_reader=FsspecReader(f"{url}/{dcp_dir}" if dcp_dir else url))
     fs, path = fsspec.core.url_to_fs(url)
     return {name: fs.cat_file(f"{path}/{name}") for name in names}
+
+
+_UNLISTED = (MARKER, manifest.MANIFEST)
+
+
+def _place(step: int, process: str) -> str:
+    return f"{process}/step_{step}"
+
+
+def verify_part(url: str, place: str) -> None:
+    """Collective: `manifest.Refused` on every rank unless the part's files are those its
+    manifest lists, signed with the run's key (rlkube.manifest; no key: hashes only)."""
+    listed = manifest.read_manifest(url, place, manifest.checkpoint_key())
+    if listed is None:
+        return
+    present = _broadcast(manifest.part_files(url, _UNLISTED) if _rank() == 0 else None)
+    digests = _digests(url, [name for name in present if name in listed])
+    manifest.check_files(url, listed, present, digests)
+
+
+def _digests(url: str, names: list[str]) -> dict[str, dict]:
+    """Collective: the digests of `names`, each rank hashing a share."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    mine = manifest.digest_files(url, names[_rank()::world])
+    if world == 1:
+        return mine
+    shares: list[dict] = [{} for _ in range(world)]
+    dist.all_gather_object(shares, mine)
+    return {name: d for share in shares for name, d in share.items()}
+
+
+def _broadcast(value):
+    """Collective: rank 0's `value` on every rank."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def _barrier() -> None:
@@ -126,7 +181,7 @@ class CheckpointManager:
         return step == last_step or (self.config.interval is not None and step % self.config.interval == 0)
 
     def save(self, step: int, model: nn.Module, optimizer, scheduler, train_state: dict[str, Any]) -> str:
-        """Collective: every rank calls it. Returns the URL of `step_N/trainer`."""
+        """Collective: every rank calls it. Returns the URL of `trainer/step_N`."""
         files = {"train_state.json": json.dumps(train_state).encode()}
         path = save_part(self.root, step, PROCESS, {"app": _AppState(model, optimizer, scheduler)}, files,
                          is_main=self.is_main, config=self.config)

@@ -12,7 +12,11 @@ step. Both keep on-disk caches, by default under `/tmp`, which a new pod does no
   run's object-store prefix when the output directory is a pod's emptyDir), torch's portable
   cache artifacts (`torch.compiler.save_cache_artifacts`: Inductor, AOTAutograd and autotuning
   results in one blob) are loaded from `<url>/<key>.bin` at start, and written back by rank 0
-  after a step that compiled something.
+  after a step that compiled something. The blob is compiled code, so it is signed with the
+  run's checkpoint key (`<key>.bin.sig`, rlkube.manifest) and one without a valid signature is
+  refused (an error naming it; the trainer compiles afresh and overwrites it). The local
+  directory cannot be signed (Inductor reads it itself): under the operator only the trainer's
+  pods may write the run's volume where it lies.
 
 `activate()` must run before anything compiles. A `TORCHINDUCTOR_CACHE_DIR` set by the user
 (to anything but torch's default) is kept: their choice of place wins; the store still applies.
@@ -27,6 +31,8 @@ from pathlib import Path
 
 import fsspec
 import torch
+
+from rlkube.manifest import Refused, checkpoint_key, sign_blob, verify_blob
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +83,14 @@ class CompileCache:
         if not fs.exists(path):
             logger.info("compile cache: nothing at %s yet (this run compiles, then saves there)", self.remote)
             return
+        blob = fs.cat_file(path)
+        try:
+            verify_blob(fs, path, blob, checkpoint_key(), self.remote)
+        except Refused as e:
+            logger.error("compile cache: %s; not loaded (this run compiles, then overwrites it)", e)
+            return
         # a blob cut short by a killed writer loads as None (torch logs why): compile, then rewrite it
-        info = torch.compiler.load_cache_artifacts(fs.cat_file(path))
+        info = torch.compiler.load_cache_artifacts(blob)
         logger.info("compile cache: loaded %s (%s)", self.remote, info)
 
     def save_if_compiled(self) -> None:
@@ -91,5 +103,5 @@ class CompileCache:
             return
         fs, path = fsspec.core.url_to_fs(self.remote)
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        fs.pipe_file(path, artifacts[0])
+        sign_blob(fs, path, artifacts[0], checkpoint_key())
         logger.info("compile cache: saved %d bytes to %s", len(artifacts[0]), self.remote)

@@ -120,9 +120,13 @@ def mounts(container: dict, volumes: dict[str, Path]) -> list[dict]:
     for vm in container.get("volumeMounts") or []:
         if vm["name"] not in volumes:
             raise ConfigError(f"container {container['name']}: volumeMount {vm['name']!r} names no volume")
-        source = volumes[vm["name"]] / vm.get("subPath", "")
-        if not source.exists():  # Kubernetes creates a missing subPath as a directory
-            source.mkdir(parents=True)
+        root = volumes[vm["name"]]
+        source = root / vm.get("subPath", "")
+        # Kubernetes creates a missing subPath as directories with the mode of the volume's root
+        # (group-writable under an fsGroup), so a pod of another uid in that group writes there
+        for missing in reversed([p for p in (source, *source.parents) if p.is_relative_to(root) and not p.exists()]):
+            missing.mkdir()
+            missing.chmod(root.stat().st_mode & 0o7777)
         out.append({"source": str(source), "target": vm["mountPath"], "read_only": bool(vm.get("readOnly"))})
     return out
 

@@ -35,8 +35,13 @@ class Run:
         return self.cluster.wait(lambda: self.step() >= step and self.status(), timeout,
                                  f"{self.kind}/{self.name} to reach step {step}")
 
+    def output_dir(self, process: str) -> str:
+        """Where `process` writes on the claim: the orchestrator in its own directory, which is
+        all of the claim its pod may write (rlkube_operator.wiring.ORCHESTRATOR_DIR)."""
+        return f"{self.name}/orchestrator" if process == "orchestrator" else self.name
+
     def metrics(self, process: str) -> list[dict]:
-        text = self.cluster.read_file(self.claim, f"{self.name}/metrics/{process}.jsonl") or ""
+        text = self.cluster.read_file(self.claim, f"{self.output_dir(process)}/metrics/{process}.jsonl") or ""
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def batches(self) -> dict[int, dict]:
@@ -47,7 +52,7 @@ class Run:
     def samples(self, step: int) -> list[dict]:
         """The batch of `step` as text, a row per sample (`orchestrator.samples_interval`:
         reward, completion, error of each rollout; rlkube/orchestrator/samples.py)."""
-        text = self.cluster.read_file(self.claim, f"{self.name}/samples/step_{step}.jsonl") or ""
+        text = self.cluster.read_file(self.claim, f"{self.output_dir('orchestrator')}/samples/step_{step}.jsonl") or ""
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def trainer_steps(self) -> list[int]:
@@ -68,7 +73,7 @@ class Run:
         complete on the claim (every `interval` steps; rlkube/checkpoints.py)."""
         last = max(self.trainer_steps(), default=0)
         return [s for s in range(interval, last + interval + 1, interval)
-                if all(self.cluster.read_file(self.claim, f"{self.name}/checkpoints/step_{s}/{part}/COMPLETE")
+                if all(self.cluster.read_file(self.claim, f"{self.name}/checkpoints/{part}/step_{s}/COMPLETE")
                        is not None for part in ("trainer", "orchestrator"))]
 
     def children(self) -> dict[str, list[str]]:

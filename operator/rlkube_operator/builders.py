@@ -13,6 +13,8 @@ from rlkube.scopes import WEIGHTS_PEERS_ENV
 
 from rlkube_operator.components import ServersSpec
 from rlkube_operator.names import (
+    CHECKPOINT_KEY,
+    CHECKPOINT_KEY_ENV,
     COMPLETION_INDEX_LABEL,
     CONFIG_MOUNT,
     JOB_NAME_LABEL,
@@ -20,9 +22,9 @@ from rlkube_operator.names import (
     RunRef,
 )
 from rlkube_operator.pods import container, http_probes, pod_settings, pod_template
-from rlkube_operator.runtoken import run_credentials
+from rlkube_operator.runtoken import checkpoint_key, run_credentials
 from rlkube_operator.spec import RLRunSpec, RunSpecBase
-from rlkube_operator.wiring import INFERENCE_URLS, trainer_metrics_port
+from rlkube_operator.wiring import INFERENCE_URLS, orchestrator_writes, trainer_metrics_port
 
 APPLIED_SPEC_KEY = "applied-spec.json"
 ATTEMPT_ANNOTATION = "rlkube.dev/attempt"
@@ -46,8 +48,10 @@ def build_token_secret(run: RunRef, key: bytes) -> dict:
     of the run require and each pod gets those of its component (`pods.credentials_env`),
     derived from the run's uid and the operator's `key` (`runtoken`): the same for every pass
     and every operator, so the operator only ever creates it (`Kube.create`) and never reads it
-    back. Immutable: nothing rotates it under running pods."""
-    data = {scope: base64.b64encode(value.encode()).decode() for scope, value in run_credentials(key, run.uid).items()}
+    back. Immutable: nothing rotates it under running pods. It also holds the run's checkpoint
+    key (`CHECKPOINT_KEY`), which only the trainer's pods get."""
+    values = run_credentials(key, run.uid) | {CHECKPOINT_KEY: checkpoint_key(key, run.uid)}
+    data = {name: base64.b64encode(value.encode()).decode() for name, value in values.items()}
     return {"apiVersion": "v1", "kind": "Secret", "metadata": run.metadata("token"), "type": "Opaque",
             "immutable": True, "data": data}
 
@@ -236,6 +240,7 @@ def build_orchestrator_deployment(run: RunRef, spec: RLRunSpec, replicas: int, a
         ],
         res=spec.orchestrator.resources,
         probes=http_probes("/healthz", "http", spec.config.inference.startup_timeout_s),
+        writable=orchestrator_writes(run, spec),
     )
     annotations = {
         ATTEMPT_ANNOTATION: str(attempt),
@@ -263,7 +268,7 @@ def build_env_worker_deployment(run: RunRef, spec: RLRunSpec, replicas: int) -> 
     and dials the orchestrator Service's gRPC port; nothing dials a worker, so it has no port
     and no probe. A lost worker's groups are re-issued by the orchestrator, and a worker whose
     orchestrator restarted redials: the pods need no restart with the trainer. CPU only; they
-    mount the run's volume for a model kept on it (the tokenizer)."""
+    mount the run's volume read-only, for a model kept on it (the tokenizer)."""
     settings = pod_settings(spec, "env-worker")
     command = ["rlkube", "env-worker", "@", f"{CONFIG_MOUNT}/orchestrator.toml",
                "--rollouts.host", run.service_host("orchestrator")]
@@ -302,6 +307,14 @@ def build_trainer_master_service(run: RunRef, spec: RunSpecBase, status_port: in
     selector = run.service_selector("trainer") | {COMPLETION_INDEX_LABEL: "0", JOB_NAME_LABEL: run.trainer_job(attempt)}
     return _service(run, "trainer", ports, headless=True, not_ready=True,
                     name=run.trainer_master_service, selector=selector)
+
+
+def checkpoint_key_env(run: RunRef) -> dict:
+    """The run's checkpoint key (`rlkube.manifest`), in the trainer's pods only: what signs and
+    checks its checkpoints and compile cache, so no other pod can forge them. Optional: the
+    Secret of a run created before the key existed has none (its trainer writes unsigned)."""
+    ref = {"name": run.child("token"), "key": CHECKPOINT_KEY, "optional": True}
+    return {"name": CHECKPOINT_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}
 
 
 def trainer_command(run: RunRef, spec: RunSpecBase, module: str, config_file: str) -> list[str]:
@@ -352,7 +365,7 @@ def build_trainer_job(
         + ([{"name": "metrics", "containerPort": metrics}] if (metrics := trainer_metrics_port(spec)) else []),
         res=spec.trainer.resources,
         gpus=spec.trainer.gpus_per_node,
-        env=[index_env, {"name": "MASTER_ADDR", "value": run.trainer_master}],
+        env=[index_env, {"name": "MASTER_ADDR", "value": run.trainer_master}, checkpoint_key_env(run)],
     )
     annotations = {ATTEMPT_ANNOTATION: str(attempt)}
     if metrics and spec.trainer.nodes == 1:  # rank 0 serves: pods 1.. of a gang would be targets always down

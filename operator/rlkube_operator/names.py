@@ -11,7 +11,7 @@ not adopt what its predecessor left for the garbage collector).
 from dataclasses import dataclass
 
 from rlkube.scopes import WEIGHTS_PEERS_ENV
-from rlkube.withheld import CREDENTIAL_ENVS, TOKEN_ENV
+from rlkube.withheld import CHECKPOINT_KEY_ENV, CREDENTIAL_ENVS, TOKEN_ENV
 
 from rlkube_operator import API_VERSION
 
@@ -26,9 +26,11 @@ RESERVED_PREFIX = "rlkube.dev/"
 APP_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
               "app.kubernetes.io/component")
 # What the operator sets in every pod: a user's pod settings may not override it.
-RUN_CREDENTIAL_ENVS = (TOKEN_ENV, *CREDENTIAL_ENVS, WEIGHTS_PEERS_ENV)
-"""The run's token and credentials (`rlkube.withheld`), and the weight servers inference sends its
-credential to (`rlkube.scopes.WEIGHTS_PEERS_ENV`)."""
+RUN_CREDENTIAL_ENVS = (TOKEN_ENV, *CREDENTIAL_ENVS, WEIGHTS_PEERS_ENV, CHECKPOINT_KEY_ENV)
+"""The run's token and credentials (`rlkube.withheld`), the weight servers inference sends its
+credential to (`rlkube.scopes.WEIGHTS_PEERS_ENV`), and the trainer's checkpoint key (`rlkube.manifest`)."""
+CHECKPOINT_KEY = "checkpoint"
+"""The checkpoint key's key in `<run>-token`; only the trainer's pods get it."""
 OPERATOR_ENV = ("PYTHONUNBUFFERED", "HOME", "AWS_ENDPOINT_URL", "NODE_RANK", "MASTER_ADDR", *RUN_CREDENTIAL_ENVS)
 OPERATOR_VOLUMES = ("config", "data", "dshm", "tmp")
 # Set by the Job controller on each pod of an Indexed Job (Kubernetes >= 1.28).

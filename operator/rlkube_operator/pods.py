@@ -76,11 +76,22 @@ def volumes(run: RunRef, spec: RunSpecBase, config_files: list[str]) -> list[dic
     ]
 
 
-def volume_mounts(spec: RunSpecBase) -> list[dict]:
-    data_path = spec.storage.pvc.mount_path if spec.storage.pvc else EMPTYDIR_OUTPUT
+def volume_mounts(spec: RunSpecBase, component: str, writable: list[str]) -> list[dict]:
+    """The run's claim is read-write in the trainer's pods alone: the trainer loads its
+    checkpoints and compile cache from it, and the orchestrator's, env workers' and servers'
+    pods run code (an environment's programs) or serve a network, so they read it only (a
+    model kept there, the trainer's markers and weights). `writable`: the directories under the
+    claim a component writes (the orchestrator's own), mounted read-write over it by `subPath`.
+    An emptyDir is the pod's own: writable."""
+    pvc = spec.storage.pvc
+    data_path = pvc.mount_path if pvc else EMPTYDIR_OUTPUT
+    data = [{"name": "data", "mountPath": data_path}]
+    if pvc is not None and component != "trainer":
+        data = [data[0] | {"readOnly": True}]
+        data += [{"name": "data", "mountPath": f"{data_path.rstrip('/')}/{d}", "subPath": d} for d in writable]
     return [
         {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
-        {"name": "data", "mountPath": data_path},
+        *data,
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
@@ -97,8 +108,10 @@ def container(
     gpus: int = 0,
     env: list[dict] | None = None,
     probes: dict | None = None,
+    writable: list[str] = (),
 ) -> dict:
-    """The component's container: the operator's env, envFrom and mounts, then the user's."""
+    """The component's container: the operator's env, envFrom and mounts, then the user's.
+    `writable`: the directories of the run's claim it writes besides the trainer (`volume_mounts`)."""
     store = spec.storage.object_store
     # The root filesystem is read-only: caches under $HOME (Hugging Face, vLLM, Triton) go to /tmp.
     env = list(env or []) + [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "HOME", "value": "/tmp"}]
@@ -117,7 +130,7 @@ def container(
         "ports": ports,
         "env": env,
         "resources": resources(res, gpus),
-        "volumeMounts": volume_mounts(spec) + settings.volume_mounts,
+        "volumeMounts": volume_mounts(spec, name, list(writable)) + settings.volume_mounts,
         # The runtime writes its error (naming the field) to /dev/termination-log; a crash that
         # wrote none leaves its log's tail: either way the operator can say why the pod failed.
         "terminationMessagePolicy": "FallbackToLogsOnError",

@@ -33,6 +33,12 @@ def run_credentials(key: bytes, uid: str) -> dict[str, str]:
     return {scope: scoped(token, scope) for scope in SCOPES}
 
 
+def checkpoint_key(key: bytes, uid: str) -> str:
+    """The run's checkpoint key (`rlkube.manifest`), which signs what its trainer writes and
+    loads: derived from the token like a scope's credential, which none of them gives back."""
+    return scoped(run_token(key, uid), "checkpoint")
+
+
 def read_key(path: str | None) -> bytes:
     """The key from its file, surrounding whitespace stripped; ValueError naming the setting when
     it is not given, unreadable or shorter than `MIN_KEY_BYTES`."""

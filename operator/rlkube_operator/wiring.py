@@ -52,6 +52,33 @@ def _shared(run: RunRef, spec: RunSpecBase, data: dict) -> dict:
     return data
 
 
+ORCHESTRATOR_DIR = "orchestrator"
+"""The orchestrator's own directory in a run's output directory on a claim (its metrics,
+samples, W&B files): it may write there and in its checkpoint parts, nowhere else (`pods.volume_mounts`)."""
+
+
+def _checkpoint_root(run: RunRef, spec: RunSpecBase) -> str | None:
+    """Where the run's checkpoints go (`ckpt.url`, the store's, or the output directory's); None without."""
+    ckpt = getattr(spec.config, "ckpt", None)
+    if ckpt is None:
+        return None
+    return ckpt.url or _object_store_url(run, spec, "checkpoints") or f"{output_dir(run, spec)}/checkpoints"
+
+
+def orchestrator_writes(run: RunRef, spec: RLRunSpec) -> list[str]:
+    """The directories of the run's claim the orchestrator writes, relative to its mount: its own
+    directory and its checkpoint parts (`<root>/orchestrator/`, when the root is on the claim)."""
+    pvc = spec.storage.pvc
+    if pvc is None:
+        return []
+    mount = PurePosixPath(pvc.mount_path)
+    dirs = [str(PurePosixPath(run.name) / ORCHESTRATOR_DIR)]
+    root = _checkpoint_root(run, spec)
+    if root is not None and "://" not in root and PurePosixPath(root).is_relative_to(mount):
+        dirs.append(str(PurePosixPath(root).relative_to(mount) / ORCHESTRATOR_DIR))
+    return dirs
+
+
 def _user_set(spec: RunSpecBase) -> dict:
     """`spec.config` as the user wrote it: only the fields they set."""
     return spec.config.model_dump(exclude_unset=True)
@@ -136,7 +163,12 @@ def rl_tomls(run: RunRef, spec: RLRunSpec) -> dict[str, str]:
 
 def _rl_tomls(rl: RLConfig, spec: RLRunSpec) -> dict[str, str]:
     configs = rl.process_configs(exclude_unset=True)
-    configs["orchestrator"].rollouts.host = ANY_ADDRESS  # where it serves batches
+    orchestrator = configs["orchestrator"]
+    orchestrator.rollouts.host = ANY_ADDRESS  # where it serves batches
+    if spec.storage.pvc is not None:  # its own directory: the rest of the claim is read-only to it
+        if orchestrator.ckpt is not None and orchestrator.ckpt.url is None:
+            orchestrator.ckpt.url = f"{orchestrator.output_dir}/checkpoints"  # the trainer's root
+        orchestrator.output_dir = orchestrator.output_dir / ORCHESTRATOR_DIR
     configs |= {name: served_config(spec, name) for name in spec.served_models()}
     return {f"{name}.toml": to_toml(config, exclude_unset=True) for name, config in configs.items()}
 

@@ -201,8 +201,8 @@ def test_component_pod_settings_merge_over_the_run_level_defaults():
     assert trainer["affinity"] == TUNED_PODS["trainer"]["pod"]["affinity"]
     assert trainer["topologySpreadConstraints"][0]["topologyKey"] == "zone"
     (main,) = trainer["containers"]
-    assert [e["name"] for e in main["env"]] == ["RLKUBE_TOKEN_ROLLOUTS", "RLKUBE_TOKEN_WEIGHTS", "NODE_RANK", "MASTER_ADDR", "PYTHONUNBUFFERED", "HOME",
-                                                "AWS_ENDPOINT_URL",
+    assert [e["name"] for e in main["env"]] == ["RLKUBE_TOKEN_ROLLOUTS", "RLKUBE_TOKEN_WEIGHTS", "NODE_RANK", "MASTER_ADDR",
+                                                "RLKUBE_CHECKPOINT_KEY", "PYTHONUNBUFFERED", "HOME", "AWS_ENDPOINT_URL",
                                                 "NCCL_DEBUG", "HF_TOKEN"]
     assert main["envFrom"] == [{"secretRef": {"name": "s3-creds"}}, {"configMapRef": {"name": "nccl-tuning"}}]
     assert [v["name"] for v in trainer["volumes"]] == ["config", "data", "dshm", "tmp", "cache"]
@@ -746,12 +746,12 @@ def test_credentials_in_the_configs_urls_are_refused_naming_the_field(config, fi
 
 def test_no_manifest_carries_a_secret_value():
     """Credentials are referenced (envFrom a Secret), never copied; the one Secret produced is
-    the run's own credentials, one per scope."""
+    the run's own credentials, one per scope, and its checkpoint key."""
     for name, (kind, spec) in SPECS.items():
         for obj in manifests(kind, spec):
             if obj["kind"] == "Secret":
                 assert obj["metadata"]["name"] == f"{RUN.name}-{'sft-' if kind == 'SFTRun' else ''}token"
-                assert set(obj["data"]) == {"generate", "admin", "weights", "rollouts"}
+                assert set(obj["data"]) == {"generate", "admin", "weights", "rollouts", "checkpoint"}
                 continue
             text = yaml.safe_dump(obj).lower()
             for word in (r"aws_secret_access_key", r"password", r"(?<![a-z])token:"):

@@ -162,15 +162,22 @@ def rl_tomls(run: RunRef, spec: RLRunSpec) -> dict[str, str]:
 
 
 def _rl_tomls(rl: RLConfig, spec: RLRunSpec) -> dict[str, str]:
-    configs = rl.process_configs(exclude_unset=True)
+    configs = in_pods(rl.process_configs(exclude_unset=True), spec)
+    configs |= {name: served_config(spec, name) for name in spec.served_models()}
+    return {f"{name}.toml": to_toml(config, exclude_unset=True) for name, config in configs.items()}
+
+
+def in_pods(configs: dict, spec: RLRunSpec) -> dict:
+    """`configs` (`RLConfig.process_configs`) as their pods run them: the orchestrator serves
+    batches on every interface and, on a claim, writes in its own directory (the rest of the
+    claim is read-only to it: `orchestrator_writes`), its checkpoint parts beside the trainer's."""
     orchestrator = configs["orchestrator"]
-    orchestrator.rollouts.host = ANY_ADDRESS  # where it serves batches
-    if spec.storage.pvc is not None:  # its own directory: the rest of the claim is read-only to it
+    orchestrator.rollouts.host = ANY_ADDRESS
+    if spec.storage.pvc is not None:
         if orchestrator.ckpt is not None and orchestrator.ckpt.url is None:
             orchestrator.ckpt.url = f"{orchestrator.output_dir}/checkpoints"  # the trainer's root
         orchestrator.output_dir = orchestrator.output_dir / ORCHESTRATOR_DIR
-    configs |= {name: served_config(spec, name) for name in spec.served_models()}
-    return {f"{name}.toml": to_toml(config, exclude_unset=True) for name, config in configs.items()}
+    return configs
 
 
 def rl_files(run: RunRef, spec: RLRunSpec) -> dict[str, str]:

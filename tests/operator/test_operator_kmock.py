@@ -297,7 +297,8 @@ async def test_a_runs_token_is_made_once_owned_by_it_and_reaches_every_pod(clust
     assert [(r["uid"], r["controller"]) for r in secret["metadata"]["ownerReferences"]] == [(uid, True)]
     assert secret["immutable"] is True
     token = run_token(TOKEN_KEY, uid)
-    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {s: scoped(token, s) for s in SCOPES}
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {
+        s: scoped(token, s) for s in (*SCOPES, "checkpoint")}  # the trainer's checkpoint key too
     await start_everything(cluster)
     for pod in cluster.names("Pod"):
         component = cluster.get("Pod", pod)["metadata"]["labels"]["app.kubernetes.io/component"]

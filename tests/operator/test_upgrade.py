@@ -44,8 +44,7 @@ def _full_render(run: RunRef, spec) -> dict[str, str]:
     if isinstance(spec, SFTRunSpec):
         sparse = SFTConfig.model_validate(tomllib.loads(wiring.sft_tomls(run, spec)["sft.toml"]))
         return {"sft.toml": to_toml(sparse)}
-    configs = wiring.rl_config(run, spec).process_configs()
-    configs["orchestrator"].rollouts.host = wiring.ANY_ADDRESS
+    configs = wiring.in_pods(wiring.rl_config(run, spec).process_configs(), spec)
     return {f"{name}.toml": to_toml(config) for name, config in configs.items()}
 
 

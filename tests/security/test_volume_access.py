@@ -83,8 +83,9 @@ def test_the_orchestrator_writes_where_its_mounts_are_and_checkpoints_beside_the
 
 def test_only_the_trainer_gets_the_checkpoint_key():
     secret = builders.build_token_secret(RUN, b"k" * 32)
-    key = base64.b64decode(secret["data"][CHECKPOINT_KEY]).decode()
-    assert key and key != base64.b64decode(secret["data"]["token"]).decode()
+    values = {name: base64.b64decode(value).decode() for name, value in secret["data"].items()}
+    key = values.pop(CHECKPOINT_KEY)
+    assert len(key) == 43 and key not in values.values(), "no scope's credential is the key"
     for component, template in pod_templates().items():
         (main,) = template["spec"]["containers"]
         names = [e["name"] for e in main["env"]]

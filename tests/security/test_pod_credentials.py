@@ -19,6 +19,7 @@ import pytest
 from rlkube.scopes import HELD, SCOPES, scope_env
 from rlkube.withheld import TOKEN_ENV
 from rlkube_operator import threatmodel
+from rlkube_operator.names import CHECKPOINT_KEY, CHECKPOINT_KEY_ENV
 
 from tests.envs.test_withheld import SERVE
 
@@ -40,13 +41,16 @@ def containers(pod: dict) -> list[dict]:
 @pytest.mark.parametrize(("name", "objects", "component", "pod"), PODS, ids=[p[0] for p in PODS])
 def test_a_pod_holds_exactly_its_components_credentials(name, objects, component, pod):
     secret = token_secret(objects)
-    assert set(secret["data"]) == set(SCOPES), "the Secret holds the scopes' credentials, not the token"
+    assert set(secret["data"]) == {*SCOPES, CHECKPOINT_KEY}, "the scopes' credentials and the checkpoint key, not the token"
     for container in containers(pod):
         env = container.get("env", [])
         assert TOKEN_ENV not in {e["name"] for e in env}
         from_secret = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env
                        if e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == secret["metadata"]["name"]}
-        assert from_secret == {scope_env(s): {"name": secret["metadata"]["name"], "key": s} for s in HELD[component]}
+        expected = {scope_env(s): {"name": secret["metadata"]["name"], "key": s} for s in HELD[component]}
+        if component == "trainer":  # the trainer alone signs and checks its checkpoints (rlkube.manifest)
+            expected[CHECKPOINT_KEY_ENV] = {"name": secret["metadata"]["name"], "key": CHECKPOINT_KEY, "optional": True}
+        assert from_secret == expected
         assert not [e for e in container.get("envFrom", []) if e.get("secretRef", {}).get("name") == secret[
             "metadata"]["name"]]
     for volume in pod["spec"].get("volumes", []):

@@ -74,4 +74,4 @@ def test_reverse_text_sft_then_rl_on_the_cluster(cluster, record_property):
     cluster.wait(lambda: not cluster.names("statefulsets", "rlkube.dev/run=reverse-text")
                  and not cluster.names("deployments", "rlkube.dev/run=reverse-text"), 120,
                  "inference, the orchestrator and the env workers to be torn down")
-    assert cluster.read_file(CLAIM, f"reverse-text/checkpoints/step_{RL_STEPS}/trainer/COMPLETE") is not None
+    assert cluster.read_file(CLAIM, f"reverse-text/checkpoints/trainer/step_{RL_STEPS}/COMPLETE") is not None

@@ -58,7 +58,7 @@ def test_weights_and_checkpoints_through_an_object_store(cluster, s3, record_pro
     def keys() -> list[str]:
         return [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
 
-    cluster.wait(lambda: any(k.endswith("trainer/COMPLETE") for k in keys()), 300, "a checkpoint in the bucket")
+    cluster.wait(lambda: any("/checkpoints/trainer/step_" in k and k.endswith("/COMPLETE") for k in keys()), 300, "a checkpoint in the bucket")
     assert any("/weights/" in k for k in keys()), "weight snapshots go to the bucket"
     assert cluster.read_file(CLAIM, f"{NAME}/checkpoints/trainer/step_2/COMPLETE") is None, \
         "checkpoints go to the object store, not the claim"
@@ -71,6 +71,6 @@ def test_weights_and_checkpoints_through_an_object_store(cluster, s3, record_pro
     assert steps.count(1) == 1 and max(steps) > killed_at, f"resumed from the bucket's checkpoint: {steps}"
     status = cluster.wait_phase("rlrun", NAME, {"Succeeded"}, 900)
     assert max(run.trainer_steps()) == MAX_STEPS and status["restarts"] >= 1
-    assert any(k.endswith(f"step_{MAX_STEPS}/trainer/COMPLETE") for k in keys())
+    assert any(k.endswith(f"checkpoints/trainer/step_{MAX_STEPS}/COMPLETE") for k in keys())
     record_property("recovery wall times (s)", {k: round(v, 1) for k, v in run.timings.items()})
     cluster.delete("rlrun", NAME)

@@ -5,6 +5,8 @@ manifest carries the run's ownerReference, so deleting the run deletes its child
 """
 
 import base64
+import hashlib
+import hmac
 import json
 
 from rlkube.config import InferenceServerConfig
@@ -27,6 +29,7 @@ from rlkube_operator.spec import RLRunSpec, RunSpecBase
 from rlkube_operator.wiring import INFERENCE_URLS, orchestrator_writes, trainer_metrics_port
 
 APPLIED_SPEC_KEY = "applied-spec.json"
+APPLIED_SPEC_SIGNATURE_KEY = "applied-spec.sig"
 ATTEMPT_ANNOTATION = "rlkube.dev/attempt"
 RESTARTS_ANNOTATION = "rlkube.dev/restarts"
 SUSPEND_ANNOTATION = "rlkube.dev/suspend"
@@ -37,9 +40,18 @@ def served_toml(name: str) -> str:
     return f"{name}.toml"
 
 
-def build_configmap(run: RunRef, tomls: dict[str, str], applied_spec: dict) -> dict:
-    """The resolved per-process TOMLs, plus the spec they were made from (to detect changes)."""
-    data = dict(tomls) | {APPLIED_SPEC_KEY: json.dumps(applied_spec, sort_keys=True)}
+def applied_spec_signature(key: bytes, run: RunRef, text: str) -> str:
+    """HMAC-SHA256 of the run's uid and its applied spec, with the operator's key: whoever may
+    patch the ConfigMap but lacks the key cannot make a copy the operator trusts."""
+    message = b"applied-spec\0" + run.uid.encode() + b"\0" + text.encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def build_configmap(run: RunRef, tomls: dict[str, str], applied_spec: dict, key: bytes) -> dict:
+    """The resolved per-process TOMLs, plus the spec they were made from (to detect changes),
+    signed (`applied_spec_signature`)."""
+    text = json.dumps(applied_spec, sort_keys=True)
+    data = dict(tomls) | {APPLIED_SPEC_KEY: text, APPLIED_SPEC_SIGNATURE_KEY: applied_spec_signature(key, run, text)}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": run.metadata("config"), "data": data}
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from rlkube_operator import GROUP, VERSION, guardrails, reference, threatmodel
+from rlkube_operator.credentials import URL_CREDENTIALS_RE
 from rlkube_operator.names import NAME_MAX_LENGTH, NAME_PATTERN
 from rlkube_operator.reconcile import (
     ELASTIC_FIELDS,
@@ -195,6 +196,34 @@ def immutability_rules(spec_schema: dict) -> list[dict]:
     return rules
 
 
+URL_MAX_LENGTH, URLS_MAX_ITEMS = 4096, 64
+
+
+def _is_url(name: str, node: dict, many: bool) -> bool:
+    ending = ("urls", "Urls") if many else ("url", "Url")
+    return name.endswith(ending) and (node.get("items", {}) if many else node).get("type") == "string"
+
+
+def refuse_url_credentials(node: dict, where: str = "spec") -> None:
+    """Every URL field under `node` (`url`, `*_url`, `*Url`; lists `*_urls`), `config.*` included,
+    refuses credentials at admission (`credentials.URL_CREDENTIALS_RE`, the operator's own check),
+    so none is stored where `view` reads it; each is bounded, which bounds the rule's cost."""
+    message = (" must not hold credentials (user info before '@', or a key, secret, token, password or signature "
+               "query parameter): put them in a Secret (storage.objectStore.secretName)")
+    rule = f"!self.matches('{URL_CREDENTIALS_RE}')"
+    for name, prop in node.get("properties", {}).items():
+        string = prop.get("items") if _is_url(name, prop, True) else prop if _is_url(name, prop, False) else None
+        covered = any(f"self.{name}.matches" in r["rule"] for r in node.get("x-kubernetes-validations", []))
+        if string is not None and not covered:
+            string.setdefault("maxLength", URL_MAX_LENGTH)
+            shown = f"{where}.{name}" + ("[]" if string is not prop else "")
+            string["x-kubernetes-validations"] = [*string.get("x-kubernetes-validations", []),
+                                                  {"rule": rule, "message": shown + message}]
+            if string is not prop:
+                prop.setdefault("maxItems", URLS_MAX_ITEMS)
+        refuse_url_credentials(prop.get("items", prop), f"{where}.{name}" + ("[]" if "items" in prop else ""))
+
+
 def build_crd(kind: str) -> dict:
     """The CustomResourceDefinition of `kind` (`RLRun` or `SFTRun`)."""
     plural = kind.lower() + "s"
@@ -204,6 +233,7 @@ def build_crd(kind: str) -> dict:
         for key in path:
             node = node["properties"][key]
         node["x-kubernetes-validations"] = rules
+    refuse_url_credentials(spec_schema)
     spec_schema["x-kubernetes-validations"] = spec_schema.get("x-kubernetes-validations", []) + immutability_rules(
         spec_schema)
     status_schema = _model_schema(RunStatus, keep_defaults=False, where="status")

@@ -57,17 +57,60 @@ class Guardrails(K8sModel):
     """Volume types a run's extra volumes may be. `csi` and `ephemeral` (a new claim, which may
     clone another run's), `hostPath` and `nfs` only if you trust every run's author."""
 
-    allowed_shared_names: list[str] = Field(default_factory=list)
-    """Claims named `*-data` and Secrets named `*-token` (the names of the claim and token Secret
-    the operator makes for a run) that a run may still use although they are not its own."""
+    allowed_secrets: list[str] = Field(default_factory=list)
+    """Secrets a run may name (env, envFrom, volumes, `storage.objectStore`, `imagePullSecrets`)
+    besides its own (`<run>-token`); `"*"` any but `protected_secrets`."""
+
+    allowed_claims: list[str] = Field(default_factory=list)
+    """PersistentVolumeClaims a run may name (`storage.pvc.claimName`, volumes, an ephemeral
+    volume's data source) besides its own (`<run>-data`); `"*"` any."""
+
+    allowed_config_maps: list[str] = Field(default_factory=list)
+    """ConfigMaps a run may name (env, envFrom, volumes) besides its own (`<run>-config`); `"*"` any."""
+
+    allowed_reference_labels: dict[str, str] = Field(default_factory=dict)
+    """Secrets, claims and ConfigMaps carrying every one of these labels may be named too. The
+    API server cannot see an object's labels at admission: with labels set, a name not listed
+    passes admission and the operator, which reads the object, refuses it if it lacks them."""
+
+    protected_secrets: list[str] = Field(default_factory=list)
+    """Secrets no run may name, whatever the lists say: the operator's token key (the chart sets
+    it)."""
 
     allow_service_account_tokens: bool = False
     """Let runs mount a `projected` `serviceAccountToken` (a token for the pods' service account,
     whatever `automountServiceAccountToken` says)."""
 
-    allow_node_pinning: bool = False
-    """Let runs tolerate the control plane's taints and choose nodes by name or control-plane
-    role (`nodeSelector` or required node affinity on `PINNING_KEYS`)."""
+    allowed_tolerations: list[str] = Field(default_factory=list)
+    """Taint keys the pods may tolerate (`"*"` any key); none: the cluster's general pool, whose
+    nodes have no taint. A taint marks a pool (another team's GPUs, the control plane)."""
+
+    allowed_node_labels: list[str] = Field(default_factory=lambda: ["kubernetes.io/arch", "kubernetes.io/os"])
+    """Node labels `nodeSelector` and node affinity (required and preferred) may name, as `key`
+    (any value) or `key=value`; `"*"` any. A node label chooses a pool, or a node by name."""
+
+    allow_pod_affinity: bool = False
+    """Let runs ask for `podAffinity`/`podAntiAffinity` (to land beside, or away from, other
+    workloads' pods, which it names by their labels)."""
+
+    allowed_extended_resources: list[str] = Field(default_factory=list)
+    """Resources beyond `cpu`, `memory`, `ephemeral-storage` and `hugepages-*` that a component's
+    `resources` may ask for (`"*"` any). GPUs come from the `gpus` fields, which the operator turns
+    into its own requests."""
+
+    allowed_annotations: list[str] = Field(default_factory=lambda: ["cluster-autoscaler.kubernetes.io/safe-to-evict"])
+    """Pod annotation keys a run may set; an entry ending in `*` is a prefix, `"*"` any. Keys that
+    change the pods' confinement or add containers (AppArmor, seccomp, service-mesh injection:
+    `CONFINING_ANNOTATIONS`) pass only when listed exactly, never through a prefix or `"*"`."""
+
+    allowed_label_prefixes: list[str] = Field(default_factory=lambda: ["user.rlkube.dev/"])
+    """Prefixes the keys of a run's pod labels must start with (`"*"` any). A label with a key
+    other workloads' selectors use (`app`, `role`) would put the run's pods behind their Services
+    and NetworkPolicy peers; a prefix of the run authors' own keeps labels out of those."""
+
+    max_spec_bytes: int = Field(default=65536, ge=1024)
+    """The largest spec (its JSON) a run may have; the operator refuses a larger one before any
+    rule. At admission the CRD bounds each list and string (`crd.py`)."""
 
     allow_root: bool = False
     """Let runs ask for root (`securityContext.runAsUser/runAsGroup/fsGroup: 0`,
@@ -81,7 +124,7 @@ class Guardrails(K8sModel):
 
     def variables(self) -> list[dict]:
         """The policy's variables from these values, as the chart renders them, then `DERIVED`."""
-        values = self.model_dump(by_alias=True, exclude={"validation_actions"})
+        values = self.model_dump(by_alias=True, exclude={"validation_actions", "max_spec_bytes"})
         return [{"name": k, "expression": json.dumps(v, separators=(",", ":"))}  # Helm's toJson
                 for k, v in sorted(values.items())] + DERIVED
 
@@ -90,17 +133,54 @@ class Guardrails(K8sModel):
         return "Deny" in self.validation_actions
 
 
-CONTROL_PLANE_TAINTS = ["node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master"]
-PINNING_KEYS = [*CONTROL_PLANE_TAINTS, "kubernetes.io/hostname"]
+CONFINING_ANNOTATIONS = [
+    "container.apparmor.security.beta.kubernetes.io/", "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/", "sidecar.istio.io/", "proxy.istio.io/",
+    "traffic.sidecar.istio.io/", "istio.io/", "linkerd.io/", "config.linkerd.io/", "kuma.io/",
+    "consul.hashicorp.com/", "vault.hashicorp.com/"]
+"""Annotation prefixes that unconfine a pod (AppArmor, seccomp) or inject containers into it
+(service meshes, Vault's agent): allowed only by an exact `allowedAnnotations` entry."""
+STANDARD_RESOURCES = ["cpu", "memory", "ephemeral-storage"]
+OWN = {"Secret": "token", "PersistentVolumeClaim": "data", "ConfigMap": "config"}
+"""The child the operator makes for a run, of each kind a spec can name (`RunRef.child`)."""
+ALLOWED = {"Secret": "allowedSecrets", "PersistentVolumeClaim": "allowedClaims", "ConfigMap": "allowedConfigMaps"}
 DERIVED = [
-    {"name": "controlPlaneTaints", "expression": json.dumps(CONTROL_PLANE_TAINTS)},
-    {"name": "pinningKeys", "expression": json.dumps(PINNING_KEYS)},
-    {"name": "ownNames", "expression": (
-        "['data', 'token'].map(c, object.metadata.name + '-' + (object.kind == 'SFTRun' ? 'sft-' : '') + c)")},
+    {"name": "confiningAnnotations", "expression": json.dumps(CONFINING_ANNOTATIONS)},
+    {"name": "standardResources", "expression": json.dumps(STANDARD_RESOURCES)},
+    *({"name": f"own{kind}", "expression": (
+        f"object.metadata.name + '-' + (object.kind == 'SFTRun' ? 'sft-' : '') + '{child}'")}
+      for kind, child in OWN.items()),
 ]
 """Variables that come from the run, not from the values."""
 
 COMPONENTS = ("inference", "orchestrator", "trainer", "envWorkers", "teacher", "judge")
+
+POD_REFERENCES = [
+    ("env", "valueFrom.secretKeyRef.name", "Secret"),
+    ("env", "valueFrom.configMapKeyRef.name", "ConfigMap"),
+    ("envFrom", "secretRef.name", "Secret"),
+    ("envFrom", "configMapRef.name", "ConfigMap"),
+    ("volumes", "secret.secretName", "Secret"),
+    ("volumes", "configMap.name", "ConfigMap"),
+    ("volumes", "persistentVolumeClaim.claimName", "PersistentVolumeClaim"),
+    ("volumes", "projected.sources[].secret.name", "Secret"),
+    ("volumes", "projected.sources[].configMap.name", "ConfigMap"),
+    ("volumes", "ephemeral.volumeClaimTemplate.spec.dataSource.name", "PersistentVolumeClaim"),
+    ("volumes", "ephemeral.volumeClaimTemplate.spec.dataSourceRef.name", "PersistentVolumeClaim"),
+    ("volumes", "csi.nodePublishSecretRef.name", "Secret"),
+    ("volumes", "azureFile.secretName", "Secret"),
+    *(("volumes", f"{t}.secretRef.name", "Secret") for t in ("cephfs", "cinder", "flexVolume", "iscsi", "rbd",
+                                                             "scaleIO", "storageos")),
+]
+"""Every field of a component's `pod` (and the Kubernetes volume types) that names a Secret,
+claim or ConfigMap: (list, path in an item with `[]` for a list inside it, kind)."""
+RUN_REFERENCES = [
+    ("storage.pvc.claimName", "PersistentVolumeClaim"),
+    ("storage.objectStore.secretName", "Secret"),
+    ("storage.objectStore.readOnlySecretName", "Secret"),
+    ("imagePullSecrets[]", "Secret"),
+]
+"""The run-level fields that name one."""
 
 
 def _places() -> list[tuple[str, str, str]]:
@@ -127,14 +207,59 @@ def _name_list_rules(path: str, ref: str, is_set: str, field: str, allowed: str)
                  f"'{path}.{field} ' + {value} + ' is not allowed by the cluster admin (guardrails.{allowed})'")
 
 
-def _foreign(name: str) -> str:
-    """CEL: `name` is another run's claim or token Secret (by the names the operator gives them)."""
-    return (f"(({name}).endsWith('-data') || ({name}).endsWith('-token')) && !(({name}) in variables.ownNames)"
-            f" && !{_listed('allowedSharedNames', name)}")
+def _present(ref: str, path: str) -> str:
+    """CEL: every step of the dotted `path` below `ref` is set."""
+    steps = path.split(".")
+    return " && ".join(f"has({ref}.{'.'.join(steps[:i + 1])})" for i in range(len(steps)))
 
 
-SHARED = ("is named like another run's claim (<run>-data) or token Secret (<run>-token); "
-          "rename it, or the cluster admin lists it in guardrails.allowedSharedNames")
+def _may_name(kind: str, name: str) -> str:
+    """CEL: a run may name this `kind` (its own, one the admin lists, or one the operator checks
+    by label; never a protected Secret)."""
+    ok = (f"{name} == variables.own{kind} || {_listed(ALLOWED[kind], name)} || "
+          "size(variables.allowedReferenceLabels) > 0")
+    return f"(!({name} in variables.protectedSecrets) && ({ok}))" if kind == "Secret" else f"({ok})"
+
+
+def _each(items: str, path: str, kind: str, depth: int = 0) -> tuple[str, str]:
+    """CEL over the list `items`: (every item names only what a run may, the first name it may not)."""
+    x = "xyz"[depth]
+    head, nested, rest = path.partition("[].")
+    if nested:
+        inner, _ = _each(f"{x}.{head}", rest, kind, depth + 1)
+        ok = f"!({_present(x, head)}) || {inner}"
+        _, shown = _each(f"{items}.filter({x}, !({ok}))[0].{head}", rest, kind, depth + 1)
+        return f"{items}.all({x}, {ok})", shown
+    name = f"{x}.{path}" if path else x
+    ok = f"!({_present(x, path)}) || {_may_name(kind, name)}" if path else _may_name(kind, name)
+    return f"{items}.all({x}, {ok})", f"{items}.filter({x}, !({ok}))[0]" + (f".{path}" if path else "")
+
+
+def _reference_rule(shown_at: str, at: str, items: str | None, path: str, kind: str) -> dict:
+    """The rule for one field that names a `kind`; `items`: the list it is in (None: a field)."""
+    if items is None:
+        name = f"{at}.{path}"
+        expression, offender = f"!({_present(at, path)}) || {_may_name(kind, name)}", name
+    else:
+        expression, offender = _each(items, path, kind)
+        expression = f"!has({items}) || {expression}"
+    own = f"<run>-{OWN[kind]}"
+    why = f"is not the run's own ({own}) nor one the cluster admin allows (guardrails.{ALLOWED[kind]})"
+    field = shown_at + "." + (path if items is None else f"{items.rsplit('.', 1)[1]}[].{path}".rstrip("."))
+    shown = why.replace("'", "\\'")
+    return _rule(expression, f"{field}: a {kind} that {why}", f"'{field}: {kind} ' + {offender} + ' {shown}'")
+
+
+def _node_label(key: str, value: str) -> str:
+    return f"variables.allowedNodeLabels.exists(a, a == '*' || a == {key} || a == {key} + '=' + {value})"
+
+
+def _node_terms(terms: str) -> str:
+    """CEL: NodeSelectorTerms (or preferences) name only node labels the admin allows."""
+    expression = (f"(!has(e.values) || e.operator != 'In' || size(e.values) == 0 ? {_node_label('e.key', 'e.key')} : "
+                  f"e.values.all(v, {_node_label('e.key', 'v')}))")
+    return (f"{terms}.all(t, (!has(t.matchFields) || t.matchFields.all(e, {_node_label('e.key', 'e.key')}))"
+            f" && (!has(t.matchExpressions) || t.matchExpressions.all(e, {expression})))")
 
 
 def _pod_rules(path: str, ref: str, is_set: str) -> list[dict]:
@@ -143,34 +268,60 @@ def _pod_rules(path: str, ref: str, is_set: str) -> list[dict]:
     rules = [_name_list_rules(path, ref, is_set, "priorityClassName", "allowedPriorityClasses"),
              _name_list_rules(path, ref, is_set, "schedulerName", "allowedSchedulers")]
     tolerations = f"!has({ref}.tolerations) || {ref}.tolerations"
+    untolerated = f"!has(t.key) || t.key == '' || {_listed('allowedTolerations', 't.key')}"
+    selector = f"{ref}.nodeSelector"
+    unselected = _node_label("k", f"{selector}[k]")
     rules += [
         _rule(f"variables.allowTolerateAll || {at}{tolerations}.all(t, !has(t.operator) || t.operator != 'Exists'"
               " || (has(t.key) && t.key != ''))",
               f"{path}.tolerations: a toleration with operator Exists and no key tolerates every taint (the control "
               "plane's, NoExecute evictions); name the taint's key (guardrails.allowTolerateAll lets it)"),
-        _rule(f"variables.allowNodePinning || {at}{tolerations}.all(t, !has(t.key) || !(t.key in "
-              "variables.controlPlaneTaints))",
-              f"{path}.tolerations: a toleration of the control plane's taint lets the pods onto control-plane nodes "
-              "(guardrails.allowNodePinning)"),
-        _rule(f"variables.allowNodePinning || {at}!has({ref}.nodeSelector) || {ref}.nodeSelector.all(k, !(k in "
-              "variables.pinningKeys))",
-              f"{path}.nodeSelector: choosing nodes by name or control-plane role is not allowed by the cluster admin "
-              "(guardrails.allowNodePinning)"),
+        _rule(f"{at}{tolerations}.all(t, {untolerated})",
+              f"{path}.tolerations: a toleration of a taint the cluster admin does not allow (guardrails."
+              "allowedTolerations): a taint keeps a node pool for others",
+              f"'{path}.tolerations: a toleration of taint ' + {ref}.tolerations.filter(t, !({untolerated}))[0].key"
+              " + ', which the cluster admin does not allow (guardrails.allowedTolerations): a taint keeps a node "
+              "pool for others'"),
+        _rule(f"{at}!has({selector}) || {selector}.all(k, {unselected})",
+              f"{path}.nodeSelector: a node label the cluster admin does not allow (guardrails.allowedNodeLabels)",
+              f"'{path}.nodeSelector: node label ' + {selector}.filter(k, !({unselected}))[0] + ' is not allowed by "
+              "the cluster admin (guardrails.allowedNodeLabels): it chooses a node pool or a node'"),
     ]
     if path == "spec.scheduling":
         return rules
-    required = f"{ref}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    node = f"{ref}.affinity.nodeAffinity"
+    required, preferred = (f"{node}.requiredDuringSchedulingIgnoredDuringExecution",
+                           f"{node}.preferredDuringSchedulingIgnoredDuringExecution")
     volumes = f"!has({ref}.volumes) || {ref}.volumes"
     offending_volume = f"{ref}.volumes.filter(v, !v.all(k, k == 'name' || k in variables.allowedVolumeTypes))[0]"
+    no_node = f"{at}!has({ref}.affinity) || !has({node})"
+    labels = "variables.allowedLabelPrefixes.exists(p, p == '*' || k.startsWith(p))"
+    annotation = ("variables.allowedAnnotations.exists(a, a == k) || (!variables.confiningAnnotations.exists(p, "
+                  "k.startsWith(p)) && variables.allowedAnnotations.exists(a, a == '*' || (a.endsWith('/') && "
+                  "k.startsWith(a))))")
     rules += [
         _name_list_rules(path, ref, is_set, "serviceAccountName", "allowedServiceAccounts"),
         _name_list_rules(path, ref, is_set, "runtimeClassName", "allowedRuntimeClasses"),
-        _rule(f"variables.allowNodePinning || {at}!has({ref}.affinity) || !has({ref}.affinity.nodeAffinity) || "
-              f"!has({required}) || !has({required}.nodeSelectorTerms) || {required}.nodeSelectorTerms.all(t, "
-              "!has(t.matchFields) && (!has(t.matchExpressions) || t.matchExpressions.all(e, !(e.key in "
-              "variables.pinningKeys))))",
-              f"{path}.affinity.nodeAffinity: choosing nodes by name or control-plane role is not allowed by the "
-              "cluster admin (guardrails.allowNodePinning)"),
+        _rule(f"{no_node} || ((!has({required}) || !has({required}.nodeSelectorTerms) || "
+              f"{_node_terms(f'{required}.nodeSelectorTerms')}) && (!has({preferred}) || "
+              f"{_node_terms(f'{preferred}.map(p, p.preference)')}))",
+              f"{path}.affinity.nodeAffinity: a node label or field the cluster admin does not allow "
+              "(guardrails.allowedNodeLabels): it chooses a node pool or a node"),
+        _rule(f"variables.allowPodAffinity || {at}!has({ref}.affinity) || (!has({ref}.affinity.podAffinity) && "
+              f"!has({ref}.affinity.podAntiAffinity))",
+              f"{path}.affinity: podAffinity and podAntiAffinity place the pods by other workloads' pods, which "
+              "the cluster admin does not allow (guardrails.allowPodAffinity)"),
+        _rule(f"{at}!has({ref}.labels) || {ref}.labels.all(k, {labels})",
+              f"{path}.labels: a label key outside the prefixes the cluster admin allows "
+              "(guardrails.allowedLabelPrefixes)",
+              f"'{path}.labels: label ' + {ref}.labels.filter(k, !({labels}))[0] + ' is outside the prefixes the "
+              "cluster admin allows (guardrails.allowedLabelPrefixes): it could match other workloads\\' "
+              "selectors'"),
+        _rule(f"{at}!has({ref}.annotations) || {ref}.annotations.all(k, {annotation})",
+              f"{path}.annotations: an annotation the cluster admin does not allow (guardrails.allowedAnnotations)",
+              f"'{path}.annotations: annotation ' + {ref}.annotations.filter(k, !({annotation}))[0] + ' is not "
+              "allowed by the cluster admin (guardrails.allowedAnnotations; AppArmor, seccomp and mesh "
+              "injection keys only by their exact key)'"),
         _rule(f"{at}{volumes}.all(v, v.all(k, k == 'name' || k in variables.allowedVolumeTypes))",
               f"{path}.volumes: a volume of a type the cluster admin does not allow (guardrails.allowedVolumeTypes)",
               f"'{path}.volumes: volume ' + {offending_volume}.name + ' is a ' + {offending_volume}.filter(k, "
@@ -180,18 +331,25 @@ def _pod_rules(path: str, ref: str, is_set: str) -> list[dict]:
               "!has(v.projected.sources) || v.projected.sources.all(s, !has(s.serviceAccountToken)))",
               f"{path}.volumes: a projected serviceAccountToken is a token for the pods' service account, which the "
               "cluster admin does not allow (guardrails.allowServiceAccountTokens)"),
-        _rule(f"{at}{volumes}.all(v, (!has(v.persistentVolumeClaim) || !({_foreign('v.persistentVolumeClaim.claimName')}))"
-              f" && (!has(v.secret) || !has(v.secret.secretName) || !({_foreign('v.secret.secretName')}))"
-              " && (!has(v.projected) || !has(v.projected.sources) || v.projected.sources.all(s, !has(s.secret) || "
-              f"!has(s.secret.name) || !({_foreign('s.secret.name')}))))",
-              f"{path}.volumes: a claim or Secret {SHARED}"),
-        _rule(f"{at}(!has({ref}.env) || {ref}.env.all(e, !has(e.valueFrom) || !has(e.valueFrom.secretKeyRef) || "
-              f"!has(e.valueFrom.secretKeyRef.name) || !({_foreign('e.valueFrom.secretKeyRef.name')}))) && "
-              f"(!has({ref}.envFrom) || {ref}.envFrom.all(e, !has(e.secretRef) || !has(e.secretRef.name) || "
-              f"!({_foreign('e.secretRef.name')})))",
-              f"{path}.env/envFrom: a Secret {SHARED}"),
     ]
+    rules += [{**r, "expression": f"{at}{r['expression']}"}
+              for r in (_reference_rule(path, ref, f"{ref}.{items}", item, kind)
+                        for items, item, kind in POD_REFERENCES)]
     return rules
+
+
+def _resource_rules(component: str) -> dict:
+    """A component's `resources` ask only for what the admin allows."""
+    resources = f"object.spec.{component}.resources"
+    extra = ("k in variables.standardResources || k.startsWith('hugepages-') || "
+             f"{_listed('allowedExtendedResources', 'k')}")
+    fine = {f: f"(!has({resources}.{f}) || {resources}.{f}.all(k, {extra}))" for f in ("requests", "limits")}
+    first = {f: f"{resources}.{f}.filter(k, !({extra}))[0]" for f in fine}
+    return _rule(f"!has(object.spec.{component}) || !has({resources}) || ({fine['requests']} && {fine['limits']})",
+                 f"spec.{component}.resources: a resource the cluster admin does not allow "
+                 "(guardrails.allowedExtendedResources)",
+                 f"'spec.{component}.resources: ' + ({fine['requests']} ? {first['limits']} : {first['requests']}) + "
+                 "' is not allowed by the cluster admin (guardrails.allowedExtendedResources)'")
 
 
 def _run_rules() -> list[dict]:
@@ -205,12 +363,12 @@ def _run_rules() -> list[dict]:
         _name_list_rules("spec", spec, "true", "serviceAccountName", "allowedServiceAccounts"),
         _name_list_rules("spec.queue", f"{spec}.queue", f"has({spec}.queue)", "priorityClassName",
                          "allowedQueuePriorityClasses"),
-        _rule(f"!has({spec}.storage) || ((!has({spec}.storage.pvc) || !has({spec}.storage.pvc.claimName) || "
-              f"!({_foreign(f'{spec}.storage.pvc.claimName')})) && (!has({spec}.storage.objectStore) || "
-              f"['secretName', 'readOnlySecretName'].all(f, !(f in {spec}.storage.objectStore) || "
-              f"!({_foreign(f'{spec}.storage.objectStore[f]')}))))",
-              f"spec.storage: a claim or Secret {SHARED}"),
     ]
+    for path, kind in RUN_REFERENCES:
+        listed, _, _ = path.partition("[]")
+        rules.append(_reference_rule("spec", spec, f"{spec}.{listed}", "", kind) if path.endswith("[]")
+                     else _reference_rule("spec", spec, None, path, kind))
+    rules += [_resource_rules(c) for c in COMPONENTS]
     context = f"{spec}.securityContext"
     rules.append(_rule(f"variables.allowRoot || !has({context}) || !has({context}.runAsNonRoot) || "
                        f"{context}.runAsNonRoot != false",

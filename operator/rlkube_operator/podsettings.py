@@ -53,10 +53,10 @@ class SchedulingSpec(K8sModel):
     go to the inference and trainer pods, not to the (CPU) orchestrator, which gets only what
     `orchestrator.pod` sets. `priorityClassName` and `schedulerName` go to every pod."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict, max_length=32)
     """Node labels the pods require."""
 
-    tolerations: list[Toleration] = Field(default_factory=list)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     """Taints the pods tolerate."""
 
     priority_class_name: str | None = None
@@ -87,12 +87,14 @@ class PodSettings(SchedulingSpec):
     (tolerations, env, volumes, …) are appended after the run-level ones, and a scalar set here
     replaces the run-level one. What the operator itself sets cannot be overridden: its env
     variables, its `rlkube.dev/*` and `app.kubernetes.io/*` labels, `rlkube.dev/*` annotations
-    and its volumes (`config`, `data`, `dshm`, `tmp`)."""
+    and its volumes (`config`, `data`, `dshm`, `tmp`). Each list and map is bounded (the API
+    server refuses a longer one, naming its size), so the guardrails' cost, whose rules walk
+    them, is bounded too."""
 
     affinity: dict | None = None
     """A Kubernetes Affinity (nodeAffinity, podAffinity, podAntiAffinity)."""
 
-    topology_spread_constraints: list[dict] = Field(default_factory=list)
+    topology_spread_constraints: list[dict] = Field(default_factory=list, max_length=8)
     """Kubernetes TopologySpreadConstraints."""
 
     runtime_class_name: str | None = None
@@ -101,22 +103,22 @@ class PodSettings(SchedulingSpec):
     service_account_name: str | None = None
     """ServiceAccount of these pods; the run-level `serviceAccountName` when unset."""
 
-    env: list[EnvVar] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list, max_length=128)
     """Environment variables of the container, after the operator's own."""
 
-    env_from: list[dict] = Field(default_factory=list)
+    env_from: list[dict] = Field(default_factory=list, max_length=32)
     """Kubernetes EnvFromSources (`secretRef`, `configMapRef`), after the object store's Secret."""
 
-    volumes: list[dict] = Field(default_factory=list)
+    volumes: list[dict] = Field(default_factory=list, max_length=32)
     """Extra Kubernetes Volumes of the pods, each with a `name` of its own."""
 
-    volume_mounts: list[dict] = Field(default_factory=list)
+    volume_mounts: list[dict] = Field(default_factory=list, max_length=64)
     """Extra Kubernetes VolumeMounts of the container."""
 
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
     """Extra pod labels."""
 
-    annotations: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict, max_length=32)
     """Extra pod annotations."""
 
     @model_validator(mode="after")

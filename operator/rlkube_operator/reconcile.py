@@ -14,6 +14,7 @@ child under the run's name that is someone else's stops the pass (`ForeignChild`
 condition saying whose it is. A pass that fails any other way writes its error to the status.
 """
 
+import hmac
 import json
 import logging
 import math
@@ -24,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ValidationError
 from rlkube.config.cli import format_validation_error
 
-from rlkube_operator import builders, lifetime, observe, podread, progress, queueing
+from rlkube_operator import builders, lifetime, namedobjects, observe, podread, progress, queueing
 from rlkube_operator.conditions import Conditions
 from rlkube_operator.egress import Egress, build_egress_policy
 from rlkube_operator.guardrails import Guardrails, refusals
@@ -119,6 +120,10 @@ class Settings:
         return self.token_key
 
 
+class UntrustedSpec(Exception):
+    """The run's stored applied spec is neither signed by this operator nor within the guardrails."""
+
+
 @dataclass
 class Result:
     """The status to write and the events to post."""
@@ -208,9 +213,10 @@ class Reconciler:
         self.settings = settings or Settings()
         self.custom = queueing.CustomObjects(kube)
         self.kueue = queueing.Kueue(self.custom)
-        self._refused: dict[str, tuple[tuple, list[str]]] = {}
-        """Per run uid: the spec last checked against the guardrails, and what they refused
-        (cel-python takes ~0.25 s a spec, so a spec is checked once)."""
+        self._refused: dict[str, dict[tuple, list[str]]] = {}
+        """Per run uid: the last two specs checked against the guardrails (the request, and a
+        stored copy the operator did not sign), and what they refused (cel-python takes ~0.25 s
+        a spec, so a spec is checked once)."""
         self._token_made: dict[str, tuple[int, bool]] = {}
         """Per run uid: the (attempt, paused) for which this operator last created the run's token
         Secret. Created again when those change (new pods are about to start: a Secret lost meanwhile
@@ -228,7 +234,7 @@ class Reconciler:
             raise ForeignChild({"kind": "ConfigMap"} | cm)
         if cm is None or builders.APPLIED_SPEC_KEY not in cm.get("data", {}):
             return desired, None
-        old = json.loads(cm["data"][builders.APPLIED_SPEC_KEY])
+        old = json.loads(self._trusted_copy(run, workload, cm))
         if desired is None:
             return workload.spec_model.model_validate(old), None
         new, suspended = _dump(desired), bool(old.get("suspend"))
@@ -251,16 +257,49 @@ class Reconciler:
             "(a PVC claimName keeps checkpoints)."
         )
 
+    def _trusted_copy(self, run: RunRef, workload: Workload, cm: dict) -> str:
+        """The applied spec in the run's ConfigMap, if this operator signed it or it passes the
+        guardrails (a copy written by an operator before signatures, or changed by whoever may
+        patch ConfigMaps): the spec that runs is a spec that was checked. UntrustedSpec if not."""
+        data = cm["data"]
+        text = data[builders.APPLIED_SPEC_KEY]
+        key = self.settings.token_key
+        if key is not None and hmac.compare_digest(data.get(builders.APPLIED_SPEC_SIGNATURE_KEY, ""),
+                                                   builders.applied_spec_signature(key, run, text)):
+            return text
+        try:
+            refused, _ = self.guardrail_refusals(run, workload.spec_model.model_validate(json.loads(text)))
+        except (ValueError, ValidationError) as e:
+            refused = [f"invalid: {e}"]
+        if refused:
+            raise UntrustedSpec(
+                f"the applied spec in ConfigMap {run.child('config')} is not one this operator signed, and it breaks "
+                f"the guardrails: {'; '.join(refused)}")
+        return text
+
     def guardrail_refusals(self, run: RunRef, spec: RunSpecBase) -> tuple[list[str], bool]:
-        """What the guardrails refuse of `spec`, as the admission policy would of the run, and
-        whether it was checked now (rather than remembered from an earlier pass)."""
+        """What the guardrails refuse of `spec`, as the admission policy would of the run, then what
+        only the operator sees (`namedobjects`: labels, a Secret's type), and whether it was checked
+        now rather than remembered: a spec is checked once, as it changes (a generation). A spec
+        over `maxSpecBytes` is refused by its size alone, before the CEL, whose cost grows with it."""
         seen = spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"config"})
         key = (run.kind, run.name, json.dumps(seen, sort_keys=True))
-        if (cached := self._refused.get(run.uid)) is not None and cached[0] == key:
-            return cached[1], False
-        obj = {"kind": run.kind, "metadata": {"name": run.name, "namespace": run.namespace}, "spec": seen}
-        self._refused[run.uid] = key, refusals(obj, self.settings.guardrails)
-        return self._refused[run.uid][1], True
+        checked = self._refused.setdefault(run.uid, {})
+        if key in checked:
+            return checked[key], False
+        limit = self.settings.guardrails.max_spec_bytes
+        if (size := len(json.dumps(spec.model_dump(mode="json", by_alias=True, exclude_unset=True),
+                                   separators=(",", ":")))) > limit:
+            refused = [(f"spec is {size} bytes (as JSON), more than the {limit} the cluster admin allows "
+                        "(guardrails.maxSpecBytes)")]
+        else:
+            obj = {"kind": run.kind, "metadata": {"name": run.name, "namespace": run.namespace}, "spec": seen}
+            refused = refusals(obj, self.settings.guardrails)
+            refused += namedobjects.refusals(self.kube, run, seen, self.settings.guardrails)
+        checked[key] = refused
+        for stale in list(checked)[:-2]:
+            del checked[stale]
+        return refused, True
 
     # --- children ---------------------------------------------------------------------
     def trainer_jobs(self, run: RunRef) -> tuple[dict | None, list[dict]]:
@@ -290,7 +329,7 @@ class Reconciler:
             k.create(builders.build_token_secret(run, self.settings.key()))
             self._token_made[run.uid] = made
         tomls = workload.tomls(run, spec)
-        config = k.ensure(builders.build_configmap(run, tomls, _dump(spec)))
+        config = k.ensure(builders.build_configmap(run, tomls, _dump(spec), self.settings.key()))
         if (group := queueing.build_pod_group(run, spec)) is not None:  # before its pods
             queueing.ensure_pod_group(self.custom, run, group)
         replicas = 0 if spec.suspend or held else 1
@@ -375,7 +414,14 @@ class Reconciler:
                 desired, invalid = None, why
             elif checked:  # [Warn, Audit]: said once per spec, and the run goes on
                 events.append(("Warning", "Forbidden", why))
-        spec, refusal = self.applied_spec(run, workload, desired)
+        try:
+            spec, refusal = self.applied_spec(run, workload, desired)
+        except UntrustedSpec as e:  # never realised: the run fails and its servers go
+            if desired is not None:
+                self.teardown(run, workload, desired)
+            if conditions.set("SpecAccepted", False, "UntrustedSpec", str(e)):
+                events.append(("Warning", "UntrustedSpec", str(e)))
+            return self._finish(status, "Failed", str(e), conditions, events, stalled=True)
         if invalid or refusal:
             reason, why = ("InvalidSpec", invalid) if invalid else ("ChangeRequiresRecreate", refusal)
             if conditions.set("SpecAccepted", False, reason, why) and spec is not None:

@@ -3,8 +3,8 @@ the run's credentials, one per scope, derived from the token (`rlkube.scopes`).
 
 The operator writes a run's token Secret and never reads one: the same run always gets the same
 token, so creating the Secret again (a restarted operator, a retried pass) needs no look at what
-is there, and the operator's RBAC has no `get` on Secrets. Whoever lacks the key cannot compute
-a run's token from its uid, which every reader of the run sees.
+is there (its `get` on Secrets serves only the type check of the Secrets a run names). Whoever
+lacks the key cannot compute a run's token from its uid, which every reader of the run sees.
 """
 
 import base64

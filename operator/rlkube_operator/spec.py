@@ -71,7 +71,7 @@ class RunSpecBase(K8sModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """Image pull policy of every container."""
 
-    image_pull_secrets: list[str] = Field(default_factory=list)
+    image_pull_secrets: list[str] = Field(default_factory=list, max_length=16)
     """Names of Secrets for pulling the image."""
 
     service_account_name: str | None = None

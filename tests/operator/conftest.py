@@ -3,7 +3,6 @@ orchestrator /status endpoint, the operator running embedded (kopf.operator in t
 loop) against them."""
 
 import pytest
-from rlkube_operator.guardrails import Guardrails
 
 from e2e.localcluster import admission
 from tests.operator.cluster import ApiServer
@@ -32,11 +31,8 @@ async def orchestrator_status():
 @pytest.fixture
 def operator_settings() -> dict:
     """Extra `Settings` of the operator under test; a test parametrizes it to change them. Its
-    admin allows any image, service account, priority and scheduler (the runs here ask for
-    them); root and the rest stay refused (test_guardrails checks the defaults)."""
-    return {"guardrails": Guardrails(**{field: ["*"] for field in (
-        "allowed_image_registries", "allowed_service_accounts", "allowed_priority_classes", "allowed_schedulers",
-        "allowed_queue_priority_classes")})}
+    guardrails, unless a test sets them: `embedded.PERMISSIVE`."""
+    return {}
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from typing import Any
 
 import kopf
 from aiohttp import web
+from rlkube_operator.guardrails import Guardrails
 from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.main import build_registry
 from rlkube_operator.reconcile import Reconciler, Settings
@@ -76,6 +77,17 @@ async def api_server() -> AsyncIterator[ApiServer]:
         yield server
 
 
+PERMISSIVE = Guardrails(**{field: ["*"] for field in (
+    "allowed_image_registries", "allowed_service_accounts", "allowed_priority_classes", "allowed_schedulers",
+    "allowed_queue_priority_classes", "allowed_secrets", "allowed_claims", "allowed_config_maps",
+    "allowed_tolerations", "allowed_node_labels", "allowed_annotations", "allowed_label_prefixes",
+    "allowed_extended_resources")})
+"""The guardrails of the operator under test unless a test sets its own: any image, service
+account, priority, scheduler, named Secret, claim or ConfigMap, toleration, node label,
+annotation and label (the runs here ask for them); root and the rest stay refused
+(test_guardrails and tests/security check the defaults)."""
+
+
 @contextlib.asynccontextmanager
 async def running_operator(server: ApiServer, status_url: str, *, settings: dict | None = None,
                            namespaces: tuple[str, ...] = (NS,), **registry_options) -> AsyncIterator[Cluster]:
@@ -103,7 +115,7 @@ async def running_operator(server: ApiServer, status_url: str, *, settings: dict
 
     async def operate():
         reconciler = Reconciler(Kube(api_client(url)), Settings(status_url_template=status_url, token_key=TOKEN_KEY,
-                                                                  **(settings or {})))
+                                                                  **({"guardrails": PERMISSIVE} | (settings or {}))))
         registry = build_registry(reconciler, login=login, **registry_options)
         await kopf.operator(registry=registry, settings=kopf_settings, standalone=True, namespaces=list(namespaces),
                             stop_flag=stop, ready_flag=ready, liveness_endpoint=liveness)

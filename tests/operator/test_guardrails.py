@@ -39,9 +39,13 @@ class Policy:
         return [message for message, _ in policies.evaluate(self.policy, request, *seen)]
 
 
+EXAMPLES = {"guardrails": {"allowedClaims": ["reverse-text-shared"]}}
+"""The values the examples need: their runs share one claim (examples/reverse_text/sftrun.yaml)."""
+
+
 @pytest.fixture(scope="module")
 def policy() -> Policy:
-    return Policy()
+    return Policy(EXAMPLES)
 
 
 def run(kind: str = "RLRun", **spec) -> dict:
@@ -88,41 +92,41 @@ HOSTILE = {
                           "spec.image docker.io/someone/rlkube:latest is not from a registry"),
     "projected service-account token": (
         with_pod("orchestrator", volumes=[{"name": "sa", "projected": {"sources": [
-            {"configMap": {"name": "c"}}, {"serviceAccountToken": {"path": "token", "audience": "vault"}}]}}]),
+            {"configMap": {"name": "r-config"}}, {"serviceAccountToken": {"path": "token", "audience": "vault"}}]}}]),
         "spec.orchestrator.pod.volumes: a projected serviceAccountToken"),
     "csi volume": (with_pod("trainer", volumes=[{"name": "s", "csi": {"driver": "secrets-store.csi.k8s.io"}}]),
                    "spec.trainer.pod.volumes: volume s is a csi volume"),
     "ephemeral volume cloning a claim": (
         with_pod("trainer", volumes=[{"name": "e", "ephemeral": {"volumeClaimTemplate": {"spec": {
-            "dataSource": {"kind": "PersistentVolumeClaim", "name": "other-data"}}}}}]),
+            "dataSource": {"kind": "PersistentVolumeClaim", "name": "r-data"}}}}}]),
         "spec.trainer.pod.volumes: volume e is a ephemeral volume"),
     "another run's claim, as a volume": (
         with_pod("inference", volumes=[{"name": "o", "persistentVolumeClaim": {"claimName": "other-data"}}]),
-        "spec.inference.pod.volumes: a claim or Secret is named like another run's claim"),
+        "spec.inference.pod.volumes[].persistentVolumeClaim.claimName: PersistentVolumeClaim other-data is not"),
     "another run's claim, as storage": (run(storage={"pvc": {"claimName": "other-sft-data"}}),
-                                        "spec.storage: a claim or Secret is named like another run's claim"),
+                                        "spec.storage.pvc.claimName: PersistentVolumeClaim other-sft-data is not the run's own"),
     "another run's token, secretKeyRef": (
         with_pod("envWorkers", env=[{"name": "T", "valueFrom": {"secretKeyRef": {"name": "other-token", "key": "token"}}}]),
-        "spec.envWorkers.pod.env/envFrom: a Secret is named like another run's"),
+        "spec.envWorkers.pod.env[].valueFrom.secretKeyRef.name: Secret other-token is not"),
     "another run's token, envFrom": (with_pod("trainer", envFrom=[{"secretRef": {"name": "other-sft-token"}}]),
-                                     "spec.trainer.pod.env/envFrom: a Secret is named like another run's"),
+                                     "spec.trainer.pod.envFrom[].secretRef.name: Secret other-sft-token is not"),
     "another run's token, secret volume": (
         with_pod("trainer", volumes=[{"name": "t", "secret": {"secretName": "other-token"}}]),
-        "spec.trainer.pod.volumes: a claim or Secret is named like another run's"),
+        "spec.trainer.pod.volumes[].secret.secretName: Secret other-token is not"),
     "another run's token, as the store's secret": (
         run(storage={"pvc": {"size": "1Gi"}, "objectStore": {"url": "s3://b", "secretName": "other-token"}}),
-        "spec.storage: a claim or Secret is named like another run's"),
+        "spec.storage.objectStore.secretName: Secret other-token is not"),
     "control-plane toleration": (
         run(scheduling={"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
                                          "effect": "NoSchedule"}]}),
-        "spec.scheduling.tolerations: a toleration of the control plane's taint"),
+        "spec.scheduling.tolerations: a toleration of taint node-role.kubernetes.io/control-plane"),
     "pinned to the control plane": (with_pod("orchestrator", nodeSelector={"node-role.kubernetes.io/control-plane": ""}),
-                                    "spec.orchestrator.pod.nodeSelector: choosing nodes by name"),
+                                    "spec.orchestrator.pod.nodeSelector: node label node-role.kubernetes.io/control-plane is not allowed"),
     "pinned to a node by affinity": (
         with_pod("trainer", affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": [
                 {"key": "kubernetes.io/hostname", "operator": "In", "values": ["cp-0"]}]}]}}}),
-        "spec.trainer.pod.affinity.nodeAffinity: choosing nodes by name"),
+        "spec.trainer.pod.affinity.nodeAffinity: a node label or field the cluster admin does not allow"),
     "scheduler": (run(scheduling={"schedulerName": "my-scheduler"}),
                   "spec.scheduling.schedulerName my-scheduler is not allowed"),
     "component scheduler": (with_pod("teacher", schedulerName="my-scheduler"),
@@ -134,7 +138,7 @@ HOSTILE = {
 
 def operator_refusals(obj: dict, values: dict | None = None) -> list[str]:
     """What the operator refuses of `obj`, with the guardrails the chart gives it for `values`."""
-    (deployment,) = [o for o in render(values or {}) if o["kind"] == "Deployment"]
+    (deployment,) = [o for o in render(values or EXAMPLES) if o["kind"] == "Deployment"]
     (arg,) = [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
               if a.startswith("--guardrails=")]
     reconciler = Reconciler(None, Settings(guardrails=guardrails.Guardrails.model_validate_json(arg.split("=", 1)[1])))
@@ -148,14 +152,19 @@ def operator_refusals(obj: dict, values: dict | None = None) -> list[str]:
 def test_the_chart_policy_is_the_operators_definition():
     """The chart takes its rules from the file the operator writes, and its variables from the
     values the operator gets: one definition (the file's freshness: test_crds)."""
-    for values in ({}, {"guardrails": {"allowedSchedulers": ["volcano"], "allowNodePinning": True}}):
+    for values in ({}, {"guardrails": {"allowedSchedulers": ["volcano"], "allowPodAffinity": True}}):
         spec = Policy(values).policy["spec"]
         (deployment,) = [o for o in render(values) if o["kind"] == "Deployment"]
         (arg,) = [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
                   if a.startswith("--guardrails=")]
         given = guardrails.Guardrails.model_validate_json(arg.split("=", 1)[1])
         assert spec["variables"] == given.variables() and spec["validations"] == guardrails.VALIDATIONS
-    assert guardrails.Guardrails() == given.model_copy(update={"allowed_schedulers": [], "allow_node_pinning": False})
+    # The chart adds the operator's token key to the Secrets no run may name.
+    (key,) = [o["metadata"]["name"] for o in render(values) if o["kind"] == "Secret" and o["metadata"]["name"].endswith(
+        "-token-key")]
+    assert given.protected_secrets == [key]
+    assert guardrails.Guardrails() == given.model_copy(update={"allowed_schedulers": [], "allow_pod_affinity": False,
+                                                              "protected_secrets": []})
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
@@ -189,20 +198,31 @@ def test_a_hostile_run_is_refused_naming_the_field(policy, case):
 @pytest.mark.parametrize("kind", ["RLRun", "SFTRun"])
 def test_benign_runs_pass(policy, kind):
     assert policy.refusals(run(kind)) == []
-    keyed = {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+    # What the admin allows: a GPU pool's taint and label, shared names, prefixed labels.
+    admin = Policy({"guardrails": EXAMPLES["guardrails"] | {
+        "allowedTolerations": ["nvidia.com/gpu"], "allowedNodeLabels": ["pool=gpu", "kubernetes.io/arch"],
+        "allowedConfigMaps": ["nccl"], "allowedClaims": ["reverse-text-shared", "shared"]}})
+    keyed = {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+             "nodeSelector": {"pool": "gpu"}}
     volumes = [{"name": "cache", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "nccl"}},
                {"name": "ckpt", "persistentVolumeClaim": {"claimName": "shared"}}]
-    assert policy.refusals(run(kind, scheduling=keyed, trainer={"pod": {"volumes": volumes} | keyed})) == []
+    affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {
+        "matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}}]}}
+    pod = {"volumes": volumes, "affinity": affinity, "labels": {"user.rlkube.dev/team": "a"},
+           "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}} | keyed
+    assert admin.refusals(run(kind, scheduling=keyed, trainer={"pod": pod})) == []
+    assert policy.refusals(run(kind, scheduling=keyed, trainer={"pod": pod})) != []
     # The defaults the CRD gives a run without a securityContext pass: they are the restricted ones.
     bare = run(kind)
     del bare["spec"]["securityContext"]
     assert policy.refusals(bare) == []
     assert operator_refusals(run(kind)) == []
-    # Its own claim and token by name, and a shared name the admin lists.
-    own = "r-data" if kind == "RLRun" else "r-sft-data"
-    assert policy.refusals(run(kind, storage={"pvc": {"claimName": own}})) == []
-    lets = Policy({"guardrails": {"allowedSharedNames": ["team-data"]}})
-    assert lets.refusals(run(kind, storage={"pvc": {"claimName": "team-data"}})) == []
+    # Its own claim, token and config by name.
+    prefix = "r-" if kind == "RLRun" else "r-sft-"
+    own = run(kind, storage={"pvc": {"claimName": f"{prefix}data"}},
+              trainer={"pod": {"envFrom": [{"secretRef": {"name": f"{prefix}token"}},
+                                           {"configMapRef": {"name": f"{prefix}config"}}]}})
+    assert Policy().refusals(own) == []
 
 
 def test_what_the_admin_allows_passes_and_nothing_more():
@@ -210,7 +230,7 @@ def test_what_the_admin_allows_passes_and_nothing_more():
         "allowedServiceAccounts": ["ci-deployer"], "allowedPriorityClasses": ["*"],
         "allowedRuntimeClasses": ["unsandboxed"], "allowRoot": True, "allowTolerateAll": True,
         "allowedVolumeTypes": ["emptyDir", "hostPath"], "allowedImageRegistries": ["docker.io/someone/", "ghcr.io/"],
-        "validationActions": ["Warn", "Audit"],
+        "validationActions": ["Warn", "Audit"], "allowedClaims": ["*"],
     }})
     for case in ("hostPath", "runAsUser 0", "runAsNonRoot false", "component service account", "priority class",
                  "runtime class", "unlisted registry", "tolerate every taint"):

@@ -14,6 +14,7 @@ from helm_python import _native
 from kubernetes_validate.utils import SchemaNotFoundError
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from rlkube_operator.guardrails import Guardrails
 
 from tests.operator.cluster import pod_creating, pod_failed
 from tests.operator.embedded import VERBS, operator_calls
@@ -143,13 +144,14 @@ def test_rbac_scope_follows_the_watch_mode():
 
 
 @pytest.mark.parametrize("name", sorted(VALUES))
-def test_the_operator_may_create_secrets_but_never_read_one(name):
-    """Every run's token is derived from the operator's key (`runtoken`): its RBAC, in any mode,
-    has no get/list/watch on Secrets."""
+def test_the_operator_may_create_secrets_and_get_but_never_list_one(name):
+    """Every run's token is derived from the operator's key (`runtoken`), never read back; the
+    operator gets only the Secrets a run names, for their type (`namedobjects`): its RBAC, in any
+    mode, has no list/watch on Secrets."""
     rules = [rule for o in render(VALUES[name]) if o["kind"] in ("Role", "ClusterRole") for rule in o["rules"]]
     on_secrets = {verb for rule in rules if "" in rule["apiGroups"] and {"secrets", "*"} & set(rule["resources"])
                   for verb in rule["verbs"]}
-    assert on_secrets == {"create"}
+    assert on_secrets == {"get", "create"}
 
 
 @pytest.mark.parametrize("existing", ["", "our-token-key"])
@@ -290,15 +292,17 @@ def test_a_malformed_network_policy_peer_is_refused_saying_why(capsys):
 
 
 @pytest.mark.parametrize(("operator_settings", "values"), [
-    ({}, {}),
-    ({"network_policy_peer": None}, NETWORK_POLICY_OFF),
+    ({"guardrails": Guardrails(allowed_secrets=["team-s3"])}, {}),
+    ({"network_policy_peer": None, "guardrails": Guardrails(allowed_secrets=["team-s3"])}, NETWORK_POLICY_OFF),
 ], ids=["default", "no-network-policies"])
 async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster, values):
     """A run's whole life (a created PVC, a judge dropped while running, which waits, then
     while suspended, which deletes its servers, budget and Service, suspend and resume, a gang
     restart, completion, deletion by its ttlSecondsAfterFinished), with every request the
-    operator makes recorded by the API emulator."""
-    await cluster.create(rlrun(storage={"pvc": {"size": "1Gi"}}, judge=TEACHER))
+    operator makes recorded by the API emulator. A Secret the run names is read for its type
+    (the operator's reference check)."""
+    await cluster.create(rlrun(storage={"pvc": {"size": "1Gi"}}, judge=TEACHER,
+                               trainer={"pod": {"envFrom": [{"secretRef": {"name": "team-s3"}}]}}))
     # An inference pod stuck creating (its volume events are read), then everything runs.
     await cluster.until(lambda: cluster.get("StatefulSet", "rt-inference"), what="StatefulSet")
     await cluster.run_pods(cluster.get("StatefulSet", "rt-inference"), 1, **pod_creating())

@@ -100,7 +100,7 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
     """Everything `Reconciler.apply` would create for this spec."""
     workload = WORKLOADS[kind]
     run = RunRef(kind, RUN.name, RUN.namespace, RUN.uid)
-    out = [builders.build_configmap(run, workload.tomls(run, spec), spec.model_dump(mode="json")),
+    out = [builders.build_configmap(run, workload.tomls(run, spec), spec.model_dump(mode="json"), b"k" * 32),
            builders.build_token_secret(run, b"k" * 32)]
     if (pvc := builders.build_pvc(run, spec)) is not None:
         out.append(pvc)
@@ -620,7 +620,8 @@ def test_a_spec_applied_by_an_older_operator_is_no_change_for_fields_added_since
     """A running run whose applied spec predates `envWorkers` is not refused as changed."""
     import json
 
-    from rlkube_operator.reconcile import WORKLOADS, Reconciler
+    from rlkube_operator.guardrails import Guardrails
+    from rlkube_operator.reconcile import WORKLOADS, Reconciler, Settings
 
     spec = SPECS["example-rlrun"][1]
     stored = json.loads(json.dumps(spec.model_dump(mode="json", by_alias=True)))
@@ -631,7 +632,9 @@ def test_a_spec_applied_by_an_older_operator_is_no_change_for_fields_added_since
             return {"metadata": {"ownerReferences": [RUN.owner_reference()]},
                     "data": {builders.APPLIED_SPEC_KEY: json.dumps(stored)}}
 
-    applied, refusal = Reconciler(OldConfigMap()).applied_spec(RUN, WORKLOADS["RLRun"], spec)
+    # Unsigned (an older operator's): it runs only within the guardrails, which allow its claim.
+    allowing = Settings(guardrails=Guardrails(allowed_claims=["reverse-text-shared"]))
+    applied, refusal = Reconciler(OldConfigMap(), allowing).applied_spec(RUN, WORKLOADS["RLRun"], spec)
     assert refusal is None and applied.env_workers.replicas == 0
 
 

@@ -25,6 +25,7 @@ from rlkube_operator.names import TRAINER_METRICS_PORT, RunRef
 from rlkube_operator.spec import RLRunSpec, SFTRunSpec
 
 from tests.operator.cluster import pod_waiting
+from tests.operator.embedded import PERMISSIVE
 from tests.operator.test_operator_kmock import condition, example, rlrun, start_everything
 
 RL_RUN = RunRef("RLRun", "rt", "team", "uid-1")
@@ -183,7 +184,8 @@ class _StoredSpec:
 def applied(stored: dict, request: dict, workload=reconcile.WORKLOADS["RLRun"]):
     """(applied spec, refusal) of the operator for a run whose ConfigMap holds `stored`."""
     run = RL_RUN if workload.spec_model is not SFTRunSpec else SFT_RUN
-    reconciler = reconcile.Reconciler(_StoredSpec(run, stored))
+    # Stored by an older operator, unsigned: it runs only within the guardrails (here, any).
+    reconciler = reconcile.Reconciler(_StoredSpec(run, stored), reconcile.Settings(guardrails=PERMISSIVE))
     return reconciler.applied_spec(run, workload, workload.spec_model.model_validate(request))
 
 

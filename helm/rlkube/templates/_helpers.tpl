@@ -29,10 +29,13 @@ true
 {{- end -}}
 
 {{- /* The guardrails' values the operator (--guardrails) and the admission policy enforce, as JSON:
-     `guardrails` but `enabled`, with `<image.registry>/` among the allowed image registries. */}}
+     `guardrails` but `enabled`, with `<image.registry>/` among the allowed image registries and
+     the operator's token key among the Secrets no run may name, whatever the lists allow. */}}
 {{- define "rlkube.guardrails" -}}
 {{- $g := omit .Values.guardrails "enabled" }}
 {{- $registries := prepend $g.allowedImageRegistries (printf "%s/" .Values.image.registry) | uniq }}
+{{- $key := .Values.tokenKey.existingSecret | default (printf "%s-token-key" (include "rlkube.fullname" .)) }}
+{{- $_ := set $g "protectedSecrets" (append ($g.protectedSecrets | default list) $key | uniq) }}
 {{- set $g "allowedImageRegistries" $registries | toJson }}
 {{- end -}}
 
@@ -61,3 +64,4 @@ true
 {{- end }}
 {{- end }}
 {{- end -}}
+

@@ -57,8 +57,8 @@ def refusals(kube, run: RunRef, spec: dict, guardrails: Guardrails) -> list[str]
             continue
         listed = any(a in ("*", name) for a in values[ALLOWED[kind]])
         by_label = not listed and bool(guardrails.allowed_reference_labels)
-        if not by_label and kind != "Secret":
-            continue  # allowed by name (or refused by the CEL already)
+        if name in guardrails.protected_secrets or not (by_label or listed and kind == "Secret"):
+            continue  # refused by the CEL already, or allowed by name
         if (kind, name) not in seen:
             seen[kind, name] = kube.get(kind, run.namespace, name)
         obj = seen[kind, name]

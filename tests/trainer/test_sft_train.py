@@ -101,7 +101,7 @@ def test_two_process_torchrun_matches_one_process(small_model, reference_run, tm
 
 def unmarked(root: Path) -> list[Path]:
     """Step parts a save has begun and not (yet) marked complete."""
-    return [p for p in root.glob("step_*/trainer") if not (p / MARKER).exists()]
+    return [p for p in root.glob("trainer/step_*") if not (p / MARKER).exists()]
 
 
 def test_a_kill_during_saving_leaves_no_checkpoint_resume_would_pick(small_model, tmp_path):

@@ -124,6 +124,12 @@ class TrainerCommonConfig(Config):
     share the cores (the RL trainer beside vLLM on one machine): each op waits for its
     slowest thread, and a thread on a busy core is slow."""
 
+    peer_timeout_s: float = Field(default=10.0, gt=0)
+    """Seconds without a peer rank's heartbeat (or an answer from torchrun's store) before a
+    rank exits 75 so the gang restarts, instead of blocking in a collective until the process
+    group's timeout (30 minutes for gloo). Ranks heartbeat every fifth of it; applies only to a
+    world of more than one rank."""
+
     optim: OptimizerConfig = OptimizerConfig()
     """Optimizer."""
 

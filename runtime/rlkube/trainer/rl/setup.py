@@ -69,7 +69,7 @@ def build_training_env(config: TrainerConfig) -> TrainingEnv:
 def build_sharded_model(config: TrainerConfig) -> tuple[rdist.DistInfo, torch.nn.Module, CompileCache]:
     """The process group, the compile cache (activated first) and the FSDP2-sharded model:
     what a solo run's environment and a pool's trainer (rlkube.trainer.rl.multi_run) share."""
-    info = rdist.init_distributed(config.device, config.cpu_threads)
+    info = rdist.init_distributed(config.device, config.cpu_threads, config.peer_timeout_s)
     compile_cache = CompileCache(config.output_dir, info.device, config.compile_cache_url, main=info.rank == 0)
     compile_cache.activate()
     torch.manual_seed(config.seed)

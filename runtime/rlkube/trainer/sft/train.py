@@ -53,7 +53,7 @@ def token_loss_sum(logits: torch.Tensor, target_ids: torch.Tensor, loss_mask: to
 class SFTTrainer:
     def __init__(self, config: SFTConfig) -> None:
         self.config = config
-        self.dist = init_distributed(config.device, config.cpu_threads)
+        self.dist = init_distributed(config.device, config.cpu_threads, config.peer_timeout_s)
         self._prepare_output_dir()
         setup_logging(config.log.level, config.output_dir / "logs" / f"sft_rank{self.dist.rank}.log")
         torch.manual_seed(config.seed)

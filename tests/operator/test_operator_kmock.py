@@ -1013,7 +1013,7 @@ async def test_a_served_model_runs_with_the_run_counts_for_its_readiness_and_goe
     assert cluster.get("Service", f"rt-{served}")["spec"]["clusterIP"] == "None"
     data = cluster.get("ConfigMap", "rt-config")["data"]
     assert tomllib.loads(data["orchestrator.toml"])[served] == {
-        "model": TEACHER["model"]["name"],
+        "model": TEACHER["model"]["name"], "served_by_run": True,
         "base_urls": [f"http://rt-{served}-{i}.rt-{served}.{NS}.svc:8000" for i in range(2)]}
     assert tomllib.loads(data[f"{served}.toml"])["model"] == TEACHER["model"]
 

@@ -53,6 +53,7 @@ def _variants():
     rl, sft = example("rlrun.yaml")["spec"], example("sftrun.yaml")["spec"]
     nccl = copy.deepcopy(rl)
     nccl["config"]["weights"] = {"type": "nccl"}
+    nccl["config"].setdefault("trainer", {})["device"] = "cuda"  # NCCL broadcasts from GPU memory
     nccl["inference"] |= {"replicas": 2, "gpusPerReplica": 2}
     nccl["storage"] = {"objectStore": {"url": "s3://bucket/runs"}}
     grpc = copy.deepcopy(rl)

@@ -1107,7 +1107,9 @@ async def test_inference_replicas_change_live_without_touching_the_trainer_or_or
     mounted = orchestrator["spec"]["template"]["spec"]["volumes"][0]["configMap"]["items"]
     assert {"key": "inference_urls", "path": "inference_urls"} in mounted
 
-    await cluster.create(rlrun("nc", config={**rlrun()["spec"]["config"], "weights": {"type": "nccl"}}))
+    base = rlrun()["spec"]["config"]
+    nccl = {**base, "weights": {"type": "nccl"}, "trainer": {**base.get("trainer", {}), "device": "cuda"}}
+    await cluster.create(rlrun("nc", config=nccl))
     await start_everything(cluster, "nc")
     await cluster.patch("RLRun", "nc", {"spec": {"inference": {"replicas": 2}}})
     status = await cluster.until(lambda: condition(cluster.status("RLRun", "nc"), "SpecAccepted")["status"] == "False"

@@ -28,7 +28,7 @@ from rlkube_operator.reconcile import Reconciler, Settings
 from tests.fixtures import processes
 from tests.fixtures.inference import free_port
 from tests.operator.cluster import NS, Cluster
-from tests.operator.embedded import TOKEN_KEY
+from tests.operator.embedded import PERMISSIVE, TOKEN_KEY
 from tests.operator.hostile import serve_status_pods
 from tests.operator.test_helm import operator_args, render
 from tests.operator.test_operator_kmock import rlrun
@@ -107,7 +107,7 @@ class Replica:
             self._loop.set_default_executor(ThreadPoolExecutor(self._workers, thread_name_prefix=f"{self.name}-pass"))
         api = self._api()
         registry = build_registry(Reconciler(Kube(api), Settings(status_url_template=self._status_url,
-                                                                    token_key=TOKEN_KEY)),
+                                                                    token_key=TOKEN_KEY, guardrails=PERMISSIVE)),
                                   interval=0.3, login=self._login)
         settings = kopf.OperatorSettings()
         settings.watching.reconnect_backoff = 0.2
@@ -347,7 +347,7 @@ def start_operator(cluster: Cluster, name: str, config_dir: Path, *flags: str, e
     return processes.spawn(
         [sys.executable, "-m", "rlkube_operator.main", f"--namespace={NS}", "--metrics-port=0",
          f"--liveness={free_port_url()}", "--leader-elect", f"--lease-namespace={NS}", f"--lease-name={LEASE}",
-         f"--token-key-file={key}", *flags],
+         f"--token-key-file={key}", f"--guardrails={PERMISSIVE.model_dump_json()}", *flags],
         env=os.environ | (env or {}) | {"POD_NAME": name, "KUBECONFIG": str(config)})
 
 

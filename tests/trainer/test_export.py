@@ -169,7 +169,7 @@ def test_an_moe_checkpoint_exports_its_stacked_experts_one_linear_layer_each(tin
 
 def test_bad_input_exits_2_naming_the_field(full_run, tmp_path, capsys):
     run = full_run.config.output_dir
-    (run / "checkpoints" / "step_2" / "trainer" / MARKER).unlink()
+    (run / "checkpoints" / "trainer" / "step_2" / MARKER).unlink()
     assert export("--run", run, "--step", 2) == 2
     assert "step: " in (err := capsys.readouterr().err) and "has no COMPLETE marker" in err and "complete steps: [4]" in err
     assert export("--run", run, "--lora", "merge") == 2

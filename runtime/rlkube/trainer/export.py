@@ -6,7 +6,7 @@ with no process group: DCP reshards on load, so a checkpoint of any number of ra
 whole tensors. The trainer saves its parameters under the model's own names (`get_state_dict`
 strips FSDP2's and activation checkpointing's wrappers), which are the Hugging Face names but
 for an MoE model's stacked experts (split back: rlkube.trainer.experts): an RL part keeps them
-in `step_N/trainer/dcp/` under `model.`, an SFT part in `step_N/trainer/` under `app.model.`
+in `trainer/step_N/dcp/` under `model.`, an SFT part in `trainer/step_N/` under `app.model.`
 (rlkube.trainer.ckpt). A LoRA run's checkpoint holds the adapters alone, the base weights being
 `model.name`'s, unchanged.
 

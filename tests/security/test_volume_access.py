@@ -140,7 +140,7 @@ async def test_pods_of_the_run_write_the_claim_only_where_their_specs_allow(clus
     directories), then the trainer, then an env worker; each tries the trainer's files, the
     orchestrator's, and moving the trainer's tree aside."""
     workload = WORKLOADS["RLRun"]
-    for obj in (builders.build_configmap(RUN, workload.tomls(RUN, SPEC), {}), builders.build_token_secret(RUN, b"k" * 32),
+    for obj in (builders.build_configmap(RUN, workload.tomls(RUN, SPEC), {}, b"k" * 32), builders.build_token_secret(RUN, b"k" * 32),
                 builders.build_pvc(RUN, SPEC)):
         await cluster.create(obj | {"metadata": {k: v for k, v in obj["metadata"].items() if k != "ownerReferences"}})
     templates = pod_templates()

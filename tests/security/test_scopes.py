@@ -8,6 +8,7 @@ the trainer's weight stream, the orchestrator's batches. Each case starts the re
 trainer's gRPC servers) with the credentials its component is given, and sends the real
 request over the socket."""
 
+import contextlib
 import threading
 import time
 
@@ -151,7 +152,9 @@ def test_the_orchestrators_grpc_refuses_every_scope_but_rollouts(monkeypatch):
                                  metadata=bearer(ROLLOUTS)).accepted_step == 1
 
 
-def test_the_weight_server_refuses_every_scope_but_weights(monkeypatch):
+@contextlib.contextmanager
+def trainer_weight_server(monkeypatch):
+    """The trainer's weight server over a socket, holding step 3; yields its `Fetch`."""
     as_component(monkeypatch, "trainer")
     servicer = WeightsServicer(keep_last=1)
     servicer.add(3, {"model.safetensors": b"w" * 10, "COMPLETE": b"{}"})
@@ -159,14 +162,18 @@ def test_the_weight_server_refuses_every_scope_but_weights(monkeypatch):
     server = serve_weights(servicer, f"127.0.0.1:{port}")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            fetch = pb_grpc.WeightsStub(channel).Fetch
-            for scope in (GENERATE, ADMIN, ROLLOUTS):
-                with pytest.raises(grpc.RpcError) as refused:
-                    list(fetch(pb.WeightsRequest(step=3), timeout=10, metadata=bearer(scope)))
-                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED and "weights" in refused.value.details()
-            assert list(fetch(pb.WeightsRequest(step=3), timeout=10, metadata=bearer(WEIGHTS)))
+            yield pb_grpc.WeightsStub(channel).Fetch
     finally:
         server.stop(0)
+
+
+def test_the_weight_server_refuses_every_scope_but_weights(monkeypatch):
+    with trainer_weight_server(monkeypatch) as fetch:
+        for scope in (GENERATE, ADMIN, ROLLOUTS):
+            with pytest.raises(grpc.RpcError) as refused:
+                list(fetch(pb.WeightsRequest(step=3), timeout=10, metadata=bearer(scope)))
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED and "weights" in refused.value.details()
+        assert list(fetch(pb.WeightsRequest(step=3), timeout=10, metadata=bearer(WEIGHTS)))
 
 
 def test_each_component_is_given_only_its_scopes():

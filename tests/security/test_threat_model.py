@@ -11,11 +11,10 @@ from rlkube import auth
 from rlkube.scopes import ROLLOUTS, SCOPES, WEIGHTS, scoped
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
-from rlkube.transport.weights_grpc import WeightsServicer, serve_weights
 from rlkube_operator import builders, threatmodel
 
 from tests.fixtures.inference import free_port
-from tests.security.test_scopes import TOKEN, as_component, bearer
+from tests.security.test_scopes import TOKEN, as_component, bearer, trainer_weight_server
 from tests.transport.test_rollouts_grpc import FakeSource, ServerThread
 
 
@@ -119,21 +118,12 @@ def test_the_grpc_rows_are_what_the_real_servers_accept(monkeypatch):
                 assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
     assert served == {s for s in SCOPES if f"`{s}`" in row("orchestrator `grpc` [50051]")[1]} == {ROLLOUTS}
 
-    as_component(monkeypatch, "trainer")
-    servicer = WeightsServicer(keep_last=1)
-    servicer.add(3, {"model.safetensors": b"w" * 10, "COMPLETE": b"{}"})
-    port = free_port()
-    server = serve_weights(servicer, f"127.0.0.1:{port}")
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            fetch = pb_grpc.WeightsStub(channel).Fetch
-            served = set()
-            for scope in SCOPES:
-                try:
-                    list(fetch(pb.WeightsRequest(step=3), timeout=10, metadata=bearer(scope)))
-                    served.add(scope)
-                except grpc.RpcError as refused:
-                    assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
-    finally:
-        server.stop(0)
+    served = set()
+    with trainer_weight_server(monkeypatch) as fetch:
+        for scope in SCOPES:
+            try:
+                list(fetch(pb.WeightsRequest(step=3), timeout=10, metadata=bearer(scope)))
+                served.add(scope)
+            except grpc.RpcError as refused:
+                assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
     assert served == {s for s in SCOPES if f"`{s}`" in row("trainer `weights` [50052]")[1]} == {WEIGHTS}

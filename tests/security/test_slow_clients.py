@@ -1,17 +1,22 @@
 """Slow clients against the read-only servers inside the training process (`rlkube.readonly_http`:
-the RL trainer's `/metrics`, the SFT trainer's `/status`) and the operator's `/metrics`: sockets
+the RL trainer's `/metrics`, the SFT trainer's `/status`), the operator's `/metrics` and the
+orchestrator's `/status` (aiohttp): sockets
 that trickle their request a byte at a time, faster than any per-read timeout, more of them than
 the server has handler threads. A legitimate request beside them is still answered at once, and
 each trickler is closed at its request's deadline. With a timeout on each read instead (as the
 servers had), the tricklers held every handler and the request was closed unanswered."""
 
+import asyncio
 import contextlib
+import socket
 import threading
 import time
 import urllib.request
 
 import pytest
 from rlkube import readonly_http
+from rlkube.metrics import PrometheusMetrics
+from rlkube.orchestrator.status import make_app, start_http
 from rlkube_operator import metrics as operator_metrics
 
 from tests.test_readonly_http import closed_by_server, idle_sockets, metrics_server, sft_status
@@ -105,3 +110,56 @@ def test_the_operators_metrics_cost_no_thread_per_socket_and_bound_connections(t
         finally:
             for s in sockets:
                 s.close()
+
+
+@contextlib.contextmanager
+def orchestrator_status(max_connections: int, idle_timeout: float):
+    """The orchestrator's `/status` port (`rlkube.orchestrator.status.start_http`), served on an
+    event loop of its own thread as the orchestrator serves it; yields its port."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    status = {"phase": "running", "step": 4, "max_steps": 10, "reward": 0.5, "eval_reward": None,
+              "policy_step": 4, "off_policy_lag": 0, "last_checkpoint_step": None}
+    started = asyncio.run_coroutine_threadsafe(start_http(
+        make_app(lambda: status, PrometheusMetrics("orchestrator")), "127.0.0.1", 0,
+        max_connections=max_connections, idle_timeout=idle_timeout), loop)
+    runner, port = started.result(10)
+    try:
+        yield port
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+def test_the_orchestrators_status_closes_tricklers_holding_every_connection_at_the_head_deadline():
+    """As many tricklers as the orchestrator's port takes connections (it is async: there are no
+    handler threads, the bound is on connections), a byte each every second: a legitimate request
+    is refused while they hold the port, and answered once they are closed, `idle_timeout` after
+    their accept. A trickle after an answer on a kept-alive connection is closed likewise. With
+    aiohttp's own idle timeout (3630 s), or a timer that each byte resets, they would hold it."""
+    bound, deadline = 8, 2.0
+    with orchestrator_status(bound, deadline) as port, trickling(port, bound, EVERY_S) as sockets:
+        connected = time.monotonic()
+        time.sleep(EVERY_S)  # every trickler is mid-request
+        with pytest.raises(OSError):  # the port is full: refused, as the bound says
+            answered_within(port, "/status", b'"step": 4', 1.0)
+        left = deadline - (time.monotonic() - connected)
+        assert all(closed_by_server(s, left + 1.5) for s in sockets), "a trickler outlived its request's deadline"
+        answered_within(port, "/status", b'"step": 4', 1.0)
+
+        kept = socket.create_connection(("127.0.0.1", port), timeout=10)
+        kept.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+        answered = time.monotonic()
+        with contextlib.suppress(OSError):
+            for byte in b"GET /status HTTP/1.1\r\nHost: x\r\nX-Slow: zzzzzzzz":
+                kept.send(bytes([byte]))
+                if time.monotonic() - answered > deadline + 2:
+                    break
+                time.sleep(EVERY_S / 4)
+        assert closed_by_server(kept, 0.5) and time.monotonic() - answered < deadline + 1.5, \
+            "a request trickled on a kept-alive connection outlived its deadline"
+        kept.close()

@@ -22,8 +22,10 @@ logger = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 64
 IDLE_TIMEOUT_S = 5.0
-"""Seconds a connection may stay open without a request (before its first, and after each
-answer): the operator and Prometheus send theirs at once. aiohttp's own default is 3630 s."""
+"""Seconds from a connection's accept, and from each answer, to the end of its next request head:
+the operator and Prometheus send theirs at once. A deadline on the whole head, not on each read:
+aiohttp's keep-alive timer (>= 3.14.5) runs from those instants and data does not reset it, so a
+client trickling a byte a second is closed when it passes. aiohttp's own default is 3630 s."""
 
 STATUS_KEYS = ("phase", "step", "max_steps", "reward", "eval_reward", "policy_step", "off_policy_lag",
                "last_checkpoint_step")
@@ -56,7 +58,8 @@ async def start_http(app: web.Application, host: str, port: int, *, max_connecti
 
     The port takes no token (it is read-only; the run's NetworkPolicy admits the run's pods, the
     operator and the scraper's namespace), so it bounds what a client may hold: at most
-    `max_connections` open (one more is closed as it is made) and none idle past `idle_timeout`."""
+    `max_connections` open (one more is closed as it is made) and none without a complete
+    request head past `idle_timeout` (`IDLE_TIMEOUT_S`)."""
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=idle_timeout)
     await runner.setup()
     _cap_connections(runner.server, max_connections)

@@ -27,7 +27,7 @@ from rlkube_operator.egress import Egress
 from rlkube_operator.guardrails import Guardrails
 from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.names import RUN_UID_LABEL
-from rlkube_operator.reconcile import Reconciler, Settings
+from rlkube_operator.reconcile import Reconciler, Settings, operator_peer
 from rlkube_operator.runloop import Pacing, RunLoops
 from rlkube_operator.runtoken import KEY_SETTING, read_key
 
@@ -168,10 +168,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--network-policy-peer",
         type=_json_object,
-        default=Settings().network_policy_peer,
         help="a NetworkPolicyPeer (JSON) matching the operator's pods: each run's NetworkPolicy admits "
         "only the run's own pods, this peer on the run's status port and the metrics scraper "
-        "(default: pods labelled app.kubernetes.io/name=rlkube-operator in any namespace)",
+        "(default: pods labelled app.kubernetes.io/name=rlkube-operator in --operator-namespace only)",
     )
     parser.add_argument(
         "--metrics-scraper-peer",
@@ -220,6 +219,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     election.add_argument("--retry-period", type=float, default=timing["retry_period"].default,
                           help="seconds between tries")
     args = parser.parse_args(argv)
+    if args.network_policy_peer is None and not args.no_network_policy:
+        if not args.operator_namespace:
+            parser.error("the runs' NetworkPolicies admit the operator's pods in its own namespace only: give "
+                         "--operator-namespace (or $POD_NAMESPACE), or --network-policy-peer")
+        args.network_policy_peer = operator_peer(args.operator_namespace)
     args.election = _election(parser, args) if args.leader_elect else None
     return args
 

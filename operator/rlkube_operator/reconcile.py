@@ -84,8 +84,17 @@ WORKLOADS = {
 }
 
 
-OPERATOR_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlkube-operator"}}}
-"""The chart's operator pods (`rlkube.selectorLabels`), in any namespace."""
+OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "rlkube-operator"}
+"""The labels of the chart's operator pods (`rlkube.selectorLabels`)."""
+DEFAULT_OPERATOR_NAMESPACE = "rlkube"
+"""Where the docs install the chart (`helm install rlkube helm/rlkube -n rlkube`)."""
+
+
+def operator_peer(namespace: str) -> dict:
+    """The NetworkPolicyPeer of the operator's pods: those labels, in the operator's namespace
+    only. The labels alone would admit any tenant's pod that carries them, from any namespace."""
+    return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
 
 
 @dataclass
@@ -93,7 +102,7 @@ class Settings:
     status_url_template: str = progress.DEFAULT_URL_TEMPLATE
     """Where a run's progress is read; see `progress.py` for why the Service, not the proxy."""
 
-    network_policy_peer: dict | None = field(default_factory=lambda: dict(OPERATOR_PEER))
+    network_policy_peer: dict | None = field(default_factory=lambda: operator_peer(DEFAULT_OPERATOR_NAMESPACE))
     """A NetworkPolicyPeer matching the operator's pods: each run gets a NetworkPolicy that admits
     only its own pods, and this peer on its status port. None: no NetworkPolicies (a cluster
     that fences runs some other way)."""

@@ -14,7 +14,7 @@ from rlkube.scopes import HELD, SCOPES, scope_env, scoped
 from rlkube_operator.crd import PRINTER_COLUMNS
 from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.names import TRAINER_METRICS_PORT
-from rlkube_operator.reconcile import OPERATOR_PEER, Reconciler, Settings
+from rlkube_operator.reconcile import DEFAULT_OPERATOR_NAMESPACE, Reconciler, Settings, operator_peer
 from rlkube_operator.runtoken import run_token
 
 from tests.operator.cluster import (
@@ -263,7 +263,7 @@ async def test_by_default_a_run_admits_only_its_own_pods_the_operator_and_the_sc
     assert policy["spec"] == {"podSelector": run_pods | {"matchExpressions": [component | {"operator": "NotIn"}]},
                               "policyTypes": ["Ingress"], "ingress": [
         {"from": [{"podSelector": run_pods}]},
-        {"from": [OPERATOR_PEER], "ports": [{"protocol": "TCP", "port": 8080}]},
+        {"from": [operator_peer(DEFAULT_OPERATOR_NAMESPACE)], "ports": [{"protocol": "TCP", "port": 8080}]},
         {"from": [SCRAPER_PEER], "ports": [{"protocol": "TCP", "port": p} for p in (8000, 8080, TRAINER_METRICS_PORT)]}]}
     assert trainer["spec"]["podSelector"] == run_pods | {"matchExpressions": [component | {"operator": "In"}]}
     assert trainer["spec"]["ingress"][1]["ports"][-2:] == [{"protocol": "TCP", "port": 1, "endPort": 29499},

@@ -14,7 +14,12 @@ from rlkube.scopes import HELD, SCOPES, scope_env, scoped
 from rlkube_operator.crd import PRINTER_COLUMNS
 from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.names import TRAINER_METRICS_PORT
-from rlkube_operator.reconcile import DEFAULT_OPERATOR_NAMESPACE, Reconciler, Settings, operator_peer
+from rlkube_operator.reconcile import (
+    DEFAULT_OPERATOR_NAMESPACE,
+    Reconciler,
+    Settings,
+    operator_peer,
+)
 from rlkube_operator.runtoken import run_token
 
 from tests.operator.cluster import (

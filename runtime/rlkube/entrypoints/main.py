@@ -18,6 +18,7 @@ COMMANDS = {
     "eval": ("rlkube.entrypoints.eval", "score a model on an environment through vLLM"),
     "model": ("rlkube.entrypoints.model", "make a tiny Hugging Face model (`rlkube model init`)"),
     "export": ("rlkube.entrypoints.export", "a run's policy at one step as a Hugging Face model directory"),
+    "tool-service": ("rlkube.entrypoints.tool_service", "tools with a seeded long-tailed latency, over HTTP"),
     "plot": ("rlkube.entrypoints.plot", "PNG curves of a run's reward, eval, KL, entropy and throughput"),
 }
 

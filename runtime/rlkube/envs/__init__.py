@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rlkube.envs.judge import JudgeTarget
 
 BUILTIN_ENVS = {"reverse_text": "rlkube.envs.reverse_text", "tool_lookup": "rlkube.envs.tool_lookup",
-                "judged_reverse_text": "rlkube.envs.judged_reverse_text"}
+                "judged_reverse_text": "rlkube.envs.judged_reverse_text", "tool_chain": "rlkube.envs.tool_chain"}
 
 
 def load_env(env_config: "EnvConfig", judge: "JudgeTarget | None" = None) -> "Env":

@@ -7,7 +7,7 @@ RLKUBE := $(VENV)/bin/rlkube
 PYTEST_ARGS ?=
 # Test workers. One by default: with two (pytest-xdist, spread as conftest.py says) the cluster
 # scenarios' engine restarts compete with the other worker for two cores, and a recovery passed
-# the scenarios' 180 s bound (docs/operator.md). `make test TEST_WORKERS=2` on more cores.
+# the scenarios' 180 s bound (docs/kubernetes.md). `make test TEST_WORKERS=2` on more cores.
 TEST_WORKERS ?= 1
 XDIST := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 # The per-change gate leaves out the `extended` cluster scenarios (pyproject.toml's markers):

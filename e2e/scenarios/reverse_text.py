@@ -30,7 +30,7 @@ fell from 0.24 to 0.00 by step 9 (t = -6.7)."""
 # of the completions were cut after two characters: the reward scored those alone, and one
 # update that made an extra format token likely (a second newline) cut the next batches'
 # answers to one character or none (reward 0.30 -> 0.01 for two steps, once in four runs).
-# docs/rl.md says more; `python -m e2e.scenarios.reverse_text_runs` measures this config.
+# docs/training.md says more; `python -m e2e.scenarios.reverse_text_runs` measures this config.
 RL_CONFIG = {
     "orchestrator.batch_size": 128, "orchestrator.sampling.temperature": 0.7,
     "orchestrator.sampling.max_tokens": 16,

@@ -5,7 +5,7 @@ lost node does; its StatefulSet makes a new one).
 
 A killed judge must cost no step: a rollout whose judge does not answer waits for it (the
 orchestrator's loopback judge endpoint retries for `judge.wait_s`) or is re-issued past that,
-never scored without it (docs/rl.md, "A served judge"). Asserted:
+never scored without it (docs/training.md, "A served judge"). Asserted:
 
 - the judge pod was replaced (a new uid) and is Ready again; the trainer's gang never restarted;
 - the trainer trained every step 1..max_steps once: none lost, skipped or redone;

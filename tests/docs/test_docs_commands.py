@@ -50,10 +50,8 @@ MAPPED: dict[str, tuple[str, ...]] = {
 # file's commands run, standing in for what the mapped run writes.
 PRODUCED = {
     "README.md": ("outputs/reverse_text/sft/weights/final",),
-    "docs/rl.md": ("outputs/reverse_text/sft/weights/final", "outputs/reverse_text/sft_long/weights/final",
-                   "outputs/reverse_text/rl/export/step_140"),
-    "docs/inference.md": ("outputs/reverse_text/sft/weights/final",),
-    "docs/sft.md": (),
+    "docs/training.md": ("outputs/reverse_text/sft/weights/final", "outputs/reverse_text/sft_long/weights/final",
+                         "outputs/reverse_text/rl/export/step_140"),
 }
 
 

@@ -311,7 +311,7 @@ async def test_a_patched_applied_spec_configmap_is_refused(cluster):
 
 def test_a_spec_at_the_size_limit_passes_the_guardrails(record_property):
     """The largest spec the operator evaluates; its CPU time is recorded, not bounded (a timed
-    assertion fails on a busy machine): the figure docs/operator.md gives."""
+    assertion fails on a busy machine): the figure docs/security.md gives."""
     at_limit = spec_of(60 * 1024)
     at_limit["spec"]["trainer"]["pod"]["env"] = at_limit["spec"]["trainer"]["pod"]["env"][:128]
     jsonschema.Draft4Validator(SCHEMAS["RLRun"]).validate(at_limit)

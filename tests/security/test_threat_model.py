@@ -1,4 +1,4 @@
-"""docs/operator.md's threat model is the one the builders and the servers make
+"""docs/security.md's threat model is the one the builders and the servers make
 (`rlkube_operator.threatmodel`): a scope a server accepts, a NetworkPolicy peer or a port changed
 without the docs fails here (and `python -m rlkube_operator.crd --check` in `make lint`)."""
 
@@ -25,7 +25,7 @@ def rows_by_port() -> dict[tuple[str, str], tuple[str, str]]:
 def test_the_docs_table_is_the_derived_one():
     text = threatmodel.PAGE.read_text()
     assert threatmodel.BEGIN in text and threatmodel.END in text
-    assert threatmodel.page(text) == text, "docs/operator.md's threat model is stale: run `python -m rlkube_operator.crd`"
+    assert threatmodel.page(text) == text, "docs/security.md's threat model is stale: run `python -m rlkube_operator.crd`"
 
 
 def test_a_changed_server_scope_changes_the_table(monkeypatch):

@@ -18,7 +18,7 @@ def _offline(monkeypatch):
 
 @pytest.mark.parametrize(("name", "measured_gib"), [("Qwen/Qwen3-0.6B", 12.3), ("Qwen/Qwen3-1.7B", 32.1)])
 def test_the_estimate_matches_the_peak_measured_on_an_h200(name, measured_gib):
-    """docs/trainer.md: `benchmarks/trainer_throughput.py` on one H200, 16,384-token GRPO rows one
+    """benchmarks/RESULTS.md: `benchmarks/trainer_throughput.py` on one H200, 16,384-token GRPO rows one
     per micro-batch, activation checkpointing, bf16 compute: peak allocated 12.3 GiB (0.6B: the
     forward/backward's logits chunk sets it) and 32.1 GiB (1.7B: the optimizer step does)."""
     memory = trainer_memory(model_shape(ModelConfig(name=name)), CHECKPOINTED, 2, 16384, 1,

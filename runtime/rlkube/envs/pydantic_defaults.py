@@ -5,7 +5,7 @@ one pydantic (2.14) asks `inspect.signature(factory)` whether it takes the valid
 every call (pydantic issue 13376). For a builtin factory such as `list` that means parsing its
 text signature and copying `sys.modules`: about 1 ms in a process that imported torch. verifiers
 builds its trace graph's nodes with `model_construct` (several per model call), so this was
-~20% of the orchestrator's CPU per rollout (docs/orchestrator.md).
+~20% of the orchestrator's CPU per rollout (benchmarks/RESULTS.md).
 
 The answer depends only on the factory, which a field keeps for its lifetime, so it is computed
 once per factory. Unhashable factories are asked every time, as before.

@@ -29,7 +29,7 @@ from rlkube.envs.chat_harness import HARNESS_ID as CHAT_HARNESS_ID
 INSTRUCTION = "Reverse this text."
 """The optional system prompt (`instruction`). Off by default: the tiny example model does not
 read, and the ~28 extra tokens it adds to every sample made SFT need ~3x more steps before the
-model started to reverse (loss 2.07 vs 0.51 at step 150, docs/sft.md)."""
+model started to reverse (loss 2.07 vs 0.51 at step 150, docs/training.md)."""
 
 # verifiers resolves a taskset id by importing a top-level module of that name (its plugin
 # convention: one installed package per environment); a dotted path does not resolve. This

@@ -17,7 +17,7 @@ names), and the trainer's memory is what its FSDP2 setup (`rlkube.trainer.model`
   float32 copy of the shard's moments).
 
 The peak is the states plus the larger of the last two. Checked against the H200 runs of
-`benchmarks/trainer_throughput.py` (docs/trainer.md: Qwen3-0.6B 12.3 GiB and Qwen3-1.7B
+`benchmarks/trainer_throughput.py` (benchmarks/RESULTS.md: Qwen3-0.6B 12.3 GiB and Qwen3-1.7B
 32.1 GiB peak allocated at 16k-token rows) in `tests/trainer/test_memory.py`. A config fits when
 the peak times `ALLOCATOR_HEADROOM` (the caching allocator reserves more than is allocated:
 1.19-1.27x in those runs) is within its share of the GPU. Inference is checked as vLLM starts:

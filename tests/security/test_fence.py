@@ -4,6 +4,7 @@ ValidatingAdmissionPolicy as the API server evaluates it (rendered by Helm, its 
 project's evaluator, e2e/localcluster/policies.py) and through the operator (its own check, and
 the embedded operator against the API emulator where it must read an object)."""
 
+import asyncio
 import copy
 import functools
 import json
@@ -17,6 +18,7 @@ from rlkube_operator.guardrails import POD_REFERENCES, RUN_REFERENCES, Guardrail
 
 from e2e.localcluster import admission
 from tests.operator.conftest import crd_rules_off  # noqa: F401
+from tests.operator.embedded import PERMISSIVE, running_operator
 from tests.operator.test_guardrails import EXAMPLES, SCHEMAS, operator_refusals, run
 from tests.operator.test_guardrails import Policy as RenderedPolicy
 from tests.operator.test_helm import render
@@ -328,3 +330,31 @@ def test_the_crd_bounds_every_list_the_guardrails_walk():
     for name in ("labels", "annotations", "nodeSelector"):
         assert pod[name]["maxProperties"] <= 32, name
     assert schema["properties"]["imagePullSecrets"]["maxItems"] == 16
+
+
+async def test_a_run_started_before_the_admin_tightened_a_rule_is_told_the_rule_and_goes_on(kmock, orchestrator_status):
+    """A run tolerating another team's taint, started while the guardrails allowed it; the admin
+    then tightens `allowedTolerations` (the operator restarts with the new values). The run is
+    not stopped (the documented choice: it keeps its applied spec, signed when it was checked):
+    its `SpecAccepted` turns False naming the field and the value, once, with a Warning event,
+    and it goes on. The admin stops it by deleting it."""
+    toleration = {"key": "team-b/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    pacing = {"interval": 0.3, "progress_interval": 0.0}
+    async with running_operator(kmock, orchestrator_status.url, **pacing) as cluster:
+        await cluster.create(rlrun(trainer={"pod": {"tolerations": [toleration]}}))
+        await start_everything(cluster)
+    tightened = PERMISSIVE.model_copy(update={"allowed_tolerations": []})
+    async with running_operator(kmock, orchestrator_status.url, settings={"guardrails": tightened}, **pacing) as cluster:
+        status = await cluster.until(
+            lambda: condition(cluster.status("RLRun", "rt"), "SpecAccepted")["status"] == "False"
+            and cluster.status("RLRun", "rt"), timeout=30, what="the tightened rule named")
+        accepted = condition(status, "SpecAccepted")
+        assert accepted["reason"] == "InvalidSpec"
+        assert "forbidden by the guardrails: spec.trainer.pod.tolerations: a toleration of taint team-b/gpu" \
+            in accepted["message"]
+        assert "guardrails.allowedTolerations" in accepted["message"]
+        await asyncio.sleep(1)  # more passes: it goes on, and says so once
+        assert cluster.status("RLRun", "rt")["phase"] == "Running"
+        assert toleration in cluster.get("Job", "rt-trainer-0")["spec"]["template"]["spec"]["tolerations"]
+        told = [e for e in cluster.events() if e["reason"] == "InvalidSpec"]
+        assert len(told) == 1 and told[0]["type"] == "Warning" and "team-b/gpu" in told[0]["message"]

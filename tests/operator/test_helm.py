@@ -363,3 +363,17 @@ def test_the_operators_metrics_reach_only_the_scrapers_namespace(scraper):
         "ports": [{"protocol": "TCP", "port": 8080}]}] if scraper else []
     assert policy["spec"]["ingress"] == expected
     assert not [o for o in render(NETWORK_POLICY_OFF) if o["kind"] == "NetworkPolicy"]
+
+
+@pytest.mark.parametrize("watch", [
+    {"namespaces": ["team-a", "rlkube-system"]},
+    {"allNamespaces": True, "allowedSystemNamespaces": ["rlkube-system"]},
+])
+def test_an_install_watching_the_token_keys_namespace_beside_others_is_refused(watch):
+    """The operator's token key lives in the release namespace (rlkube-system here): a run's author
+    there who may read Secrets would forge the tokens of every other watched namespace's runs."""
+    with pytest.raises(Exception) as error:
+        render({"watch": watch})
+    assert "watch: the release namespace rlkube-system holds the operator's token key (tokenKey)" in str(error.value)
+    for fine in ({}, {"namespaces": ["rlkube-system"]}, {"namespaces": ["team-a", "team-b"]}, {"allNamespaces": True}):
+        assert render({"watch": fine})  # its own namespace alone, or not at all

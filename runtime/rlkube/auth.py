@@ -143,7 +143,12 @@ def served_model_headers(section: str, served_by_run: bool, api_key_env: str | N
 
 def grpc_metadata(scope: str) -> tuple[tuple[str, str], ...]:
     value = credential(scope)
-    return ((METADATA_KEY, _bearer(value)),) if value else ()
+    return bearer_metadata(value) if value else ()
+
+
+def bearer_metadata(value: str) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata presenting the credential `value`."""
+    return ((METADATA_KEY, _bearer(value)),)
 
 
 def check_weights_peer(address: str) -> None:

@@ -54,6 +54,25 @@ def scoped(token: str, scope: str) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
+MEMBER_SCOPES = (GENERATE, ADMIN, ROLLOUTS)
+"""The scopes of a pool's member run: generation with its own adapter and loading it (the
+pool's inference), its batches (its orchestrator's gRPC, which the pool's trainer pulls)."""
+
+
+def member_scoped(pool_token: str, member: str, scope: str) -> str:
+    """Member `member`'s credential for `scope` under the POOL's token: another member's
+    credential, or the member's for another scope, is a different HMAC."""
+    if scope not in MEMBER_SCOPES:
+        raise ValueError(f"scope {scope!r}: a pool member holds only {', '.join(MEMBER_SCOPES)}")
+    return scoped(pool_token, f"member/{member}/{scope}")
+
+
+def member_env(pool_token: str, member: str, component: str) -> dict[str, str]:
+    """The credentials a member's `component` (orchestrator, env-worker) is given, by variable:
+    those it holds (`HELD`) of the member's scopes, under the same variable names as a solo run's."""
+    return {scope_env(s): member_scoped(pool_token, member, s) for s in HELD[component] if s in MEMBER_SCOPES}
+
+
 def component_env(token: str, component: str) -> dict[str, str]:
     """The credentials `component` is given (`HELD`), by variable."""
     return {scope_env(scope): scoped(token, scope) for scope in HELD[component]}

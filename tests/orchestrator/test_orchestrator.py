@@ -128,7 +128,7 @@ def test_full_run_over_grpc(tmp_path):
     assert pool.loads == [(s, f"/w/step_{s}") for s in range(1, 5)]
     assert orchestrator.status() | {"reward": None} == {
         "phase": "finished", "step": 4, "max_steps": 4, "reward": None, "eval_reward": None, "policy_step": 4,
-        "off_policy_lag": orchestrator.last_lag, "last_checkpoint_step": 4,
+        "off_policy_lag": orchestrator.last_lag, "last_checkpoint_step": 4, "batch_ready_step": 4,
     }
     assert checkpoint.resolve_step(tmp_path / "checkpoints", 2) == 2
     batch_steps = [s for s, m in logged if "reward/all/mean" in m]

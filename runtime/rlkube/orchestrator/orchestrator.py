@@ -204,6 +204,7 @@ class Orchestrator:
             "policy_step": self.clock.policy_step,
             "off_policy_lag": self.last_lag,
             "last_checkpoint_step": self.last_checkpoint_step,
+            "batch_ready_step": self.newest_batch_step,
         }
 
     # --- policy updates, checkpoints, eval -------------------------------------------

@@ -42,8 +42,12 @@ class OrchestratorRestarted(RuntimeError):
 class RolloutClient:
     """`RolloutClient("host:port", timeout_s=...)`; use as a context manager or `close()` it."""
 
-    def __init__(self, address: str, timeout_s: float = 3600.0, backoff_s: float = 0.2, max_backoff_s: float = 5.0):
+    def __init__(self, address: str, timeout_s: float = 3600.0, backoff_s: float = 0.2, max_backoff_s: float = 5.0,
+                 credential: str | None = None):
         self.address = address
+        self.credential = credential
+        """The rollouts credential to present; None: this process's own (`rlkube.auth`). A
+        pool's trainer presents each member's (`rlkube.scopes.member_scoped`)."""
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -72,7 +76,8 @@ class RolloutClient:
         """The run's token, and the instance expected, so that another one refuses the request
         before acting on it."""
         expected = () if self.orchestrator_id is None else ((INSTANCE_ID_KEY, self.orchestrator_id),)
-        return auth.grpc_metadata(ROLLOUTS) + expected
+        token = auth.bearer_metadata(self.credential) if self.credential else auth.grpc_metadata(ROLLOUTS)
+        return token + expected
 
     def _call(self, what: str, fn, timeout_s: float | None = None):
         """`fn(remaining_s)` until it succeeds, retrying UNAVAILABLE until the deadline. `fn`

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drlkube/transport/rlkube.proto\x12\trlkube.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xfc\x03\n\nMicroBatch\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\x12$\n\tinput_ids\x18\x05 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\'\n\x0cposition_ids\x18\x06 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12%\n\nsample_ids\x18\x07 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12$\n\tloss_mask\x18\x08 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12%\n\nadvantages\x18\t \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12-\n\x12inference_logprobs\x18\n \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\'\n\x0ctemperatures\x18\x0b \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\x1a\n\x12global_loss_tokens\x18\x0c \x01(\x03\x12%\n\nprefix_ids\x18\r \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12+\n\x10teacher_logprobs\x18\x0e \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12)\n\x0erouted_experts\x18\x0f \x01(\x0b\x32\x11.rlkube.v1.Tensor\"[\n\x0fGetBatchRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x18\n\x10micro_batch_rows\x18\x04 \x01(\x05\".\n\x0cPolicyReport\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08location\x18\x02 \x01(\t\"\"\n\tPolicyAck\x12\x15\n\raccepted_step\x18\x01 \x01(\x03\"\x0f\n\rStatusRequest\"q\n\x06Status\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x13\n\x0bpolicy_step\x18\x02 \x01(\x03\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x11\n\tmax_steps\x18\x05 \x01(\x03\x12\x12\n\nhas_reward\x18\x06 \x01(\x08\"\x1e\n\x0eWeightsRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\"N\n\x0cWeightsChunk\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x14\n\x0clast_of_file\x18\x04 \x01(\x08\"\x9f\x01\n\rRolloutSample\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x11\n\tloss_mask\x18\x02 \x03(\x08\x12\x10\n\x08logprobs\x18\x03 \x03(\x01\x12\x13\n\x0btemperature\x18\x04 \x01(\x01\x12.\n\x0erouted_experts\x18\x05 \x01(\x0b\x32\x11.rlkube.v1.TensorH\x00\x88\x01\x01\x42\x11\n\x0f_routed_experts\"\xb3\x02\n\rRolloutResult\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12\x12\n\nexample_id\x18\x02 \x01(\t\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12)\n\x07samples\x18\x04 \x03(\x0b\x32\x18.rlkube.v1.RolloutSample\x12\x11\n\tnum_turns\x18\x05 \x01(\x05\x12\x14\n\x0cis_truncated\x18\x06 \x01(\x08\x12\x12\n\x05\x65rror\x18\x07 \x01(\tH\x00\x88\x01\x01\x12\x36\n\x07metrics\x18\x08 \x03(\x0b\x32%.rlkube.v1.RolloutResult.MetricsEntry\x12\x17\n\x0fserved_versions\x18\t \x03(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x08\n\x06_error\"B\n\x0bWorkerHello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nmax_groups\x18\x02 \x01(\x05\x12\x0c\n\x04\x65nvs\x18\x03 \x03(\t\"N\n\x0bGroupResult\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12*\n\x08rollouts\x18\x02 \x03(\x0b\x32\x18.rlkube.v1.RolloutResult\"j\n\rWorkerMessage\x12\'\n\x05hello\x18\x01 \x01(\x0b\x32\x16.rlkube.v1.WorkerHelloH\x00\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x16.rlkube.v1.GroupResultH\x00\x42\x06\n\x04kind\"y\n\tGroupTask\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x0b\n\x03\x65nv\x18\x02 \x01(\t\x12\x12\n\nexample_id\x18\x03 \x01(\t\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\x12\x13\n\x0btemperature\x18\x05 \x01(\x01\x12\r\n\x05model\x18\x06 \x01(\t2\xc4\x01\n\x08Rollouts\x12?\n\x08GetBatch\x12\x1a.rlkube.v1.GetBatchRequest\x1a\x15.rlkube.v1.MicroBatch0\x01\x12=\n\x0cReportPolicy\x12\x17.rlkube.v1.PolicyReport\x1a\x14.rlkube.v1.PolicyAck\x12\x38\n\tGetStatus\x12\x18.rlkube.v1.StatusRequest\x1a\x11.rlkube.v1.Status2H\n\x07Weights\x12=\n\x05\x46\x65tch\x12\x19.rlkube.v1.WeightsRequest\x1a\x17.rlkube.v1.WeightsChunk0\x01\x32H\n\nEnvWorkers\x12:\n\x04Work\x12\x18.rlkube.v1.WorkerMessage\x1a\x14.rlkube.v1.GroupTask(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drlkube/transport/rlkube.proto\x12\trlkube.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xfc\x03\n\nMicroBatch\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\x12$\n\tinput_ids\x18\x05 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\'\n\x0cposition_ids\x18\x06 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12%\n\nsample_ids\x18\x07 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12$\n\tloss_mask\x18\x08 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12%\n\nadvantages\x18\t \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12-\n\x12inference_logprobs\x18\n \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\'\n\x0ctemperatures\x18\x0b \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\x1a\n\x12global_loss_tokens\x18\x0c \x01(\x03\x12%\n\nprefix_ids\x18\r \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12+\n\x10teacher_logprobs\x18\x0e \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12)\n\x0erouted_experts\x18\x0f \x01(\x0b\x32\x11.rlkube.v1.Tensor\"[\n\x0fGetBatchRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x18\n\x10micro_batch_rows\x18\x04 \x01(\x05\".\n\x0cPolicyReport\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08location\x18\x02 \x01(\t\"\"\n\tPolicyAck\x12\x15\n\raccepted_step\x18\x01 \x01(\x03\"\x0f\n\rStatusRequest\"\x8b\x01\n\x06Status\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x13\n\x0bpolicy_step\x18\x02 \x01(\x03\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x11\n\tmax_steps\x18\x05 \x01(\x03\x12\x12\n\nhas_reward\x18\x06 \x01(\x08\x12\x18\n\x10\x62\x61tch_ready_step\x18\x07 \x01(\x03\"e\n\rAttachRequest\x12\x0e\n\x06member\x18\x01 \x01(\t\x12\x1c\n\x14orchestrator_address\x18\x02 \x01(\t\x12\x16\n\x0etrainer_config\x18\x03 \x01(\t\x12\x0e\n\x06weight\x18\x04 \x01(\x01\"\x1d\n\x0b\x41ttachReply\x12\x0e\n\x06queued\x18\x01 \x01(\x08\"\x1f\n\rDetachRequest\x12\x0e\n\x06member\x18\x01 \x01(\t\"!\n\x0b\x44\x65tachReply\x12\x12\n\nwas_member\x18\x01 \x01(\x08\"\x1e\n\x0eWeightsRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\"N\n\x0cWeightsChunk\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x14\n\x0clast_of_file\x18\x04 \x01(\x08\"\x9f\x01\n\rRolloutSample\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x11\n\tloss_mask\x18\x02 \x03(\x08\x12\x10\n\x08logprobs\x18\x03 \x03(\x01\x12\x13\n\x0btemperature\x18\x04 \x01(\x01\x12.\n\x0erouted_experts\x18\x05 \x01(\x0b\x32\x11.rlkube.v1.TensorH\x00\x88\x01\x01\x42\x11\n\x0f_routed_experts\"\xb3\x02\n\rRolloutResult\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12\x12\n\nexample_id\x18\x02 \x01(\t\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12)\n\x07samples\x18\x04 \x03(\x0b\x32\x18.rlkube.v1.RolloutSample\x12\x11\n\tnum_turns\x18\x05 \x01(\x05\x12\x14\n\x0cis_truncated\x18\x06 \x01(\x08\x12\x12\n\x05\x65rror\x18\x07 \x01(\tH\x00\x88\x01\x01\x12\x36\n\x07metrics\x18\x08 \x03(\x0b\x32%.rlkube.v1.RolloutResult.MetricsEntry\x12\x17\n\x0fserved_versions\x18\t \x03(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x08\n\x06_error\"B\n\x0bWorkerHello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nmax_groups\x18\x02 \x01(\x05\x12\x0c\n\x04\x65nvs\x18\x03 \x03(\t\"N\n\x0bGroupResult\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12*\n\x08rollouts\x18\x02 \x03(\x0b\x32\x18.rlkube.v1.RolloutResult\"j\n\rWorkerMessage\x12\'\n\x05hello\x18\x01 \x01(\x0b\x32\x16.rlkube.v1.WorkerHelloH\x00\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x16.rlkube.v1.GroupResultH\x00\x42\x06\n\x04kind\"y\n\tGroupTask\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x0b\n\x03\x65nv\x18\x02 \x01(\t\x12\x12\n\nexample_id\x18\x03 \x01(\t\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\x12\x13\n\x0btemperature\x18\x05 \x01(\x01\x12\r\n\x05model\x18\x06 \x01(\t2\xc4\x01\n\x08Rollouts\x12?\n\x08GetBatch\x12\x1a.rlkube.v1.GetBatchRequest\x1a\x15.rlkube.v1.MicroBatch0\x01\x12=\n\x0cReportPolicy\x12\x17.rlkube.v1.PolicyReport\x1a\x14.rlkube.v1.PolicyAck\x12\x38\n\tGetStatus\x12\x18.rlkube.v1.StatusRequest\x1a\x11.rlkube.v1.Status2~\n\x04Pool\x12:\n\x06\x41ttach\x12\x18.rlkube.v1.AttachRequest\x1a\x16.rlkube.v1.AttachReply\x12:\n\x06\x44\x65tach\x12\x18.rlkube.v1.DetachRequest\x1a\x16.rlkube.v1.DetachReply2H\n\x07Weights\x12=\n\x05\x46\x65tch\x12\x19.rlkube.v1.WeightsRequest\x1a\x17.rlkube.v1.WeightsChunk0\x01\x32H\n\nEnvWorkers\x12:\n\x04Work\x12\x18.rlkube.v1.WorkerMessage\x1a\x14.rlkube.v1.GroupTask(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,30 +45,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POLICYACK']._serialized_end=784
   _globals['_STATUSREQUEST']._serialized_start=786
   _globals['_STATUSREQUEST']._serialized_end=801
-  _globals['_STATUS']._serialized_start=803
-  _globals['_STATUS']._serialized_end=916
-  _globals['_WEIGHTSREQUEST']._serialized_start=918
-  _globals['_WEIGHTSREQUEST']._serialized_end=948
-  _globals['_WEIGHTSCHUNK']._serialized_start=950
-  _globals['_WEIGHTSCHUNK']._serialized_end=1028
-  _globals['_ROLLOUTSAMPLE']._serialized_start=1031
-  _globals['_ROLLOUTSAMPLE']._serialized_end=1190
-  _globals['_ROLLOUTRESULT']._serialized_start=1193
-  _globals['_ROLLOUTRESULT']._serialized_end=1500
-  _globals['_ROLLOUTRESULT_METRICSENTRY']._serialized_start=1444
-  _globals['_ROLLOUTRESULT_METRICSENTRY']._serialized_end=1490
-  _globals['_WORKERHELLO']._serialized_start=1502
-  _globals['_WORKERHELLO']._serialized_end=1568
-  _globals['_GROUPRESULT']._serialized_start=1570
-  _globals['_GROUPRESULT']._serialized_end=1648
-  _globals['_WORKERMESSAGE']._serialized_start=1650
-  _globals['_WORKERMESSAGE']._serialized_end=1756
-  _globals['_GROUPTASK']._serialized_start=1758
-  _globals['_GROUPTASK']._serialized_end=1879
-  _globals['_ROLLOUTS']._serialized_start=1882
-  _globals['_ROLLOUTS']._serialized_end=2078
-  _globals['_WEIGHTS']._serialized_start=2080
-  _globals['_WEIGHTS']._serialized_end=2152
-  _globals['_ENVWORKERS']._serialized_start=2154
-  _globals['_ENVWORKERS']._serialized_end=2226
+  _globals['_STATUS']._serialized_start=804
+  _globals['_STATUS']._serialized_end=943
+  _globals['_ATTACHREQUEST']._serialized_start=945
+  _globals['_ATTACHREQUEST']._serialized_end=1046
+  _globals['_ATTACHREPLY']._serialized_start=1048
+  _globals['_ATTACHREPLY']._serialized_end=1077
+  _globals['_DETACHREQUEST']._serialized_start=1079
+  _globals['_DETACHREQUEST']._serialized_end=1110
+  _globals['_DETACHREPLY']._serialized_start=1112
+  _globals['_DETACHREPLY']._serialized_end=1145
+  _globals['_WEIGHTSREQUEST']._serialized_start=1147
+  _globals['_WEIGHTSREQUEST']._serialized_end=1177
+  _globals['_WEIGHTSCHUNK']._serialized_start=1179
+  _globals['_WEIGHTSCHUNK']._serialized_end=1257
+  _globals['_ROLLOUTSAMPLE']._serialized_start=1260
+  _globals['_ROLLOUTSAMPLE']._serialized_end=1419
+  _globals['_ROLLOUTRESULT']._serialized_start=1422
+  _globals['_ROLLOUTRESULT']._serialized_end=1729
+  _globals['_ROLLOUTRESULT_METRICSENTRY']._serialized_start=1673
+  _globals['_ROLLOUTRESULT_METRICSENTRY']._serialized_end=1719
+  _globals['_WORKERHELLO']._serialized_start=1731
+  _globals['_WORKERHELLO']._serialized_end=1797
+  _globals['_GROUPRESULT']._serialized_start=1799
+  _globals['_GROUPRESULT']._serialized_end=1877
+  _globals['_WORKERMESSAGE']._serialized_start=1879
+  _globals['_WORKERMESSAGE']._serialized_end=1985
+  _globals['_GROUPTASK']._serialized_start=1987
+  _globals['_GROUPTASK']._serialized_end=2108
+  _globals['_ROLLOUTS']._serialized_start=2111
+  _globals['_ROLLOUTS']._serialized_end=2307
+  _globals['_POOL']._serialized_start=2309
+  _globals['_POOL']._serialized_end=2435
+  _globals['_WEIGHTS']._serialized_start=2437
+  _globals['_WEIGHTS']._serialized_end=2509
+  _globals['_ENVWORKERS']._serialized_start=2511
+  _globals['_ENVWORKERS']._serialized_end=2583
 # @@protoc_insertion_point(module_scope)

@@ -81,20 +81,52 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("step", "policy_step", "phase", "reward", "max_steps", "has_reward")
+    __slots__ = ("step", "policy_step", "phase", "reward", "max_steps", "has_reward", "batch_ready_step")
     STEP_FIELD_NUMBER: _ClassVar[int]
     POLICY_STEP_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
     HAS_REWARD_FIELD_NUMBER: _ClassVar[int]
+    BATCH_READY_STEP_FIELD_NUMBER: _ClassVar[int]
     step: int
     policy_step: int
     phase: str
     reward: float
     max_steps: int
     has_reward: bool
-    def __init__(self, step: _Optional[int] = ..., policy_step: _Optional[int] = ..., phase: _Optional[str] = ..., reward: _Optional[float] = ..., max_steps: _Optional[int] = ..., has_reward: _Optional[bool] = ...) -> None: ...
+    batch_ready_step: int
+    def __init__(self, step: _Optional[int] = ..., policy_step: _Optional[int] = ..., phase: _Optional[str] = ..., reward: _Optional[float] = ..., max_steps: _Optional[int] = ..., has_reward: _Optional[bool] = ..., batch_ready_step: _Optional[int] = ...) -> None: ...
+
+class AttachRequest(_message.Message):
+    __slots__ = ("member", "orchestrator_address", "trainer_config", "weight")
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    ORCHESTRATOR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    member: str
+    orchestrator_address: str
+    trainer_config: str
+    weight: float
+    def __init__(self, member: _Optional[str] = ..., orchestrator_address: _Optional[str] = ..., trainer_config: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
+
+class AttachReply(_message.Message):
+    __slots__ = ("queued",)
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    queued: bool
+    def __init__(self, queued: _Optional[bool] = ...) -> None: ...
+
+class DetachRequest(_message.Message):
+    __slots__ = ("member",)
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    member: str
+    def __init__(self, member: _Optional[str] = ...) -> None: ...
+
+class DetachReply(_message.Message):
+    __slots__ = ("was_member",)
+    WAS_MEMBER_FIELD_NUMBER: _ClassVar[int]
+    was_member: bool
+    def __init__(self, was_member: _Optional[bool] = ...) -> None: ...
 
 class WeightsRequest(_message.Message):
     __slots__ = ("step",)

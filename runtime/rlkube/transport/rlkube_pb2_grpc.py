@@ -184,6 +184,124 @@ class Rollouts:
             _registered_method=True)
 
 
+class PoolStub:
+    """The pool trainer's service: a member (with its rollouts credential) joins or leaves.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Attach = channel.unary_unary(
+                '/rlkube.v1.Pool/Attach',
+                request_serializer=rlkube_dot_transport_dot_rlkube__pb2.AttachRequest.SerializeToString,
+                response_deserializer=rlkube_dot_transport_dot_rlkube__pb2.AttachReply.FromString,
+                _registered_method=True)
+        self.Detach = channel.unary_unary(
+                '/rlkube.v1.Pool/Detach',
+                request_serializer=rlkube_dot_transport_dot_rlkube__pb2.DetachRequest.SerializeToString,
+                response_deserializer=rlkube_dot_transport_dot_rlkube__pb2.DetachReply.FromString,
+                _registered_method=True)
+
+
+class PoolServicer:
+    """The pool trainer's service: a member (with its rollouts credential) joins or leaves.
+    """
+
+    def Attach(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detach(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_PoolServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Attach': grpc.unary_unary_rpc_method_handler(
+                    servicer.Attach,
+                    request_deserializer=rlkube_dot_transport_dot_rlkube__pb2.AttachRequest.FromString,
+                    response_serializer=rlkube_dot_transport_dot_rlkube__pb2.AttachReply.SerializeToString,
+            ),
+            'Detach': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detach,
+                    request_deserializer=rlkube_dot_transport_dot_rlkube__pb2.DetachRequest.FromString,
+                    response_serializer=rlkube_dot_transport_dot_rlkube__pb2.DetachReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'rlkube.v1.Pool', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('rlkube.v1.Pool', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Pool:
+    """The pool trainer's service: a member (with its rollouts credential) joins or leaves.
+    """
+
+    @staticmethod
+    def Attach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlkube.v1.Pool/Attach',
+            rlkube_dot_transport_dot_rlkube__pb2.AttachRequest.SerializeToString,
+            rlkube_dot_transport_dot_rlkube__pb2.AttachReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlkube.v1.Pool/Detach',
+            rlkube_dot_transport_dot_rlkube__pb2.DetachRequest.SerializeToString,
+            rlkube_dot_transport_dot_rlkube__pb2.DetachReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class WeightsStub:
     """Missing associated documentation comment in .proto file."""
 

@@ -93,6 +93,7 @@ class RolloutsService(pb_grpc.RolloutsServicer):
             reward=reward if reward is not None else 0.0,
             has_reward=reward is not None,
             max_steps=status["max_steps"],
+            batch_ready_step=status.get("batch_ready_step", 0),
         )
 
 

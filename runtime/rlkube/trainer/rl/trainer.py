@@ -12,6 +12,7 @@ a checkpoint every `ckpt.interval` steps, metrics.
 """
 
 import logging
+import math
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
@@ -56,6 +57,8 @@ class RLTrainer:
         )
         self.throughput = Throughput(self.model, env.world_size, peak_flops(env.device, config.metrics.peak_flops))
         self.step = 0
+        self.trained_tokens = 0
+        """Tokens trained (all ranks) by this process since it started: a pool's fair share."""
         self.timings: dict[str, float] = {}
 
     @contextmanager
@@ -112,6 +115,7 @@ class RLTrainer:
         with self.timed("optimizer"):
             grad_norm = self.optimizer_step()
         self.step = step
+        self.trained_tokens += tokens
         with self.timed("publish_weights"):
             self.publish_policy(step)
         with self.timed("save_ckpt"):
@@ -175,7 +179,13 @@ class RLTrainer:
         return totals.tolist()
 
     def optimizer_step(self) -> float:
+        """Clip and step; a non-finite gradient norm (the loss went NaN or inf: the same on
+        every rank) raises `FloatingPointError` before the step, so no NaN policy is published
+        (in a pool this fails that run alone: rlkube.trainer.pool)."""
         grad_norm = self.env.clip_grad_norm(self.config.optim.max_grad_norm)
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"step {self.step + 1}: gradient norm {grad_norm}: the loss is not finite")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -213,46 +223,25 @@ class RLTrainer:
 
 def run(config: TrainerConfig) -> None:
     """Build everything from the config, train to `max_steps`, clean up."""
-    from rlkube.checkpoints import checkpoint_root
     from rlkube.config.cli import write_finished_step
-    from rlkube.metrics import MetricsSink
-    from rlkube.trainer.lora import adapter_config
-    from rlkube.trainer.rl.checkpoint import TrainerCheckpointer
+    from rlkube.trainer.rl.run_io import open_run_io
     from rlkube.trainer.rl.setup import build_training_env
-    from rlkube.transport.client import RolloutClient
-    from rlkube.transport.publishers import make_publisher
 
     env = build_training_env(config)
-    main = env.rank == 0
-    root = checkpoint_root(config.output_dir, config.ckpt)
-    checkpointer = TrainerCheckpointer(root, config.ckpt, env.rank) if config.ckpt else None
-    prometheus = config.metrics.prometheus_port
-    metrics = MetricsSink(
-        config.output_dir, "trainer", wandb=config.wandb, run_config=config.model_dump(mode="json"), enabled=main,
-        prometheus=None if prometheus is None else (config.metrics.prometheus_host, prometheus),
-    )
-    publisher = None
-    if main:
-        adapter = adapter_config(config.lora, config.model.name) if config.lora else None
-        publisher = make_publisher(config.weights, config.output_dir, config.model.name, adapter_config=adapter,
-                                   final_step=config.max_steps)
-    client = RolloutClient(f"{config.rollouts.host}:{config.rollouts.port}", timeout_s=config.rollouts.timeout_s)
+    io = open_run_io(config, env.rank)
     trainer = None
     try:
-        trainer = RLTrainer(config, env, client, publisher, checkpointer, metrics)
+        trainer = RLTrainer(config, env, io.client, io.publisher, io.checkpointer, io.metrics)
         trainer.train()
-        if main:
-            wait_until_loaded(client, config.max_steps, config.weights.timeout_s)
+        if env.rank == 0:
+            wait_until_loaded(io.client, config.max_steps, config.weights.timeout_s)
             write_finished_step(trainer.step)
     finally:
         try:
             if trainer is not None:
                 trainer.close()  # the background publish uses the client and the publisher
         finally:
-            client.close()
-            metrics.close()
-            if publisher is not None:
-                publisher.close()
+            io.close()
             env.close()
 
 

@@ -1,0 +1,70 @@
+"""A pool: one trainer process (one frozen base model) training many member runs' LoRA
+adapters, each pulled from its own orchestrator (rlkube.trainer.pool)."""
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from rlkube.config.base import Config
+from rlkube.config.rl import RLTrainerSection, TrainerConfig
+from rlkube.config.shared import LogConfig, ModelConfig
+
+
+class PoolSection(Config):
+    """The `[pool]` section: membership, fair share and the trainer's Attach service."""
+
+    name: str = "pool"
+    """The pool's name (logs, metrics)."""
+
+    max_runs: int = Field(default=4, ge=1)
+    """Members trained at once (adapter and optimizer states held); an Attach beyond it is
+    refused (RESOURCE_EXHAUSTED) until one leaves."""
+
+    member_grace_s: float = Field(default=30.0, gt=0)
+    """Seconds a member's orchestrator may stay unreachable before the member is evicted (its
+    adapter and optimizer freed; re-attaching resumes it from its own last checkpoint)."""
+
+    probe_interval_s: float = Field(default=0.5, gt=0)
+    """How often rank 0 asks each member's orchestrator whether its next batch is ready."""
+
+    host: str = "127.0.0.1"
+    """Address the pool's Attach/Detach gRPC service binds (rank 0)."""
+
+    port: int = Field(default=50070, ge=0, le=65535)
+    """Port of the Attach/Detach service; 0 picks a free one (logged)."""
+
+
+class PoolTrainerConfig(Config):
+    """`rlkube pool-trainer @ pool.toml` (under `torchrun` for several ranks): the pool's
+    trainer. The base model and the adapters' shape are the pool's; each member brings its own
+    optimizer, schedule, loss, `alpha`, seed, steps and checkpoints when it attaches."""
+
+    output_dir: Path = Path("outputs/pool")
+    """Members' outputs go to `<output_dir>/members/<member>/` (metrics, checkpoints, weights)."""
+
+    model: ModelConfig = ModelConfig()
+    """The base model every member trains an adapter of."""
+
+    trainer: RLTrainerSection = RLTrainerSection(lora={})
+    """The slot every member must fit: `device`, `parallel`, `cpu_threads` and the shape of
+    `lora` (rank, target modules, dropout; `pool.max_lora_rank` on the cluster). Its optimizer,
+    schedule and loss are unused: those are each member's."""
+
+    pool: PoolSection = PoolSection()
+    """Membership and the Attach service."""
+
+    log: LogConfig = LogConfig()
+    """Logging."""
+
+    @model_validator(mode="after")
+    def _pool_trains_adapters(self):
+        if self.trainer.lora is None:
+            raise ValueError("trainer.lora: a pool trains one LoRA adapter per member; give the adapters' shape")
+        return self
+
+    def base_trainer_config(self) -> TrainerConfig:
+        """What `MultiRunTrainer.build` needs: the base model, its sharding and the slot's shape."""
+        return TrainerConfig(output_dir=self.output_dir, model=self.model, **self.trainer.model_dump(exclude_unset=True))
+
+    def member_dir(self, member: str) -> Path:
+        return self.output_dir / "members" / member

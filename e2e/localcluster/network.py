@@ -96,9 +96,12 @@ class Footprint:
 
     def create_path(self, path: Path, is_dir: bool) -> None:
         """Create `path` (and missing parents) on the host, recording each level created. A path
-        that another live run recorded is co-owned, so whichever ends last removes it."""
+        that another run recorded, live or dead, is co-owned, so whichever ends last removes it:
+        a dead run's leftover `/data` that this run mounts on must not be removed by the next
+        run's `remove_stale_runs` (on the host it is an empty directory; removing it detaches
+        the pods' mounts on it, which then saw a read-only `/data` mid-run)."""
         if path.exists():
-            if str(path) in _live_paths() and str(path) not in self.paths:
+            if str(path) in _recorded_paths() and str(path) not in self.paths:
                 self.paths.append(str(path))
                 self._save()
             return
@@ -116,13 +119,18 @@ class Footprint:
 
 
 def _live_paths() -> set[str]:
+    return _recorded_paths(live_only=True)
+
+
+def _recorded_paths(live_only: bool = False) -> set[str]:
+    """The paths other runs' records name (only those of live runs with `live_only`)."""
     paths: set[str] = set()
     for record in RECORDS.glob("*.json"):
         try:
             data = json.loads(record.read_text())
         except (OSError, ValueError):
             continue
-        if _pid_alive(data["pid"]) and data["pid"] != os.getpid():
+        if data["pid"] != os.getpid() and (_pid_alive(data["pid"]) or not live_only):
             paths.update(data["paths"])
     return paths
 

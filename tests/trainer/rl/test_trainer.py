@@ -195,7 +195,7 @@ def two_rank_batches() -> list[dict]:
 @pytest.mark.slow
 def test_two_gloo_ranks_match_one_rank_on_the_whole_batch(tiny_model, tmp_path, world_of_one):
     """FSDP2 over two gloo ranks, each normalizing by the global token count, gives the same
-    loss and gradient norm as one rank training on both shares."""
+    loss and gradient norm as one rank training on both shares, and counts the same samples."""
     repo = Path(__file__).resolve().parents[3]
     out = tmp_path / "two_ranks.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
@@ -217,3 +217,5 @@ def test_two_gloo_ranks_match_one_rank_on_the_whole_batch(tiny_model, tmp_path, 
     one = trainer.metrics.records[1]
     for key in ("loss/mean", "optim/grad_norm", "mismatch_kl/mean", "mismatch_kl/max", "entropy/mean"):
         assert two[key] == pytest.approx(one[key], rel=1e-4), key
+    # `samples/trained`, summed over ranks: both of a's samples, and the one of b's left with loss tokens
+    assert two["samples/trained"] == one["samples/trained"] == 3

@@ -129,10 +129,10 @@ class RLTrainer:
 
     def forward_backward(self, micro_batches: list[dict]) -> tuple[dict[str, float], int, int]:
         """Accumulate gradients over this rank's micro-batches; returns the step's statistics
-        (reduced over ranks), its tokens and its attention's query-key pairs (`visible_pairs`)
-        across ranks."""
+        (reduced over ranks, with `samples/trained`: the samples with loss tokens that all ranks
+        trained on), its tokens and its attention's query-key pairs (`visible_pairs`) across ranks."""
         sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.env.device))
-        tokens = pairs = 0
+        tokens = pairs = samples = 0
         for micro_batch in micro_batches:
             batch = {k: v.to(self.env.device) if torch.is_tensor(v) else v for k, v in micro_batch.items()}
             with self.router.micro_batch(batch) if self.router else nullcontext():
@@ -145,8 +145,11 @@ class RLTrainer:
             # counted on the host copy: no device sync between micro-batches
             tokens += int((micro_batch["sample_ids"] >= 0).sum())
             pairs += visible_pairs(micro_batch["sample_ids"], micro_batch["prefix_ids"])
+            samples += int(micro_batch["sample_ids"][micro_batch["loss_mask"]].unique().numel())
         stats = self.reduce_stats(dict(sums))
-        return (self.router.summarize(stats) if self.router else stats), *self.reduce_counts(tokens, pairs)
+        tokens, pairs, samples = self.reduce_counts(tokens, pairs, samples)
+        stats["samples/trained"] = float(samples)
+        return (self.router.summarize(stats) if self.router else stats), tokens, pairs
 
     def micro_batch_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Recompute log-probs with each token's sampling temperature, then the loss (and, for

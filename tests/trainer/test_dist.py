@@ -3,6 +3,13 @@
 import os
 import subprocess
 import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+from rlkube.ports import free_port
+from rlkube.trainer.dist import PeerWatchdog
 
 SETUP = """
 import torch
@@ -24,3 +31,24 @@ def threads_after_setup(threads: int | None) -> int:
 def test_cpu_threads_sets_the_intra_op_thread_count():
     assert threads_after_setup(None) == 2
     assert threads_after_setup(1) == 1
+
+
+def test_a_rank_that_leaves_has_no_watchdog_thread_left(monkeypatch):
+    """A watchdog thread still beating when the interpreter exits aborts the process
+    (`PeerWatchdog`'s doc): `leave` returns only once both its threads have ended, and the store
+    reads the rank as left. The peer timeout (60 s) is long enough that rank 0's silence here
+    never ends the test process."""
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    watchdog = PeerWatchdog(rank=1, world_size=2, timeout_s=60.0)
+    watchdog.start()
+    deadline = time.monotonic() + 30
+    while store.add(f"{watchdog.prefix}1", 0) == 0:  # its first beat
+        assert time.monotonic() < deadline, "the watchdog never beat"
+        time.sleep(0.05)
+    watchdog.leave()
+    alive = [t.name for t in threading.enumerate() if t.name in ("peer-watchdog", "peer-heartbeat")]
+    assert not alive, f"{alive} still running after leave()"
+    assert store.add(f"{watchdog.prefix}1", 0) >= PeerWatchdog.LEFT

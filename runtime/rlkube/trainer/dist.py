@@ -78,53 +78,66 @@ def init_distributed(device: str = "auto", cpu_threads: int | None = None, peer_
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=resolved)
 
 
-class PeerWatchdog(threading.Thread):
+class PeerWatchdog:
     """Heartbeats this rank into torchrun's store and exits the process when a peer stops.
 
     Each beat is one `add` to this rank's counter and one per peer to read theirs (a counter, not
     a timestamp, so the pods' clocks need not agree); a peer is gone when its counter has not moved
     for `timeout_s` by this rank's own clock. The beats run in a thread of their own: a store that
     stops answering (it lives in node 0's torchrun agent) blocks a client call past its timeout,
-    so this thread exits too when no beat has completed for `timeout_s`. The beats hold their own
-    connection to the store; the main thread may be blocked in a collective, which releases the GIL.
-    A rank that closes its process group `leave`s: its counter jumps to `LEFT`, and its peers,
-    which may still be saving or publishing, stop watching it.
+    so a second thread exits the process too when no beat has completed for `timeout_s`. The beats
+    hold their own connection to the store; the main thread may be blocked in a collective, which
+    releases the GIL. A rank that closes its process group `leave`s: its counter jumps to `LEFT`,
+    and its peers, which may still be saving or publishing, stop watching it.
+
+    `leave` stops and joins both threads before it returns. A daemon thread still beating when the
+    interpreter exits aborts the process: a store call returning into a finalizing interpreter
+    ends its thread (`pthread_exit`) through pybind11's GIL guard, a noexcept destructor, and the
+    C++ runtime calls `std::terminate` ("terminate called without an active exception", SIGABRT
+    after a run that did everything right).
     """
 
     LEFT = 1 << 62
 
     def __init__(self, rank: int, world_size: int, timeout_s: float):
-        super().__init__(name="peer-watchdog", daemon=True)
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.interval_s = max(timeout_s / 5, 0.1)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # torchrun's own restarts reuse the store
         self.prefix = f"rlkube/heartbeat/{attempt}/"
         self.last_beat = time.monotonic()
-        self.left = False
+        self._left = threading.Event()
+        self._threads = (threading.Thread(target=self._watch, name="peer-watchdog", daemon=True),
+                         threading.Thread(target=self._beat, name="peer-heartbeat", daemon=True))
 
     def _store(self) -> dist.TCPStore:
         return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                              timeout=timedelta(seconds=self.timeout_s))
 
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
     def leave(self) -> None:
-        """Stop watching, and tell the peers this rank is done rather than gone."""
-        self.left = True
+        """Stop watching (a store call in flight returns within `timeout_s`), and tell the peers
+        this rank is done rather than gone."""
+        self._left.set()
+        for thread in self._threads:
+            thread.join()
         try:
             self._store().add(f"{self.prefix}{self.rank}", self.LEFT)
         except (RuntimeError, OSError):  # the store is gone already: the peers will time out on it
             pass
 
-    def run(self) -> None:
-        threading.Thread(target=self._beat, name="peer-heartbeat", daemon=True).start()
-        while not self.left and (silent := time.monotonic() - self.last_beat) <= self.timeout_s:
-            time.sleep(self.interval_s)
-        self._exit(f"torchrun's store has not answered for {silent:.1f} s")
+    def _watch(self) -> None:
+        while not self._left.wait(self.interval_s):
+            if (silent := time.monotonic() - self.last_beat) > self.timeout_s:
+                self._exit(f"torchrun's store has not answered for {silent:.1f} s")
 
     def _beat(self) -> None:
         try:
             store = self._store()
             seen = {peer: (-1, time.monotonic()) for peer in range(self.world_size) if peer != self.rank}
-            while not self.left:
+            while not self._left.is_set():
                 store.add(f"{self.prefix}{self.rank}", 1)
                 now = time.monotonic()
                 for peer, (count, since) in list(seen.items()):
@@ -136,12 +149,12 @@ class PeerWatchdog(threading.Thread):
                     elif now - since > self.timeout_s:
                         self._exit(f"rank {peer} has not heartbeat for {now - since:.1f} s")
                 self.last_beat = time.monotonic()
-                time.sleep(self.interval_s)
+                self._left.wait(self.interval_s)
         except (RuntimeError, OSError) as e:  # DistStoreError, DistNetworkError: node 0's agent is gone
             self._exit(f"torchrun's store stopped answering ({type(e).__name__}: {e})")
 
     def _exit(self, reason: str) -> None:
-        if self.left:
+        if self._left.is_set():
             return
         log.error("peer lost: %s (peer_timeout_s %s); exiting %d so the gang restarts",
                   reason, self.timeout_s, EXIT_PEER_LOST)

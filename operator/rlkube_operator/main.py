@@ -219,13 +219,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     election.add_argument("--retry-period", type=float, default=timing["retry_period"].default,
                           help="seconds between tries")
     args = parser.parse_args(argv)
-    if args.network_policy_peer is None and not args.no_network_policy:
-        if not args.operator_namespace:
-            parser.error("the runs' NetworkPolicies admit the operator's pods in its own namespace only: give "
-                         "--operator-namespace (or $POD_NAMESPACE), or --network-policy-peer")
-        args.network_policy_peer = operator_peer(args.operator_namespace)
     args.election = _election(parser, args) if args.leader_elect else None
     return args
+
+
+def network_policy_peer(args: argparse.Namespace) -> dict | None:
+    """The peer the runs' NetworkPolicies admit as the operator: `--network-policy-peer`, else its
+    pods' labels in its own namespace (the labels alone would admit a tenant's pod so labelled,
+    from any namespace); None with `--no-network-policy`. ValueError without a namespace."""
+    if args.no_network_policy:
+        return None
+    if args.network_policy_peer is not None:
+        return args.network_policy_peer
+    if not args.operator_namespace:
+        raise ValueError("the runs' NetworkPolicies admit the operator's pods in its own namespace only: give "
+                         "--operator-namespace (or $POD_NAMESPACE), or --network-policy-peer")
+    return operator_peer(args.operator_namespace)
 
 
 def _election(parser: argparse.ArgumentParser, args: argparse.Namespace) -> leader.Election:
@@ -247,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         token_key = read_key(args.token_key_file)
+        peer = network_policy_peer(args)
     except ValueError as e:
         print(f"rlkube-operator: {e}", file=sys.stderr)
         return 2
@@ -254,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port:
         metrics.serve("0.0.0.0", args.metrics_port)
     settings = Settings(status_url_template=args.status_url,
-                        network_policy_peer=None if args.no_network_policy else args.network_policy_peer,
+                        network_policy_peer=peer,
                         metrics_scraper_peer=args.metrics_scraper_peer, egress=args.egress_policy,
                         guardrails=args.guardrails,
                         token_key=token_key)

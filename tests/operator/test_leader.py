@@ -345,7 +345,7 @@ def start_operator(cluster: Cluster, name: str, config_dir: Path, *flags: str, e
     key = config_dir / "token-key"
     key.write_bytes(TOKEN_KEY)
     return processes.spawn(
-        [sys.executable, "-m", "rlkube_operator.main", f"--namespace={NS}", "--metrics-port=0",
+        [sys.executable, "-m", "rlkube_operator.main", f"--namespace={NS}", f"--operator-namespace={NS}", "--metrics-port=0",
          f"--liveness={free_port_url()}", "--leader-elect", f"--lease-namespace={NS}", f"--lease-name={LEASE}",
          f"--token-key-file={key}", f"--guardrails={PERMISSIVE.model_dump_json()}", *flags],
         env=os.environ | (env or {}) | {"POD_NAME": name, "KUBECONFIG": str(config)})

@@ -66,15 +66,16 @@ def test_nothing_outside_the_run_reaches_a_port_but_the_operator_and_the_scraper
         assert "another namespace" not in reach and "another run's pods" not in reach, where
 
 
-def test_the_operators_own_default_peer_admits_operator_labelled_pods_from_its_namespace_alone(capsys, monkeypatch):
+def test_the_operators_own_default_peer_admits_operator_labelled_pods_from_its_namespace_alone(capsys, monkeypatch,
+                                                                                              tmp_path):
     """`rlkube-operator` without `--network-policy-peer` (the chart passes one; a hand-made
     Deployment may not): the runs' policies admit the operator's labels in the operator's
     namespace, and a tenant's pod labelled the same in another namespace reaches nothing.
     Without a namespace to restrict it to, the operator refuses to start, naming the flags."""
-    from rlkube_operator.main import parse_args
+    from rlkube_operator.main import main, network_policy_peer, parse_args
 
-    peer = parse_args(["--namespace", threatmodel.NAMESPACE, "--operator-namespace",
-                       threatmodel.OPERATOR_NAMESPACE]).network_policy_peer
+    peer = network_policy_peer(parse_args(["--namespace", threatmodel.NAMESPACE, "--operator-namespace",
+                                           threatmodel.OPERATOR_NAMESPACE]))
     objects = threatmodel.build_run(*threatmodel.VARIANTS[""], operator_peer=peer)
     policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
     pods = threatmodel.pod_templates(objects)
@@ -86,8 +87,9 @@ def test_the_operators_own_default_peer_admits_operator_labelled_pods_from_its_n
     for namespace in (threatmodel.NAMESPACE, "team-b"):
         assert not threatmodel.admitted(policies, (namespace, labelled), status, port), namespace
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
-    with pytest.raises(SystemExit):
-        parse_args(["--namespace", threatmodel.NAMESPACE])
+    key = tmp_path / "key"
+    key.write_bytes(b"k" * 32)
+    assert main(["--namespace", threatmodel.NAMESPACE, f"--token-key-file={key}"]) == 2
     assert "--operator-namespace (or $POD_NAMESPACE), or --network-policy-peer" in capsys.readouterr().err
 
 

@@ -422,7 +422,7 @@ class ContainerRunner:
                 os.makedirs(cwd, exist_ok=True)
             footprint = self.pod.kubelet.network.footprint
             for target, is_dir in [(m["target"], Path(m["source"]).is_dir()) for m in mounts] + [(cwd, True)]:
-                if not volumes.under_another(target, mounts) and not os.path.lexists(target):
+                if not volumes.under_another(target, mounts):  # an existing one may be co-owned
                     footprint.create_path(Path(target), is_dir)
         else:  # the image's files: launch.py makes what is missing inside the container's root
             cwd = cwd or "/"

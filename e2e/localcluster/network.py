@@ -99,8 +99,9 @@ class Footprint:
         that another run recorded, live or dead, is co-owned, so whichever ends last removes it:
         a dead run's leftover `/data` that this run mounts on must not be removed by the next
         run's `remove_stale_runs` (on the host it is an empty directory; removing it detaches
-        the pods' mounts on it, which then saw a read-only `/data` mid-run)."""
-        if path.exists():
+        the pods' mounts on it, which then saw a read-only `/data` mid-run). The kubelet calls
+        it for every mount target of a pod, existing or not."""
+        if os.path.lexists(path):
             if str(path) in _recorded_paths() and str(path) not in self.paths:
                 self.paths.append(str(path))
                 self._save()

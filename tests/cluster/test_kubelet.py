@@ -223,6 +223,33 @@ async def test_volumes_and_env_and_cleanup(cluster, tmp_path):
     assert not list(NETNS_ETC.glob(f"rlk-{run_id}-*"))
 
 
+async def test_a_dead_runs_leftover_mount_target_is_kept_while_a_pod_mounts_on_it(cluster):
+    """A mount target (`/data` for a claim) that a dead run recorded and left behind, on which a
+    live run's pod then mounts, is co-owned by the live run: the next run's removal of the dead
+    run's leftovers leaves it (removing the host's empty directory detached the pods' mounts on
+    it, and a trainer saving its checkpoint met a read-only `/data`)."""
+    target = Path("/rlkube-kubelet-leftover")
+    dead = await asyncio.create_subprocess_exec("true")
+    await dead.wait()
+    record = RECORDS / f"dead{dead.pid:x}.json"
+    target.mkdir()
+    record.write_text(json.dumps({"pid": dead.pid, "paths": [str(target)]}))
+    try:
+        volumes = [{"name": "scratch", "emptyDir": {}}]
+        mounts = [{"name": "scratch", "mountPath": str(target)}]
+        await cluster.create(pod("mounts", ["sleep", "300"], volumes=volumes, container={"volumeMounts": mounts}))
+        await cluster.until(lambda: phase(cluster, "mounts") == "Running", 30, "pod `mounts` Running")
+        # what the next run's start does, in a process of its own (this one's runs are its own)
+        removal = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "from e2e.localcluster.network import remove_stale_runs as r; r()",
+            cwd=Path(__file__).parents[2])
+        assert await asyncio.wait_for(removal.wait(), 60) == 0
+        assert target.is_dir(), "the dead run's leftover was removed under a live pod's mount"
+        assert str(target) in cluster.kubelet.network.footprint.paths
+    finally:
+        record.unlink(missing_ok=True)
+
+
 async def test_crashing_container_backs_off_and_restarts(cluster):
     await cluster.create(pod("crash", ["sh", "-c", "echo started; exit 3"], policy="Always"))
     await cluster.create(pod("once", ["sh", "-c", "exit 3"], policy="Never"))

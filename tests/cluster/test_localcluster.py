@@ -2,10 +2,9 @@
 with kubectl; pods reach the API server at the bridge address; SIGTERM leaves nothing behind."""
 
 import json
-import os
 import subprocess
 
-from e2e.localcluster.network import RECORDS, Footprint, _remove_run, unavailable_reason
+from e2e.localcluster.network import RECORDS, unavailable_reason
 from e2e.scenarios.harness import LocalCluster, kubectl, kubectl_missing
 from tests.fixtures.prerequisites import require
 
@@ -87,25 +86,3 @@ def test_logs_of_a_restart_and_of_a_recreated_pod_are_kept_apart(tmp_path):
     finally:
         cluster.stop()
 
-
-def test_a_dead_runs_leftover_mount_target_is_kept_while_a_live_run_mounts_on_it(tmp_path):
-    """A mount target (`/data` for a claim) that a dead run recorded and left behind, which a live
-    run's pods then mount on, is co-owned by the live run: the next run's removal of the dead
-    run's leftovers leaves it (removing the host's empty directory detached the pods' mounts on
-    it, and a trainer saving its checkpoint met a read-only `/data`)."""
-    require("the local cluster's records need root" if os.geteuid() != 0 else None)
-    target = tmp_path / "data"
-    target.mkdir()
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    dead_id, live = f"t{dead.pid:x}dead", Footprint(f"t{os.getpid():x}live")
-    (RECORDS / f"{dead_id}.json").write_text(json.dumps({"pid": dead.pid, "paths": [str(target)]}))
-    try:
-        live.create_path(target, is_dir=True)
-        # as the live run's own process records it (this process's record counts as no other run's)
-        live.file.write_text(json.dumps({"pid": os.getppid(), "paths": live.paths}))
-        _remove_run(dead_id, [str(target)])
-        assert target.is_dir(), "the dead run's leftover was removed under the live run's mounts"
-    finally:
-        (RECORDS / f"{dead_id}.json").unlink(missing_ok=True)
-        live.file.unlink(missing_ok=True)

@@ -8,6 +8,7 @@ from rlkube.auth import TOKEN_ENV, new_token
 
 from tests.fixtures.inference import inference_server, moe_inference_server, moto_s3, s3_endpoint  # noqa: F401
 from tests.fixtures.models import tiny_model, tiny_moe_model  # noqa: F401
+from tests.fixtures.network import short_keepalive  # noqa: F401
 
 # One run token for the session, as every process of a run shares one: the servers tests start
 # (vLLM, gRPC) require it, and clients send it through the code production uses.

@@ -207,7 +207,7 @@ def test_a_get_batch_broken_by_a_restart_reaches_the_new_orchestrator_and_stops(
     assert isinstance(outcome.get("error"), OrchestratorRestarted), outcome
 
 
-def test_a_get_batch_on_an_orchestrator_that_vanishes_reaches_its_replacement():
+def test_a_get_batch_on_an_orchestrator_that_vanishes_reaches_its_replacement(short_keepalive):
     """The orchestrator's pod is gone (no reset reaches the trainer): keepalive ends the waiting
     GetBatch within seconds, and the retry reaches the replacement behind the same address."""
     old_port, new_port, outcome = free_port(), free_port(), {}

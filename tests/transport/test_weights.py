@@ -341,7 +341,7 @@ def fetch_in_background(address: str, step: int, timeout: float) -> tuple[thread
     return waiting, outcome
 
 
-def test_a_fetch_from_a_trainer_that_vanishes_mid_call_fails_instead_of_waiting(model_dir):
+def test_a_fetch_from_a_trainer_that_vanishes_mid_call_fails_instead_of_waiting(model_dir, short_keepalive):
     """A replica waits on step 2 (the checkpoint a resumed trainer republishes) when the
     trainer's pod dies (no reset reaches it): keepalive ends the load within seconds, freeing
     the engine, instead of at the 60 s deadline."""

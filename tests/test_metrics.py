@@ -3,6 +3,7 @@
 import json
 import time
 
+import pytest
 from rlkube.config import WandbConfig
 from rlkube.metrics import MetricsSink, format_metrics, read_metrics
 
@@ -125,3 +126,33 @@ def test_prometheus_scrapes_the_newest_value_of_each_metric_over_http(tmp_path):
     assert values["rlkube_trainer_perf_tokens_per_s"] == 120.0
     assert values["rlkube_trainer_perf_mfu"] == 0.3
     assert values["rlkube_trainer_step"] == 2
+
+
+def test_histograms_are_one_prometheus_histogram_of_the_same_name_in_every_process(tmp_path):
+    """A histogram logged step after step (`rlkube.histogram`) adds up into `rlkube_<name>`,
+    labelled with the process; the console shows its summary, not its buckets."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+    from rlkube.histogram import Histogram
+    from rlkube.metrics import format_metrics
+
+    samples = {}
+    for process in ("orchestrator", "env-worker"):
+        with MetricsSink(tmp_path / process, process, console=False, prometheus=("127.0.0.1", 0)) as sink:
+            url = f"http://127.0.0.1:{sink._prometheus_server.server_port}/metrics"
+            sink.log(1, Histogram("tool/latency_s", [0.03, 0.3, 3.0]).summary())
+            sink.log(2, Histogram("tool/latency_s", [0.3, 30.0]).summary())
+            with urllib.request.urlopen(url, timeout=10) as response:
+                text = response.read().decode()
+        samples[process] = {(s.name, s.labels.get("le")): (s.value, s.labels["process"])
+                            for family in text_string_to_metric_families(text) if family.name == "rlkube_tool_latency_s"
+                            for s in family.samples}
+    for process, values in samples.items():
+        assert values[("rlkube_tool_latency_s_bucket", "0.05")] == (1.0, process)
+        assert values[("rlkube_tool_latency_s_bucket", "0.5")] == (3.0, process)
+        assert values[("rlkube_tool_latency_s_bucket", "+Inf")] == (5.0, process)
+        assert values[("rlkube_tool_latency_s_count", None)] == (5.0, process)
+        assert values[("rlkube_tool_latency_s_sum", None)][0] == pytest.approx(33.63)
+    line = format_metrics(1, Histogram("tool/latency_s", [0.3]).summary())
+    assert "tool/latency_s/p99" in line and "le_" not in line and "/count" not in line

@@ -62,6 +62,27 @@ def test_every_logged_panel_is_a_png_and_the_rest_are_skipped_with_a_note(tmp_pa
     assert "sft_loss: skipped, no metrics/sft.jsonl" in result.stdout
 
 
+def test_an_agentic_run_shows_its_latency_lag_and_rollout_panels(tmp_path):
+    """The orchestrator's histograms (rlkube.histogram) and rollout counts as `rlkube rl` logs them."""
+    from rlkube.histogram import Histogram
+
+    with MetricsSink(tmp_path / "run", "orchestrator", console=False) as orchestrator:
+        for step in range(1, STEPS + 1):
+            orchestrator.log(step, {
+                **Histogram("rollout/latency_s", [1.0 + step / 10, 9.0]).summary(),
+                **Histogram("tool/latency_s", [0.2, 0.2, 4.0]).summary(),
+                **Histogram("off_policy/token_lag", [0, 1, step % 3]).summary(),
+                "tool/calls": 300.0, "tool/timeouts": 3.0, "tool/errors": 1.0,
+                "rollouts/in_flight": 128.0, "rollouts/reissued": 0.0, "off_policy/dropped_rollouts": float(step % 4),
+                "time/update_weights": 0.3,
+            })
+    result = rlkube_plot(tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    for name in ("rollout_latency", "tool_latency", "tool_calls", "policy_lag", "rollouts", "weight_update"):
+        image = matplotlib_image.imread(tmp_path / "run" / "plots" / f"{name}.png")
+        assert image[..., :3].std() > 0.05, f"{name}.png is blank"
+
+
 @pytest.mark.parametrize("reward", [rising, falling])
 def test_the_reward_curve_goes_the_way_the_reward_went(tmp_path, reward):
     write_run(tmp_path / "run", reward)

@@ -13,7 +13,10 @@ chart via `define_metric`) and W&B's own `_step` just counts records.
 Prometheus sees the newest value of every numeric metric as a gauge `rlkube_<process>_<name>`
 (`PrometheusMetrics`; `/` and other symbols become `_`, so `perf/mfu` is
 `rlkube_trainer_perf_mfu`), rendered by a process's own HTTP server or, with
-`prometheus_port`, served by the sink itself.
+`prometheus_port`, served by the sink itself. A histogram (`rlkube.histogram`: a record's
+`<name>/count`, `/sum` and `/le_<bound>` keys) is added up into a Prometheus histogram
+`rlkube_<name>` with a `process` label: the same name on every pod kind that reports it
+(`tool/latency_s` is `rlkube_tool_latency_s_bucket{le="0.5",process="orchestrator"}`).
 
     sink = MetricsSink(output_dir, "sft", wandb=config.wandb, run_config=config.model_dump(mode="json"))
     sink.log(step, {"loss": 1.2, "lr": 1e-3})
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from rlkube.config import WandbConfig
+from rlkube.histogram import BOUNDS, Histogram
 
 
 def format_metrics(step: int, metrics: dict[str, Any]) -> str:
@@ -41,11 +45,24 @@ def format_metrics(step: int, metrics: dict[str, Any]) -> str:
             return f"{value:.4f}"
         return str(value)
 
-    return " | ".join([f"step {step}"] + [f"{k} {fmt(v)}" for k, v in metrics.items()])
+    shown = {k: v for k, v in metrics.items() if not is_histogram_count(k)}
+    return " | ".join([f"step {step}"] + [f"{k} {fmt(v)}" for k, v in shown.items()])
+
+
+def is_histogram_count(key: str) -> bool:
+    """A histogram's mergeable keys (`<name>/count`, `/sum`, `/le_<bound>`): for files and
+    Prometheus, not the console (which shows its mean, p50, p99 and max)."""
+    name, _, suffix = key.rpartition("/")
+    return name in BOUNDS and (suffix in ("count", "sum") or suffix.startswith("le_"))
+
+
+def prometheus_name(key: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", key).strip("_")
 
 
 class PrometheusMetrics:
-    """Every numeric metric logged by `process` as a gauge `rlkube_<process>_<name>`."""
+    """Every numeric metric logged by `process` as a gauge `rlkube_<process>_<name>`, and every
+    histogram as a Prometheus histogram `rlkube_<name>{process=...}`, summed over the records."""
 
     def __init__(self, process: str = "orchestrator"):
         from prometheus_client import CollectorRegistry
@@ -53,18 +70,35 @@ class PrometheusMetrics:
         self.process = process
         self.registry = CollectorRegistry()
         self.gauges: dict = {}
+        self.histograms: dict[str, Histogram] = {}
+        self.registry.register(self)
+
+    def describe(self) -> list:
+        return []  # unchecked: the families appear as histograms are logged
+
+    def collect(self):
+        from prometheus_client.core import HistogramMetricFamily
+
+        for name, histogram in self.histograms.items():
+            family = HistogramMetricFamily(f"rlkube_{prometheus_name(name)}", f"rlkube histogram {name}", labels=["process"])
+            buckets = [(f"{b:g}", float(c)) for b, c in zip(histogram.bounds, histogram.cumulative())]
+            family.add_metric([self.process], buckets + [("+Inf", float(histogram.count))], histogram.sum)
+            yield family
 
     def _gauge(self, key: str):
         from prometheus_client import Gauge
 
-        name = f"rlkube_{self.process}_" + re.sub(r"[^a-zA-Z0-9_]", "_", key).strip("_")
+        name = f"rlkube_{self.process}_" + prometheus_name(key)
         if name not in self.gauges:
             self.gauges[name] = Gauge(name, f"{self.process} metric {key}", registry=self.registry)
         return self.gauges[name]
 
     def update(self, metrics: dict[str, Any]) -> None:
+        for name in BOUNDS:
+            if metrics.get(f"{name}/count"):
+                self.histograms.setdefault(name, Histogram(name)).add_counts(metrics)
         for key, value in metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not is_histogram_count(key):
                 self._gauge(key).set(value)
 
     def render(self) -> bytes:

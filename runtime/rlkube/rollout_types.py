@@ -30,6 +30,12 @@ class Sample:
     teacher_logprobs: list[float] | None = None
     """On-policy distillation: the teacher's logprob of each sampled token, 0.0 elsewhere
     (`rlkube.orchestrator.teacher`); None without a teacher."""
+    policy_versions: list[int] | None = None
+    """The policy that sampled each token, by the engine's own word (its weight-version tag;
+    the base model is 0), aligned to `token_ids`, -1 on tokens not sampled. A rollout in
+    flight across a weight update has tokens of both policies, and `logprobs` are each token's
+    own policy's. None where the engine's answers are not seen (verifiers' full path): then
+    every token counts as the rollout's `oldest_policy`."""
     routed_experts: np.ndarray | None = field(default=None, compare=False)
     """Mixture-of-experts models served with `inference.return_routed_experts`: int16
     [tokens, layers, top_k], the experts inference routed each token to, aligned to
@@ -39,6 +45,12 @@ class Sample:
     @property
     def num_loss_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    def token_versions(self, default: int) -> list[int]:
+        """The policy version of each sampled token (`default` where none was recorded)."""
+        if self.policy_versions is None:
+            return [default] * self.num_loss_tokens
+        return [v for v, m in zip(self.policy_versions, self.loss_mask) if m]
 
 
 @dataclass

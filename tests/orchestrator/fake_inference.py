@@ -3,7 +3,8 @@
 Serves `/inference/v1/generate` (the route verifiers' training client calls), `/v1/models`,
 `/health`, and answers every other POST (the RL admin routes: `/pause`, `/resume`,
 `/collective_rpc`, ...) with `{}`, recording each as (route, JSON body) in order. A completion is `respond(prompt_ids)` (by default the prompt's last
-`completion_len` tokens reversed) plus the stop token, each with logprob -0.25.
+`completion_len` tokens reversed) plus the stop token, each with logprob -0.25 (or
+`logprob(weight version)`: a policy update that changes the sampled tokens' logprobs).
 
 Like vLLM it keeps a pause state and a weight version (`/pause`, `/resume`, `/is_paused`,
 `/update_weight_version`, `/weight_info`): a generate request waits while paused, and the
@@ -34,8 +35,10 @@ a SIGTERM stops it."""
 
 
 class FakeInference:
-    def __init__(self, model: str, stop_token_id: int, completion_len: int = 8, respond=None, max_model_len: int = 4096):
+    def __init__(self, model: str, stop_token_id: int, completion_len: int = 8, respond=None, max_model_len: int = 4096,
+                 logprob=lambda version: -0.25):
         self.model, self.stop_token_id = model, stop_token_id
+        self.logprob = logprob
         self.respond = respond or (lambda ids: list(reversed(ids[-completion_len:])))
         self.max_model_len = max_model_len
         self.calls: list[tuple[str, dict]] = []
@@ -106,7 +109,7 @@ class FakeInference:
                     {
                         "token_ids": ids,
                         "finish_reason": "stop",
-                        "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": -0.25} for t in ids]},
+                        "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": self.logprob(version)} for t in ids]},
                         "weight_versions": [{"version": version, "start": 0, "end": len(ids)}],
                     }
                 ],

@@ -74,6 +74,8 @@ def test_a_rollout_crosses_the_wire_unchanged():
     rollout = Rollout("e", "x", 0.5, [sample], 3, 4, num_turns=2, is_truncated=True, metrics={"m": 1.5},
                       served_versions=["3", "4"])
     assert from_message(to_message(rollout), 3, 4) == rollout
+    sample.policy_versions = [-1, 3, 4]  # a rollout across a weight update: each token's policy
+    assert from_message(to_message(rollout), 3, 4) == rollout
     rollout.error = "ProviderError: engine unreachable"
     assert from_message(to_message(rollout), 3, 4) == rollout
     assert from_message(to_message(rollout), 3, 4).samples[0].routed_experts is None

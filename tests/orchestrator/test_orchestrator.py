@@ -134,6 +134,10 @@ def test_full_run_over_grpc(tmp_path):
     batch_steps = [s for s, m in logged if "reward/all/mean" in m]
     assert batch_steps == [1, 2, 3, 4]
     assert all("reward/fake/mean" in m and "errored_rollouts" in m for s, m in logged if "reward/all/mean" in m)
+    # the lag of every trained token, the rollouts in flight, and each weight update's latency
+    assert all(m["off_policy/token_lag/count"] == m["tokens/loss"] > 0 and m["rollouts/in_flight"] >= 0
+               for s, m in logged if "reward/all/mean" in m)
+    assert sum(m["weights/update_latency_s/count"] for s, m in logged if "time/update_weights" in m) == 4
 
 
 class TruncatingRunner(FakeRunner):

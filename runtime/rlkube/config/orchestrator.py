@@ -303,7 +303,16 @@ class OrchestratorSection(Config):
     computes it once per group instead of once per sample (same result, fewer tokens)."""
 
     max_off_policy_steps: int = Field(default=8, ge=0)
-    """Drop a rollout whose oldest contributing policy is more than this many steps old."""
+    """The staleness bound: a token sampled by a policy more than this many versions behind
+    the trainer's when its batch is cut is not trained (`off_policy_drop` says what goes with
+    it); dropped rollouts are replaced by new ones and counted (`off_policy/dropped_*`)."""
+
+    off_policy_drop: Literal["rollout", "token"] = "rollout"
+    """What the staleness bound drops. `rollout`: a rollout with any token past it, whole.
+    `token`: only the tokens past it leave the loss, so a multi-turn rollout that continued
+    across weight updates keeps its newer turns; a rollout with none left is dropped. A
+    token's version is the engine's report of the policy that sampled it (the lean rollout
+    path), else the rollout's oldest."""
 
     async_level: int = Field(default=1, ge=0)
     """How many steps inference may run ahead of the trainer: 1 is one-step overlap,

@@ -35,6 +35,7 @@ import contextvars
 import itertools
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from weakref import WeakValueDictionary
 
@@ -57,30 +58,43 @@ RolloutPath = Literal["auto", "lean", "verifiers"]
 SCHEME = "inproc"
 _LIVE: "WeakValueDictionary[str, InProcessInterception]" = WeakValueDictionary()
 _ids = itertools.count()
-_served_versions: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("served_versions", default=None)
+_served: contextvars.ContextVar["Served | None"] = contextvars.ContextVar("served", default=None)
+
+
+@dataclass
+class Served:
+    """What the engine said sampled a rollout's tokens (vLLM's per-request `weight_versions`
+    spans, the tags rlkube sets to policy steps)."""
+
+    versions: list[str] = field(default_factory=list)
+    """Every version seen, once each, in order."""
+    calls: list[list[str]] = field(default_factory=list)
+    """Per model call, in call order: the version of each completion token."""
 
 
 @contextlib.contextmanager
-def recording_served_versions() -> Iterator[list[str]]:
-    """Collect the weight versions the engine says sampled the tokens of every model call made
-    inside (vLLM's per-request `weight_versions` spans, the tags rlkube sets to policy steps).
-    Calls in tasks started inside count too: they inherit the context, and with it the list."""
-    versions: list[str] = []
-    token = _served_versions.set(versions)
+def recording_served_versions() -> Iterator[Served]:
+    """Collect what the engine says sampled the tokens of every model call made inside.
+    Calls in tasks started inside count too: they inherit the context, and with it the record."""
+    served = Served()
+    token = _served.set(served)
     try:
-        yield versions
+        yield served
     finally:
-        _served_versions.reset(token)
+        _served.reset(token)
 
 
 def _record_served_versions(content: bytes) -> None:
-    versions = _served_versions.get()
-    if versions is None or b'"weight_versions"' not in content:
+    served = _served.get()
+    if served is None or b'"weight_versions"' not in content:
         return
     for choice in json.loads(content).get("choices", ()):
+        per_token = [""] * len(choice.get("token_ids") or ())
         for span in choice.get("weight_versions") or ():
-            if span["version"] not in versions:
-                versions.append(span["version"])
+            if span["version"] not in served.versions:
+                served.versions.append(span["version"])
+            per_token[span["start"]:span["end"]] = [span["version"]] * (span["end"] - span["start"])
+        served.calls.append(per_token)
 
 
 class _Request(dict):

@@ -7,21 +7,35 @@ zero-advantage rollouts waits for more groups instead of becoming a step on noth
 does not need stays for the next step, so no finished work is lost (and the buffer is
 checkpointed).
 A rollout's lag counts from the oldest policy that sampled it: the clock's, or the engine's own
-report where the rollout path sees it (`Rollout.oldest_policy`).
+report where the rollout path sees it (`Rollout.oldest_policy`). A token's lag counts from the
+policy that sampled it (`Sample.policy_versions`; the rollout's oldest where not recorded).
+`drop` (`orchestrator.off_policy_drop`) says what the bound drops: a rollout with any token past
+it (`rollout`), or only the tokens past it (`token`: they leave the loss; a rollout with none
+left is dropped). Each batch reports the dropped rollouts and tokens and the lag of every token
+it trains (`off_policy/token_lag`, a histogram: rlkube.histogram).
 """
 
 from collections import deque
+from typing import Literal
 
+from rlkube.histogram import Histogram
 from rlkube.orchestrator.clock import off_policy_lag
 from rlkube.orchestrator.types import Batch
 from rlkube.rollout_types import Rollout
 
+OffPolicyDrop = Literal["rollout", "token"]
+
+
+def token_lags(rollout: Rollout, batch_step: int) -> list[list[int]]:
+    """Per sample, the off-policy lag of each of its sampled tokens at `batch_step`."""
+    return [[off_policy_lag(batch_step, v) for v in s.token_versions(rollout.oldest_policy)] for s in rollout.samples]
+
 
 class RolloutBuffer:
     def __init__(self, batch_size: int, max_off_policy_steps: int, min_samples: int = 1,
-                 drops_zero_advantage: bool = False):
+                 drops_zero_advantage: bool = False, drop: OffPolicyDrop = "rollout"):
         self.batch_size = batch_size
-        self.max_off_policy_steps = max_off_policy_steps
+        self.max_off_policy_steps, self.drop = max_off_policy_steps, drop
         self.min_samples, self.drops_zero_advantage = min_samples, drops_zero_advantage
         self.groups: deque[list[Rollout]] = deque()
         self.dropped_total = 0
@@ -36,7 +50,34 @@ class RolloutBuffer:
         return sum(self._is_fresh(r, batch_step) for g in self.groups for r in g)
 
     def _is_fresh(self, rollout: Rollout, batch_step: int) -> bool:
+        """Whether batch `batch_step` takes it: its oldest token within the bound, or with
+        `drop = "token"` its newest (a rollout with no sampled tokens: its oldest policy)."""
+        lags = [lag for sample in token_lags(rollout, batch_step) for lag in sample]
+        if self.drop == "token" and lags:
+            return min(lags) <= self.max_off_policy_steps
         return off_policy_lag(batch_step, rollout.oldest_policy) <= self.max_off_policy_steps
+
+    def _drop_stale_tokens(self, rollout: Rollout, batch_step: int) -> int:
+        """Take the sampled tokens past the bound out of the loss (`drop = "token"`), and the
+        samples left with none; returns how many tokens."""
+        dropped = 0
+        for sample, lags in zip(rollout.samples, token_lags(rollout, batch_step)):
+            stale = iter(lag > self.max_off_policy_steps for lag in lags)
+            sample.loss_mask = [m and not next(stale) for m in sample.loss_mask]
+            dropped += sum(lag > self.max_off_policy_steps for lag in lags)
+        rollout.samples = [s for s in rollout.samples if s.num_loss_tokens]
+        return dropped
+
+    def _trained_token_lags(self, rollouts: list[Rollout], batch_step: int) -> Histogram:
+        lags = Histogram("off_policy/token_lag")
+        for rollout in rollouts:
+            if not rollout.trainable:
+                continue
+            for sample, sample_lags in zip(rollout.samples, token_lags(rollout, batch_step)):
+                if not (self.drops_zero_advantage and sample.advantage == 0.0):
+                    for lag in sample_lags:
+                        lags.add(lag)
+        return lags
 
     def groups_for_batch(self, step: int) -> int | None:
         """How many groups from the front make batch `step`: `batch_size` fresh rollouts with
@@ -69,17 +110,22 @@ class RolloutBuffer:
         if taken is None:
             return None
         rollouts: list[Rollout] = []
-        dropped = behind_clock = 0
+        dropped = dropped_tokens = behind_clock = 0
         for _ in range(taken):
             group = self.groups.popleft()
             fresh = [r for r in group if self._is_fresh(r, step)]
             dropped += len(group) - len(fresh)
+            dropped_tokens += sum(r.completion_tokens for r in group if r.trainable and r not in fresh)
+            if self.drop == "token":
+                dropped_tokens += sum(self._drop_stale_tokens(r, step) for r in fresh if r.trainable)
             behind_clock += sum(r.served_min is not None and r.served_min < r.policy_min for r in group)
             rollouts.extend(fresh)
         self.dropped_total += dropped
         lags = [off_policy_lag(step, r.oldest_policy) for r in rollouts]
         metrics = {
+            **self._trained_token_lags(rollouts, step).summary(),
             "off_policy/dropped_rollouts": float(dropped),
+            "off_policy/dropped_tokens": float(dropped_tokens),
             "off_policy/lag/mean": sum(lags) / len(lags),
             "off_policy/lag/max": float(max(lags)),
         }

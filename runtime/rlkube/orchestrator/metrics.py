@@ -3,6 +3,7 @@
 import statistics
 from collections import defaultdict
 
+from rlkube.histogram import merged
 from rlkube.orchestrator.types import Batch
 from rlkube.rollout_types import Rollout
 
@@ -13,6 +14,24 @@ def _means(prefix: str, rollouts: list[Rollout], value) -> dict[str, float]:
         by_env[r.env].append(float(value(r)))
     out = {f"{prefix}/all/mean": statistics.fmean(v for vs in by_env.values() for v in vs)} if rollouts else {}
     out.update({f"{prefix}/{env}/mean": statistics.fmean(vs) for env, vs in by_env.items()})
+    return out
+
+
+ROLLOUT_HISTOGRAMS = ("rollout/latency_s", "tool/latency_s")
+"""Histograms each rollout carries in its metrics (one rollout's counts), added up per batch."""
+ROLLOUT_COUNTS = ("tool/calls", "tool/timeouts", "tool/errors")
+"""Counts each rollout may carry, summed per batch."""
+
+
+def rollout_metrics(rollouts: list[Rollout]) -> dict[str, float]:
+    """The batch's rollout and tool-call histograms and tool-call counts (where any rollout has them)."""
+    out: dict[str, float] = {}
+    for name in ROLLOUT_HISTOGRAMS:
+        if any(f"{name}/count" in r.metrics for r in rollouts):
+            out |= merged(name, (r.metrics for r in rollouts)).summary()
+    for name in ROLLOUT_COUNTS:
+        if any(name in r.metrics for r in rollouts):
+            out[name] = sum(r.metrics.get(name, 0.0) for r in rollouts)
     return out
 
 
@@ -27,6 +46,7 @@ def batch_metrics(batch: Batch, filter_zero_advantage: bool) -> dict[str, float]
     metrics.update(_means("completion_len", trainable, lambda r: r.completion_tokens))
     metrics.update(_means("is_truncated", trainable, lambda r: r.is_truncated))
     metrics.update(_means("num_turns", trainable, lambda r: r.num_turns))
+    metrics.update(rollout_metrics(rollouts))
     metrics.update(
         {
             "rollouts": float(len(rollouts)),

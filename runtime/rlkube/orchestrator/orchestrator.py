@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from rlkube.checkpoints import checkpoint_root, unmark_after
 from rlkube.config import OrchestratorConfig
+from rlkube.histogram import Histogram
 from rlkube.inference.client import InferenceError
 from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.advantage import make_advantage_fn
@@ -61,7 +62,7 @@ class Orchestrator:
         self.evaluate = evaluate
         self.clock = PolicyClock(config.async_level)
         self.buffer = RolloutBuffer(config.batch_size, config.max_off_policy_steps, config.min_batch_samples,
-                                    config.drops_zero_advantage)
+                                    config.drops_zero_advantage, config.off_policy_drop)
         self.workers = (
             WorkerHub(self.clock, config.group_size, list(self.runners), config.env_worker_timeout_s,
                       lambda: self.pool.request_model)
@@ -119,6 +120,7 @@ class Orchestrator:
     def on_batch(self, batch: Batch) -> None:
         metrics = self.store_batch(batch)
         metrics["rollouts/reissued"] = float(self.reissuer.reissued - self.reissued_logged)
+        metrics["rollouts/in_flight"] = float(len(self.scheduler.in_flight) * self.config.group_size)
         self.reissued_logged = self.reissuer.reissued
         metrics |= self.pool.metrics()
         if self.judge is not None:
@@ -223,7 +225,9 @@ class Orchestrator:
                 self.batches.pop(old)
                 self.packed.pop(old, None)
                 self.batch_ready.pop(old, None)
-            self.log_metrics({"time/update_weights": time.perf_counter() - started, "policy_step": float(step)}, step)
+            took = time.perf_counter() - started
+            self.log_metrics({"time/update_weights": took, "policy_step": float(step),
+                              **Histogram("weights/update_latency_s", [took]).counts()}, step)
             await self.after_policy(step)
 
     async def load_policy(self, step: int, location: str) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 
 from rlkube.config import DifficultyConfig, EnvConfig
 from rlkube.envs.in_process import ENGINE_LOST, recording_served_versions, resolve_path, serving
+from rlkube.histogram import Histogram
 from rlkube.orchestrator.judge import judge_lost
 from rlkube.rollout_types import Rollout, Sample
 
@@ -127,6 +128,22 @@ def episode_to_rollout(episode: Any, env_name: str, example_id: str, temperature
     )
 
 
+def stamp_token_versions(samples: list[Sample], calls: list[list[str]]) -> bool:
+    """Set each sample's `policy_versions` from the engine's per-call token versions: the
+    model calls' completion tokens, in call order, are the samples' sampled tokens in order
+    (each turn's completion is one run of the loss mask). Nothing is set, and False returned,
+    when they do not line up token for token or a token's version is unknown."""
+    versions = [v for call in calls for v in call]
+    if not versions or len(versions) != sum(s.num_loss_tokens for s in samples):
+        return False
+    if not all(v == "default" or v.isdigit() for v in versions):
+        return False
+    steps = iter(0 if v == "default" else int(v) for v in versions)
+    for sample in samples:
+        sample.policy_versions = [next(steps) if m else -1 for m in sample.loss_mask]
+    return True
+
+
 REPLICA_LOST = "ReplicaLost"
 """How a rollout that failed for want of its replica (or of its judge: `judge_lost`) is marked
 (`Rollout.error` starts with it and ": "), in this process or an env worker's, so that the
@@ -216,16 +233,20 @@ class EnvRunner:
 
     async def rollout(self, task: Any, example_id: str, ctx: Any, temperature: float, policy_version) -> Rollout:
         """`policy_version()` reads the clock: once before (the rollout's oldest version) and
-        once after (its newest)."""
-        start = policy_version()
+        once after (its newest). Its wall time goes into its metrics (`rollout/latency_s`)."""
+        start, started = policy_version(), time.monotonic()
         with recording_served_versions() as served:
             try:
                 episode = await self.env.run_episode(task, ctx)
             except Exception as e:  # noqa: BLE001 - a rollout failure is data, not a crash
                 logger.warning("rollout of %s/%s failed: %s", self.name, example_id, e)
-                return Rollout(self.name, example_id, 0.0, [], start, policy_version(), error=f"{type(e).__name__}: {e}")
+                rollout = Rollout(self.name, example_id, 0.0, [], start, policy_version(), error=f"{type(e).__name__}: {e}")
+                rollout.metrics |= Histogram("rollout/latency_s", [time.monotonic() - started]).counts()
+                return rollout
         rollout = episode_to_rollout(episode, self.name, example_id, temperature, start, policy_version())
-        rollout.served_versions = served
+        rollout.metrics |= Histogram("rollout/latency_s", [time.monotonic() - started]).counts()
+        rollout.served_versions = served.versions
+        stamp_token_versions(rollout.samples, served.calls)
         return rollout
 
 

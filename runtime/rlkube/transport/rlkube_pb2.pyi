@@ -147,18 +147,20 @@ class WeightsChunk(_message.Message):
     def __init__(self, step: _Optional[int] = ..., file: _Optional[str] = ..., data: _Optional[bytes] = ..., last_of_file: _Optional[bool] = ...) -> None: ...
 
 class RolloutSample(_message.Message):
-    __slots__ = ("token_ids", "loss_mask", "logprobs", "temperature", "routed_experts")
+    __slots__ = ("token_ids", "loss_mask", "logprobs", "temperature", "routed_experts", "policy_versions")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     loss_mask: _containers.RepeatedScalarFieldContainer[bool]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     temperature: float
     routed_experts: Tensor
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[bool]] = ..., logprobs: _Optional[_Iterable[float]] = ..., temperature: _Optional[float] = ..., routed_experts: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    policy_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[bool]] = ..., logprobs: _Optional[_Iterable[float]] = ..., temperature: _Optional[float] = ..., routed_experts: _Optional[_Union[Tensor, _Mapping]] = ..., policy_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RolloutResult(_message.Message):
     __slots__ = ("env", "example_id", "reward", "samples", "num_turns", "is_truncated", "error", "metrics", "served_versions")

@@ -21,6 +21,7 @@ def to_message(rollout: Rollout) -> pb.RolloutResult:
         samples=[
             pb.RolloutSample(
                 token_ids=s.token_ids, loss_mask=s.loss_mask, logprobs=s.logprobs, temperature=s.temperature,
+                policy_versions=s.policy_versions or [],
                 routed_experts=None if s.routed_experts is None else to_proto(torch.from_numpy(s.routed_experts)),
             )
             for s in rollout.samples
@@ -41,6 +42,7 @@ def from_message(message: pb.RolloutResult, policy_min: int, policy_max: int) ->
         samples=[
             Sample(
                 list(s.token_ids), list(s.loss_mask), list(s.logprobs), s.temperature,
+                policy_versions=list(s.policy_versions) or None,
                 routed_experts=from_proto(s.routed_experts).numpy() if s.HasField("routed_experts") else None,
             )
             for s in message.samples

@@ -1,12 +1,14 @@
-"""The run's optional egress NetworkPolicy: where a run's pods may connect to, when the admin
-turns it on (`--egress-policy`, the chart's `networkPolicy.egress`).
+"""The run's egress NetworkPolicy: where a run's pods may connect to (`--egress-policy`, the
+chart's `networkPolicy.egress`, on by default).
 
-Off by default: a run's pods may dial anything (the store, a model hub). On, they reach only DNS,
-their own run's pods and the CIDRs the admin lists (the object store's endpoints, on its ports),
-and never the clouds' instance metadata services (node credentials on most clouds:
-`METADATA_ADDRESSES`, and link-local as a whole), cut out of every listed CIDR that contains them
-(`ipBlock.except`). It needs a network plugin that
-enforces egress rules.
+On, a run's pods reach only DNS, their own run's pods, the CIDRs the admin lists for every run
+(the object store's endpoints, on its ports) and those the run itself asks for in
+`spec.network.egress` (a judge's or teacher's external `base_urls`, a model hub), each of which
+must be one the admin allows (`guardrails.allowedEgress`, checked at admission and by the
+operator). Never the clouds' instance metadata services (node credentials on most clouds:
+`METADATA_ADDRESSES`, and link-local as a whole), cut out of every CIDR that contains them
+(`ipBlock.except`). It needs a network plugin that enforces egress rules. Off (the operator
+without `--egress-policy`), a run's pods may dial anything.
 """
 
 import ipaddress
@@ -14,6 +16,7 @@ import ipaddress
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlkube_operator.names import RunRef
+from rlkube_operator.schema import K8sModel
 
 LINK_LOCAL = ipaddress.ip_network("169.254.0.0/16")
 """Cut whole from any wider CIDR: the metadata services of most clouds live there, and nothing a run
@@ -31,12 +34,14 @@ KUBE_DNS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name":
 """The cluster's DNS pods, as kubeadm, kind, EKS, GKE and AKS label them (CoreDNS included)."""
 
 
-class Destination(BaseModel):
+class Destination(K8sModel):
     """A CIDR the run's pods may connect to, on `ports` (TCP; none listed: every port)."""
 
     model_config = ConfigDict(extra="forbid")
-    cidr: str
-    ports: list[int] = Field(default_factory=list)
+    cidr: str = Field(max_length=43)
+    """An IPv4 or IPv6 network (`203.0.113.0/24`, `2001:db8::/32`; one address: `/32`, `/128`)."""
+    ports: list[int] = Field(default_factory=list, max_length=16)
+    """TCP ports; none: every port."""
 
     @field_validator("cidr")
     @classmethod
@@ -61,6 +66,16 @@ class Egress(BaseModel):
     """The object store's endpoints and whatever else the runs must reach (a model hub)."""
 
 
+class NetworkSpec(K8sModel):
+    """Where the run's pods may connect beyond DNS, the run's own pods and what the cluster admin
+    opens to every run (the object store). Applies where the operator makes egress policies."""
+
+    egress: list[Destination] = Field(default_factory=list, max_length=16)
+    """CIDRs the run's pods may connect to: a judge's or teacher's external `base_urls`, a model
+    hub. Each must be one the cluster admin allows (`guardrails.allowedEgress`: its CIDR as
+    listed, its ports among the listed ones)."""
+
+
 def ip_block(cidr: str) -> dict:
     """`cidr` without the metadata addresses inside it: without the whole link-local range when
     it is wider, else (a CIDR within link-local the admin listed) without each address in it."""
@@ -74,13 +89,15 @@ def ip_block(cidr: str) -> dict:
     return {"cidr": cidr, "except": [str(c) for c in cut]} if cut else {"cidr": cidr}
 
 
-def build_egress_policy(run: RunRef, egress: Egress) -> dict:
+def build_egress_policy(run: RunRef, egress: Egress, asked: list[Destination] = ()) -> dict:
     """`<run>-egress-network-policy`: every pod of the run may connect only to DNS, the run's own
-    pods, and `egress.allowed`."""
+    pods, `egress.allowed` and what the run `asked` for (`spec.network.egress`, within the
+    guardrails)."""
     dns = {"to": [egress.dns], "ports": [{"protocol": p, "port": 53} for p in ("UDP", "TCP")]}
     own = {"to": [{"podSelector": {"matchLabels": run.pod_labels()}}]}
     allowed = [{"to": [{"ipBlock": ip_block(d.cidr)}]} | (
-        {"ports": [{"protocol": "TCP", "port": p} for p in d.ports]} if d.ports else {}) for d in egress.allowed]
+        {"ports": [{"protocol": "TCP", "port": p} for p in d.ports]} if d.ports else {})
+        for d in [*egress.allowed, *asked]]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

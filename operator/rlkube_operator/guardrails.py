@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from rlkube_operator.egress import Destination
 from rlkube_operator.schema import K8sModel
 
 
@@ -107,6 +108,11 @@ class Guardrails(K8sModel):
     """Prefixes the keys of a run's pod labels must start with (`"*"` any). A label with a key
     other workloads' selectors use (`app`, `role`) would put the run's pods behind their Services
     and NetworkPolicy peers; a prefix of the run authors' own keeps labels out of those."""
+
+    allowed_egress: list[Destination] = Field(default_factory=list)
+    """Destinations a run may ask to connect to (`spec.network.egress`), beyond what the egress
+    policy opens to every run: a run's CIDR must be one listed here, its ports among those listed
+    (none listed: any). Empty: none."""
 
     max_spec_bytes: int = Field(default=65536, ge=1024)
     """The largest spec (its JSON) a run may have; the operator refuses a larger one before any
@@ -369,6 +375,13 @@ def _run_rules() -> list[dict]:
         rules.append(_reference_rule("spec", spec, f"{spec}.{listed}", "", kind) if path.endswith("[]")
                      else _reference_rule("spec", spec, None, path, kind))
     rules += [_resource_rules(c) for c in COMPONENTS]
+    egress = f"{spec}.network.egress"
+    allowed = ("variables.allowedEgress.exists(a, a.cidr == d.cidr && (!has(a.ports) || size(a.ports) == 0 || "
+               "(has(d.ports) && size(d.ports) > 0 && d.ports.all(p, p in a.ports))))")
+    rules.append(_rule(f"!has({spec}.network) || !has({egress}) || {egress}.all(d, {allowed})",
+                       "spec.network.egress: a destination the cluster admin does not allow (guardrails.allowedEgress)",
+                       f"'spec.network.egress: ' + {egress}.filter(d, !({allowed}))[0].cidr + ' (on those ports) is "
+                       "not a destination the cluster admin allows (guardrails.allowedEgress)'"))
     context = f"{spec}.securityContext"
     rules.append(_rule(f"variables.allowRoot || !has({context}) || !has({context}.runAsNonRoot) || "
                        f"{context}.runAsNonRoot != false",

@@ -117,7 +117,7 @@ class Settings:
 
     egress: Egress | None = None
     """Where the runs' pods may connect (`egress.py`): each run gets an egress NetworkPolicy.
-    None (the default): no egress policy, the pods may dial anything."""
+    None: no egress policy, the pods may dial anything (the chart turns it on by default)."""
 
     token_key: bytes | None = None
     """The key each run's token is derived from (`runtoken`), read from `--token-key-file`;
@@ -330,7 +330,7 @@ class Reconciler:
                     self.settings.metrics_scraper_peer, _metrics_ports(workload, spec), nccl_port):
                 k.ensure(policy)
         if self.settings.egress is not None:
-            k.ensure(build_egress_policy(run, self.settings.egress))
+            k.ensure(build_egress_policy(run, self.settings.egress, spec.network.egress))
         if (pvc := builders.build_pvc(run, spec)) is not None:
             k.ensure(pvc)
         # The token Secret before any pod: they read it at start.

@@ -25,6 +25,7 @@ from rlkube_operator.components import (
     TrainerSpec,
 )
 from rlkube_operator.credentials import url_credentials, urls_in
+from rlkube_operator.egress import NetworkSpec
 from rlkube_operator.podsecurity import PodSecurityContext
 from rlkube_operator.podsettings import SchedulingSpec
 from rlkube_operator.schema import K8sModel, cel
@@ -118,6 +119,9 @@ class RunSpecBase(K8sModel):
 
     security_context: PodSecurityContext = PodSecurityContext()
     """Security context of every pod; the `restricted` Pod Security Standard by default."""
+
+    network: NetworkSpec = NetworkSpec()
+    """Where the run's pods may connect, beyond what every run may (`egress.py`)."""
 
     @field_validator("security_context", mode="before")
     @classmethod

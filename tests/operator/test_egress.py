@@ -1,18 +1,19 @@
-"""The runs' optional egress NetworkPolicy (`egress.py`), from the chart's values to the policy
-the operator makes: only when turned on, DNS to kube-dns, the run's own pods, the listed CIDRs
-with the cloud metadata addresses cut out. (Egress is not enforced by the local cluster: these
+"""The runs' egress NetworkPolicy (`egress.py`), from the chart's values to the policy the operator
+makes: on by default, DNS to kube-dns, the run's own pods, the listed CIDRs and those a run asks
+for within `guardrails.allowedEgress`, with the cloud metadata addresses cut out. (Egress is not enforced by the local cluster: these
 check what the policy says, which a plugin that enforces egress applies.)"""
 
 import json
 
 import kubernetes_validate
 import pytest
-from rlkube_operator.egress import build_egress_policy
+from rlkube_operator.egress import Egress, build_egress_policy
 from rlkube_operator.main import parse_args
 from rlkube_operator.names import RunRef
 
-from tests.operator.embedded import VERBS, operator_calls
-from tests.operator.test_helm import operator_args, render
+from tests.operator.embedded import PERMISSIVE, VERBS, operator_calls
+from tests.operator.test_guardrails import EXAMPLES, Policy, operator_refusals, run
+from tests.operator.test_helm import operator_args
 from tests.operator.test_operator_kmock import rlrun
 
 RUN = RunRef("RLRun", "rt", "ml", "0f1e-uid")
@@ -26,11 +27,12 @@ def chart_egress(egress: dict):
     return parse_args(operator_args({"networkPolicy": {"egress": egress}})).egress_policy
 
 
-def test_the_chart_gives_no_egress_policy_unless_turned_on():
-    assert chart_egress({}) is None
+def test_the_chart_gives_an_egress_policy_by_default_and_none_when_turned_off():
+    """On by default: DNS and the run's own pods, nothing else until the admin lists it."""
+    assert chart_egress({}) == Egress()
     assert chart_egress({"enabled": False, "allowed": [{"cidr": "10.0.0.0/8"}]}) is None
-    with pytest.raises(Exception, match="networkPolicy.egress.enabled needs networkPolicy.enabled"):
-        render({"networkPolicy": {"enabled": False, "egress": {"enabled": True}}})
+    off = parse_args(operator_args({"networkPolicy": {"enabled": False}}))  # both kinds of policy go
+    assert off.no_network_policy and off.egress_policy is None
 
 
 def test_the_policy_admits_dns_the_runs_pods_and_the_listed_cidrs_without_the_metadata_addresses():
@@ -86,3 +88,45 @@ async def test_the_operator_makes_the_egress_policy_before_the_pods_only_when_on
                for request, resource in operator_calls(cluster.server) if VERBS[request.action.value] == "create"]
     first_workload = min(i for i, (resource, _) in enumerate(creates) if resource in ("statefulsets", "deployments", "jobs"))
     assert creates.index(("networkpolicies", "rt-egress-network-policy")) < first_workload
+
+
+JUDGE_HOST = {"cidr": "203.0.113.7/32", "ports": [443]}
+"""A judge's external `base_urls` host, which its run asks to reach."""
+ALLOWED_EGRESS = [{"cidr": "203.0.113.7/32", "ports": [443, 8443]}, {"cidr": "198.51.100.0/24"},
+                  {"cidr": "0.0.0.0/0", "ports": [443]}]
+
+
+@pytest.mark.parametrize(("asked", "refused"), [
+    ([JUDGE_HOST], None),
+    ([{"cidr": "198.51.100.0/24", "ports": [22]}], None),  # no ports listed: any
+    ([{"cidr": "203.0.113.7/32"}], "203.0.113.7/32"),  # every port: more than the admin allows
+    ([{"cidr": "203.0.113.7/32", "ports": [22]}], "203.0.113.7/32"),
+    ([{"cidr": "::/0", "ports": [443]}], "::/0"),
+    ([{"cidr": "0.0.0.0/0", "ports": [80]}], "0.0.0.0/0"),
+    ([JUDGE_HOST, {"cidr": "169.254.169.254/32"}], "169.254.169.254/32"),
+])
+def test_a_run_asks_for_egress_only_within_what_the_admin_allows(asked, refused):
+    """At admission (the chart's policy) and in the operator, each naming the field and the CIDR."""
+    obj = run(network={"egress": asked})
+    values = EXAMPLES | {"guardrails": EXAMPLES["guardrails"] | {"allowedEgress": ALLOWED_EGRESS}}
+    for where, messages in (("admission", Policy(values).refusals(obj)), ("operator", operator_refusals(obj, values))):
+        if refused is None:
+            assert messages == [], where
+        else:
+            assert messages == [(f"spec.network.egress: {refused} (on those ports) is not a destination the "
+                                 "cluster admin allows (guardrails.allowedEgress)")], where
+    assert Policy(EXAMPLES).refusals(run(network={"egress": [JUDGE_HOST]})), "no allowedEgress: none"
+
+
+@pytest.mark.parametrize("operator_settings", [
+    {"egress": Egress(), "guardrails": PERMISSIVE.model_copy(update={"allowed_egress": ALLOWED_EGRESS})}])
+async def test_the_egress_a_run_asks_for_is_in_its_policy_with_the_metadata_addresses_cut(cluster, operator_settings):
+    await cluster.create(rlrun(network={"egress": [JUDGE_HOST, {"cidr": "198.51.100.0/24"},
+                                                   {"cidr": "0.0.0.0/0", "ports": [443]}]}))
+    policy = await cluster.until(lambda: cluster.get("NetworkPolicy", "rt-egress-network-policy"), what="policy")
+    _dns, _own, *asked = policy["spec"]["egress"]
+    assert asked == [{"to": [{"ipBlock": {"cidr": "203.0.113.7/32"}}], "ports": [{"protocol": "TCP", "port": 443}]},
+                     {"to": [{"ipBlock": {"cidr": "198.51.100.0/24"}}]},
+                     {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [
+                         "169.254.0.0/16", "100.100.100.200/32", "168.63.129.16/32"]}}],
+                      "ports": [{"protocol": "TCP", "port": 443}]}]

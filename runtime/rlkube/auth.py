@@ -253,11 +253,14 @@ def server_interceptors(server: str, services: tuple[str, ...], aio: bool) -> li
 class RequireToken:
     """ASGI middleware for vLLM's server (`--middleware rlkube.auth.RequireToken`, added last
     so it runs first): every HTTP request but `OPEN_ROUTES` needs a credential of a scope its
-    route accepts (`route_scopes`) and this server holds (401)."""
+    route accepts (`route_scopes`) and this server holds (401). Given the pool's token
+    (`RLKUBE_TOKEN`), a pool's inference also takes a member's credential for that member's own
+    adapter (`rlkube.inference.member_auth`)."""
 
     def __init__(self, app):
         self.app = app
         self.held = held_scopes()
+        self.pool_token = run_token()
         if not self.held:
             serve_open("rlkube inference (vLLM's routes, /collective_rpc and /pause included)")
 
@@ -272,6 +275,12 @@ class RequireToken:
         if any(is_authorized(presented, self.held[s]) for s in accepted if s in self.held):
             await self.app(scope, receive, send)
             return
+        if self.pool_token and scope["type"] == "http":
+            from rlkube.inference.member_auth import member_request
+
+            if granted := await member_request(scope, receive, presented, self.pool_token, is_authorized):
+                await self.app(scope, granted[0], send)
+                return
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return

@@ -23,6 +23,7 @@ import base64
 import hashlib
 import hmac
 import os
+import re
 import sys
 
 GENERATE, ADMIN, WEIGHTS, ROLLOUTS = "generate", "admin", "weights", "rollouts"
@@ -53,6 +54,10 @@ def scoped(token: str, scope: str) -> str:
     digest = hmac.new(token.encode(), f"rlkube/{scope}".encode(), hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
+
+MEMBER_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
+"""A pool member's name: its directory under the pool's `members/`, its adapter's model name on
+the pool's inference (lower-case DNS-1123 characters: `<namespace>.<run>` on a cluster)."""
 
 MEMBER_SCOPES = (GENERATE, ADMIN, ROLLOUTS)
 """The scopes of a pool's member run: generation with its own adapter and loading it (the

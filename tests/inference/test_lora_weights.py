@@ -28,9 +28,9 @@ pytestmark = pytest.mark.slow
 LORA = LoraConfig(rank=8, alpha=16.0)
 
 
-def random_adapter(model_dir) -> dict[str, torch.Tensor]:
+def random_adapter(model_dir, seed: int = 0) -> dict[str, torch.Tensor]:
     """Non-zero A and B for every targeted projection, large enough to change greedy outputs."""
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
     adapter = {}
     for name, weight in original_state_dict(model_dir).items():
         module = name.removesuffix(".weight")

@@ -130,6 +130,11 @@ class InferenceConfig(InferenceServerConfig):
     `trainer.lora.serving` is `adapter`. Unset: an adapter snapshot is merged into the base
     weights (`rlkube.inference.worker`)."""
 
+    max_loras: int = Field(default=1, ge=1)
+    """With `max_lora_rank`: adapters the engine holds at once. A solo run serves one (the
+    policy); a pool's inference one per member (at least `pool.max_runs`), each under its
+    member's name, which every request of that member names (rlkube.inference.lora_serving)."""
+
     start_paused: bool = True
     """Start with generation paused (`/health` answers once the engine is up, requests queue):
     the orchestrator loads the current policy, tags its version and resumes the server before

@@ -24,6 +24,11 @@ class PoolSection(Config):
     """Seconds a member's orchestrator may stay unreachable before the member is evicted (its
     adapter and optimizer freed; re-attaching resumes it from its own last checkpoint)."""
 
+    fetch_unavailable_s: float = Field(default=5.0, gt=0)
+    """Seconds fetching a member's batch retries its orchestrator when it stops answering
+    before the member fails (re-attaching resumes it from its checkpoint): the longest the
+    other members' steps wait for one that is gone mid-fetch."""
+
     probe_interval_s: float = Field(default=0.5, gt=0)
     """How often rank 0 asks each member's orchestrator whether its next batch is ready."""
 

@@ -105,7 +105,8 @@ async def is_paused(base_url: str, timeout: float = 10) -> bool:
     return bool((await _get(base_url, "/is_paused", timeout))["is_paused"])
 
 
-async def update_weights(base_url: str, step: int, location: str, timeout: float = 600, as_adapter: bool = False) -> str:
+async def update_weights(base_url: str, step: int, location: str, timeout: float = 600, as_adapter: bool = False,
+                         adapter_name: str | None = None) -> str:
     """Load policy `step` from `location` (a storage path/URL of a snapshot, or
     "grpc://host:port") on every worker of the server, then drop the KV prefix cache (it was
     computed with the old weights) and tag new tokens with weight version `step`.
@@ -114,7 +115,8 @@ async def update_weights(base_url: str, step: int, location: str, timeout: float
     `as_adapter`: the snapshot is a LoRA run's adapter, loaded with vLLM's LoRA support as the
     model `rlkube-policy` (a server started with `inference.max_lora_rank`,
     `rlkube.inference.lora_serving`); otherwise the worker extension loads it (an adapter is
-    merged into the base weights).
+    merged into the base weights); `adapter_name`: under that model name instead (a pool
+    member's), without tagging the server's weight version.
 
     An `nccl://` location means the trainer broadcasts the weights into the workers itself,
     pausing and resuming the server around it (`weights.type = "nccl"`); this then only waits,
@@ -135,7 +137,8 @@ async def update_weights(base_url: str, step: int, location: str, timeout: float
     arguments = {"location": location, "step": str(step), "timeout": str(timeout)}
     try:
         if as_adapter:
-            response = await post(base_url, ADAPTER_ROUTE, load_timeout + 10, params=arguments)
+            named = arguments | ({"name": adapter_name} if adapter_name else {})
+            response = await post(base_url, ADAPTER_ROUTE, load_timeout + 10, params=named)
             summary = response.json()["result"]
         else:
             rpc = {"method": "rlkube_load_weights", "kwargs": arguments, "timeout": load_timeout}
@@ -143,10 +146,12 @@ async def update_weights(base_url: str, step: int, location: str, timeout: float
             summary = response.json()["results"][0]
     except InferenceError as e:
         raise type(e)(f"loading weights of step {step} from {location}: {e}") from None
-    await post(
-        base_url, "/reset_prefix_cache", timeout, params={"reset_running_requests": "true"}
+    await post(  # `name`: which member asks (rlkube.inference.member_auth); vLLM ignores it
+        base_url, "/reset_prefix_cache", timeout,
+        params={"reset_running_requests": "true"} | ({"name": adapter_name} if adapter_name else {}),
     )
-    await post(base_url, "/update_weight_version", timeout, json={"new_version": str(step)})
+    if adapter_name is None:  # a pool's members are at steps of their own: the server's one version is none of them
+        await post(base_url, "/update_weight_version", timeout, json={"new_version": str(step)})
     return summary
 
 

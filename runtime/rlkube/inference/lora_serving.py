@@ -1,14 +1,17 @@
 """ASGI middleware for vLLM's server: load a LoRA run's published adapter with vLLM's own LoRA
-support, in place, under one fixed name (`POLICY_ADAPTER`).
+support, in place, under one name (`POLICY_ADAPTER`, or a pool member's).
 
 With `inference.max_lora_rank` set, `rlkube inference` starts vLLM with `--enable-lora` and adds
-this middleware. `POST /rlkube/load_lora_adapter?location=...&step=N&timeout=S` then:
+this middleware. `POST /rlkube/load_lora_adapter?location=...&step=N&timeout=S[&name=M]` then:
 1. obtains the adapter directory of policy `step` at `location` (a local path or an fsspec URL of
    a storage snapshot, or `grpc://host:port`), waiting up to `timeout` seconds for it, and
    copies its two files into a staging directory of this server (a pod's local disk);
 2. loads it into the engine in place of the previous policy's adapter, on every worker, with
    the adapter's id kept (requests that name it pick the new weights up);
-3. registers it under `POLICY_ADAPTER`, which requests name from then on.
+3. registers it under `name` (`POLICY_ADAPTER` when not given), which requests name from then
+   on. Each name has its own adapter id (a pool's members, one each, `inference.max_loras` at
+   most): loading one member's adapter leaves the others' as they are, and a batch that mixes
+   them decodes each row with its own (tests/inference/test_pool_adapters.py).
 Only the adapter moves: megabytes per update, whatever the size of the base model, which the
 engine keeps as it is.
 
@@ -33,6 +36,7 @@ from urllib.parse import parse_qs
 from rlkube.config.inference import POLICY_ADAPTER
 from rlkube.inference.client import ADAPTER_ROUTE as ROUTE
 from rlkube.inference.worker import GRPC_SCHEME
+from rlkube.scopes import MEMBER_NAME
 from rlkube.transport.weights_grpc import fetch_snapshot
 from rlkube.transport.weights_snapshot import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from rlkube.transport.weights_storage import local_snapshot
@@ -82,35 +86,39 @@ class LoadLoraAdapter:
         query = {key: values[0] for key, values in parse_qs(scope["query_string"].decode()).items()}
         try:
             location, step, timeout = query["location"], int(query.get("step", "-1")), float(query.get("timeout", "600"))
+            name = query.get("name", POLICY_ADAPTER)
+            if not MEMBER_NAME.fullmatch(name):
+                raise ValueError(f"name {name!r} is not a lower-case DNS-1123 name")
         except (KeyError, ValueError) as e:
             await _answer(send, 400, {"error": f"{ROUTE} needs location, step (int) and timeout (float): {e!r}"})
             return
         try:
             async with self.lock:
-                summary = await self.load(scope["app"].state, location, step, timeout)
+                summary = await self.load(scope["app"].state, location, step, timeout, name)
         except Exception as e:  # the caller gets the reason; the server lives on
             logger.exception("loading the LoRA adapter of step %s from %s failed", step, location)
             await _answer(send, 500, {"error": f"loading the LoRA adapter of step {step} from {location}: {e}"})
             return
         await _answer(send, 200, {"result": summary})
 
-    async def load(self, state, location: str, step: int, timeout: float) -> str:
+    async def load(self, state, location: str, step: int, timeout: float, name: str) -> str:
         from vllm.lora.request import LoRARequest
 
         start = time.perf_counter()
-        path = await asyncio.to_thread(stage_adapter, location, step, timeout, self.staging)
+        staging = self.staging / name
+        path = await asyncio.to_thread(stage_adapter, location, step, timeout, staging)
         models = state.openai_serving_models
-        known = models.lora_requests.get(POLICY_ADAPTER)
+        known = models.lora_requests.get(name)
         adapter_id = known.lora_int_id if known else models.lora_id_counter.inc(1)
-        await state.engine_client.add_lora(LoRARequest(POLICY_ADAPTER, adapter_id, str(path), load_inplace=True))
-        models.lora_requests[POLICY_ADAPTER] = LoRARequest(POLICY_ADAPTER, adapter_id, str(path))
-        for old in self.staging.iterdir():
+        await state.engine_client.add_lora(LoRARequest(name, adapter_id, str(path), load_inplace=True))
+        models.lora_requests[name] = LoRARequest(name, adapter_id, str(path))
+        for old in staging.iterdir():
             if old != path:
                 shutil.rmtree(old, ignore_errors=True)
         size = (path / ADAPTER_WEIGHTS).stat().st_size
         took = time.perf_counter() - start
-        logger.info("loaded the LoRA adapter of step %d from %s in %.2fs (%d bytes)", step, location, took, size)
-        return f"adapter of step {step} from {location} in {took:.3f}s ({size} bytes)"
+        logger.info("loaded the LoRA adapter %s of step %d from %s in %.2fs (%d bytes)", name, step, location, took, size)
+        return f"adapter {name} of step {step} from {location} in {took:.3f}s ({size} bytes)"
 
 
 async def _answer(send, status: int, body: dict) -> None:

@@ -106,9 +106,11 @@ def vllm_command(config: InferenceConfig, on_cpu: bool) -> VLLMCommand:
     if config.max_model_len is not None:
         args += ["--max-model-len", str(config.max_model_len)]
     if config.max_lora_rank is not None:
-        # One adapter, the policy's: a batch never mixes two (rlkube.inference.lora_serving).
+        # A solo run's one adapter, or a pool's one per member, each request naming its own
+        # (rlkube.inference.lora_serving).
         rank = min(r for r in VLLM_LORA_RANKS if r >= config.max_lora_rank)
-        args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "1", "--middleware", LORA_MIDDLEWARE]
+        args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", str(config.max_loras),
+                 "--middleware", LORA_MIDDLEWARE]
     if config.return_routed_experts and not on_cpu:
         args.append("--enable-return-routed-experts")
     if config.enforce_eager or captures_routing:

@@ -43,8 +43,12 @@ class RolloutClient:
     """`RolloutClient("host:port", timeout_s=...)`; use as a context manager or `close()` it."""
 
     def __init__(self, address: str, timeout_s: float = 3600.0, backoff_s: float = 0.2, max_backoff_s: float = 5.0,
-                 credential: str | None = None):
+                 credential: str | None = None, unavailable_s: float | None = None):
         self.address = address
+        self.unavailable_s = unavailable_s
+        """Give up on a call once the orchestrator has been UNAVAILABLE this long (None: until the
+        call's deadline). A pool's trainer bounds it, so a member gone mid-fetch fails alone
+        instead of holding the others' steps until the deadline."""
         self.credential = credential
         """The rollouts credential to present; None: this process's own (`rlkube.auth`). A
         pool's trainer presents each member's (`rlkube.scopes.member_scoped`)."""
@@ -83,7 +87,7 @@ class RolloutClient:
         """`fn(remaining_s)` until it succeeds, retrying UNAVAILABLE until the deadline. `fn`
         returns `(result, call)`; every answer's instance id is checked, errors' included."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
-        delay = self.backoff_s
+        delay, unavailable_since = self.backoff_s, None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -98,6 +102,9 @@ class RolloutClient:
                     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                         raise RolloutError(f"{what} at {self.address}: deadline exceeded") from None
                     raise RolloutError(f"{what} at {self.address}: {code.name}: {e.details()}") from None
+                unavailable_since = unavailable_since or time.monotonic()
+                if self.unavailable_s is not None and time.monotonic() - unavailable_since > self.unavailable_s:
+                    raise RolloutError(f"{what} at {self.address}: unavailable for {self.unavailable_s:g}s") from None
                 logger.info("%s: orchestrator unavailable (%s); retrying in %.1fs", what, e.details(), delay)
             else:
                 self._check_instance(what, call)

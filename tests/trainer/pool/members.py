@@ -77,7 +77,8 @@ class RunningPool:
         self.roster = Roster(config, self.pool.misfit, lambda member: None)
         self.server = start_pool_server(self.roster, "127.0.0.1", 0, pool_token)
         self.address = f"127.0.0.1:{self.server.port}"
-        self.loop = PoolLoop(self.pool, self.roster, lambda member: None, config.output_dir / "pool_status.json")
+        self.loop = PoolLoop(self.pool, self.roster, lambda member: None, config.pool.fetch_unavailable_s,
+                             config.output_dir / "pool_status.json")
         self.error: BaseException | None = None
         self.closed = False
         self.thread = threading.Thread(target=self._run, daemon=True)

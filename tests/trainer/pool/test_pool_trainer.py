@@ -9,6 +9,8 @@ service, their batches come from real Rollouts servers; the tiny model on the CP
 """
 
 
+import time
+
 import pytest
 import torch
 from rlkube.scopes import ROLLOUTS, member_scoped
@@ -74,6 +76,29 @@ def test_a_member_never_ready_does_not_stall_and_a_gone_one_is_evicted(running, 
         status = pool.wait_for(lambda s: members_in(s)["ready"]["step"] >= step_then + 5, what="'ready' going on")
         assert "stuck" not in pool.pool.members
         pool.close()
+
+
+@pytest.mark.slow
+def test_a_member_killed_while_ready_does_not_hold_the_others_steps(running, tiny_model):
+    """Both always ready; one's orchestrator goes away: the other's steps never wait for it (a
+    probe that gets no answer marks it unready; a fetch already under way gives up after
+    fetch_unavailable_s, far below member_grace_s)."""
+    pool = running(member_grace_s=30.0, fetch_unavailable_s=1.0)
+    a, b = MemberSource(1, rows=1), MemberSource(2, rows=1)
+    with member_server(a) as (a_at, _), member_server(b) as (b_at, b_server):
+        attach(pool.address, "a", a_at, member_config(tiny_model, 1))
+        attach(pool.address, "b", b_at, member_config(tiny_model, 2))
+        pool.start()
+        pool.wait_for(lambda s: min(m["step"] for m in members_in(s).values()) >= 3, what="3 steps each")
+        b_server.__exit__()
+        killed, steps = time.monotonic(), []  # (when, a's step) at each of a's steps after the kill
+        while len(steps) < 8:
+            step = pool.wait_for(lambda s: not steps or members_in(s)["a"]["step"] > steps[-1][1],
+                                 timeout_s=60, what="a's next step")
+            steps.append((time.monotonic(), members_in(step)["a"]["step"]))
+        pool.close()
+    gaps = [later - earlier for (earlier, _), (later, _) in zip([(killed, 0), *steps], steps)]
+    assert max(gaps) < 15.0, f"a's steps waited for b: gaps {gaps}"
 
 
 @pytest.mark.slow

@@ -31,11 +31,13 @@ IDLE_S = 0.05
 
 
 class PoolLoop:
-    def __init__(self, pool, roster, credential_of, status_path: Path | None = None):
+    def __init__(self, pool, roster, credential_of, unavailable_s: float, status_path: Path | None = None):
         """`pool`: MultiRunTrainer; `roster`: rank 0's Roster (None on the other ranks);
-        `credential_of(member)`: the rollouts credential of its orchestrator; `status_path`:
-        where rank 0 keeps the roster's status as JSON."""
+        `credential_of(member)`: the rollouts credential of its orchestrator; `unavailable_s`:
+        how long a fetch retries an orchestrator that is gone (`pool.fetch_unavailable_s`);
+        `status_path`: where rank 0 keeps the roster's status as JSON."""
         self.pool, self.roster, self.credential_of, self.status_path = pool, roster, credential_of, status_path
+        self.unavailable_s = unavailable_s
         self.rank, self.world_size = pool.info.rank, pool.info.world_size
         self.ios: dict[str, RunIO] = {}
 
@@ -67,7 +69,7 @@ class PoolLoop:
             self.isolated(name, self.train, name)
 
     def join(self, name: str, config: TrainerConfig) -> None:
-        io = open_run_io(config, self.rank, self.credential_of(name))
+        io = open_run_io(config, self.rank, self.credential_of(name), self.unavailable_s)
         try:
             member = self.pool.add_run(name, config, io.client, io.publisher, io.checkpointer, io.metrics)
         except BaseException:

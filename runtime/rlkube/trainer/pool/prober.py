@@ -34,6 +34,7 @@ class Prober:
             except (RolloutError, ValueError) as e:  # ValueError: its channel was closed
                 if self.stopping.is_set():
                     return
+                self.batch_ready_step = 0  # not ready while it does not answer: never picked then
                 logger.debug("member %s: no status (%s)", self.name, e)
             else:
                 self.batch_ready_step = status.batch_ready_step

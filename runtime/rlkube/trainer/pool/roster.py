@@ -6,21 +6,16 @@ takes them with the next plan, so every rank adds and removes members at the sam
 """
 
 import logging
-import re
 import threading
 from dataclasses import dataclass, field
 
 from rlkube.config import TrainerConfig
 from rlkube.config.pool import PoolTrainerConfig
+from rlkube.scopes import MEMBER_NAME
 from rlkube.trainer.pool.fair_share import Candidate, pick, shares
 from rlkube.trainer.pool.prober import Prober
 
 logger = logging.getLogger(__name__)
-
-MEMBER_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
-"""A member's name: its directory under `members/` and its adapter's model name on inference
-(lower-case DNS-1123 characters: `<namespace>.<run>` on a cluster)."""
-
 
 @dataclass
 class Plan:

@@ -34,7 +34,7 @@ def run(config: PoolTrainerConfig) -> None:
         server = start_pool_server(roster, config.pool.host, config.pool.port, auth.run_token())
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: roster.stop())
-    loop = PoolLoop(pool, roster, member_credential, config.output_dir / STATUS_FILE)
+    loop = PoolLoop(pool, roster, member_credential, config.pool.fetch_unavailable_s, config.output_dir / STATUS_FILE)
     try:
         loop.run()
     finally:

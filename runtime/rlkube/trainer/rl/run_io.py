@@ -23,8 +23,10 @@ class RunIO:
                 self.publisher.close()
 
 
-def open_run_io(config: TrainerConfig, rank: int, credential: str | None = None) -> RunIO:
-    """`config`'s client (presenting `credential`, else this process's rollouts credential),
+def open_run_io(config: TrainerConfig, rank: int, credential: str | None = None,
+                unavailable_s: float | None = None) -> RunIO:
+    """`config`'s client (presenting `credential`, else this process's rollouts credential;
+    giving up after `unavailable_s` of an unreachable orchestrator: `RolloutClient`),
     publisher (a PEFT adapter directory for a LoRA run), checkpointer (with `ckpt`) and metrics
     (rank 0 writes them)."""
     from rlkube.checkpoints import checkpoint_root
@@ -49,5 +51,5 @@ def open_run_io(config: TrainerConfig, rank: int, credential: str | None = None)
         publisher = make_publisher(config.weights, config.output_dir, config.model.name, adapter_config=adapter,
                                    final_step=config.max_steps)
     client = RolloutClient(f"{config.rollouts.host}:{config.rollouts.port}", timeout_s=config.rollouts.timeout_s,
-                           credential=credential)
+                           credential=credential, unavailable_s=unavailable_s)
     return RunIO(client, publisher, checkpointer, metrics)

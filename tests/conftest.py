@@ -1,7 +1,9 @@
 """Shared fixtures. Each fixture module under tests/fixtures/ is imported here."""
 import asyncio
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 
 import pytest
 from rlkube.auth import TOKEN_ENV, new_token
@@ -15,15 +17,25 @@ from tests.fixtures.network import short_keepalive  # noqa: F401
 os.environ.setdefault(TOKEN_ENV, new_token())
 
 
+@contextlib.contextmanager
+def restored_environment() -> Iterator[None]:
+    """`os.environ` as it was before the block, whatever the block set."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(autouse=True)
 def environment_of_this_test():
     """Code run in-process may set variables for its own process (the trainer's compile cache
     sets `TORCHINDUCTOR_CACHE_DIR` to the run's folder); they must not outlive the test, or a
-    later test's processes (a cluster's pods) inherit a folder that is gone or not theirs."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+    later test's processes (a cluster's pods) inherit a folder that is gone or not theirs.
+    A fixture wider than a test that runs such code wraps it in `restored_environment`."""
+    with restored_environment():
+        yield
 
 
 @pytest.fixture(autouse=True)

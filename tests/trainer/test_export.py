@@ -3,7 +3,9 @@ exported directory loads with transformers and computes the trainer's policy of 
 checkpoints and from storage snapshots, full and LoRA (merged and adapter), in any dtype; bad
 input exits 2 naming the field."""
 
+import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +25,9 @@ from rlkube.transport.weights import StoragePublisher
 from rlkube.transport.weights_delta import DeltaPublisher
 from safetensors.torch import load_file
 
+from tests.conftest import restored_environment
 from tests.fixtures.inference import free_port
+from tests.trainer.conftest import one_rank_world
 from tests.trainer.rl.test_trainer import RecordingMetrics, Server, SyntheticSource, synthetic_batch
 
 RANK, ALPHA = 8, 16.0
@@ -98,42 +102,64 @@ def load_model(path: Path, dtype=torch.float32):
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=register())
 
 
+@dataclasses.dataclass(frozen=True)
+class FullRun:
+    """A finished full-weight `train_rl` run: its directory, its config, the policy it published at
+    each step, and the final policy's log-probs of BATCH."""
+
+    run: Path
+    config: TrainerConfig
+    published: dict[int, dict[str, torch.Tensor]]
+    logprobs: torch.Tensor
+
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_model, tmp_path_factory) -> FullRun:
+    """One run for the module: the tests that export it read it through `full_run`'s copy."""
+    with restored_environment(), pytest.MonkeyPatch.context() as monkeypatch, one_rank_world(monkeypatch):
+        trainer = train_rl(rl_config(tiny_model, tmp_path_factory.mktemp("export") / "run"))
+        return FullRun(trainer.config.output_dir, trainer.config, trainer.publisher.published, logprobs(trainer.model))
+
+
 @pytest.fixture
-def full_run(tiny_model, tmp_path, world_of_one) -> RLTrainer:
-    return train_rl(rl_config(tiny_model, tmp_path / "run"))
+def full_run(trained_run, tmp_path) -> FullRun:
+    """A copy of the module's run, which the test may change (its config names the original's
+    `output_dir`; `rlkube export --run` reads the copy)."""
+    shutil.copytree(trained_run.run, tmp_path / "run")
+    return dataclasses.replace(trained_run, run=tmp_path / "run")
 
 
 def test_a_full_run_exports_each_checkpointed_policy_bit_exact(full_run, tmp_path):
-    run = full_run.config.output_dir
+    run = full_run.run
     for step in (2, 4):
         assert export("--run", run, "--step", step, "--dtype", "float32", "--out", tmp_path / f"step_{step}") == 0
         exported = load_file(tmp_path / f"step_{step}" / "model.safetensors")
-        policy = full_run.publisher.published[step]
+        policy = full_run.published[step]
         assert exported.keys() == policy.keys(), "the tied head is the embedding: written once"
         assert all(torch.equal(exported[k], policy[k]) for k in policy), step
-    assert not torch.equal(full_run.publisher.published[2]["model.norm.weight"],
-                           full_run.publisher.published[4]["model.norm.weight"]), "the steps differ"
+    assert not torch.equal(full_run.published[2]["model.norm.weight"],
+                           full_run.published[4]["model.norm.weight"]), "the steps differ"
     model = load_model(tmp_path / "step_4")
-    assert torch.equal(logprobs(model), logprobs(full_run.model)), "the export computes the trainer's policy"
+    assert torch.equal(logprobs(model), full_run.logprobs), "the export computes the trainer's policy"
     assert (tmp_path / "step_4" / "tokenizer_config.json").is_file() and (tmp_path / "step_4" / "rlkube_model.json").is_file()
 
 
 def test_the_default_is_the_newest_checkpoint_in_the_base_dtype_and_bfloat16_rounds_it(full_run, tmp_path):
-    run = full_run.config.output_dir
+    run = full_run.run
     assert export("--run", run) == 0  # the tiny model is float32
     default = run / "export" / "step_4"
-    assert torch.equal(logprobs(load_model(default)), logprobs(full_run.model))
+    assert torch.equal(logprobs(load_model(default)), full_run.logprobs)
     assert export("--run", run, "--dtype", "bfloat16", "--out", tmp_path / "bf16") == 0
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
-    exported, policy = load_file(tmp_path / "bf16" / "model.safetensors"), full_run.publisher.published[4]
+    exported, policy = load_file(tmp_path / "bf16" / "model.safetensors"), full_run.published[4]
     assert all(torch.equal(exported[k], policy[k].to(torch.bfloat16)) for k in policy)
-    bf16, f32 = logprobs(load_model(tmp_path / "bf16", dtype=torch.bfloat16)), logprobs(full_run.model)
+    bf16, f32 = logprobs(load_model(tmp_path / "bf16", dtype=torch.bfloat16)), full_run.logprobs
     assert not torch.equal(bf16, f32)
     torch.testing.assert_close(bf16, f32, rtol=0.05, atol=0.05)
 
 
 def test_a_storage_snapshot_exports_the_same_model_as_the_checkpoint(full_run, tmp_path):
-    run = full_run.config.output_dir
+    run = full_run.run
     assert export("--run", run, "--source", "weights", "--out", tmp_path / "from_weights") == 0
     assert export("--run", run, "--out", tmp_path / "from_ckpt") == 0
     a, b = (load_file(tmp_path / name / "model.safetensors") for name in ("from_weights", "from_ckpt"))
@@ -168,7 +194,7 @@ def test_an_moe_checkpoint_exports_its_stacked_experts_one_linear_layer_each(tin
 
 
 def test_bad_input_exits_2_naming_the_field(full_run, tmp_path, capsys):
-    run = full_run.config.output_dir
+    run = full_run.run
     (run / "checkpoints" / "trainer" / "step_2" / MARKER).unlink()
     assert export("--run", run, "--step", 2) == 2
     assert "step: " in (err := capsys.readouterr().err) and "has no COMPLETE marker" in err and "complete steps: [4]" in err

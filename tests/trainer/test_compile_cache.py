@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from rlkube.trainer.compile_cache import cache_key
 
@@ -21,6 +22,7 @@ def run_worker(output_dir: Path, url: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two processes that compile with inductor and gcc
 def test_a_new_pod_reads_the_kernels_the_first_one_compiled_from_the_store(tmp_path):
     store = f"file://{tmp_path / 'store'}"
     first = run_worker(tmp_path / "pod-a", store)

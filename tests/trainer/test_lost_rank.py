@@ -24,6 +24,8 @@ import pytest
 from rlkube.ports import free_port
 from rlkube.trainer.dist import EXIT_PEER_LOST
 
+pytestmark = pytest.mark.slow  # two torchrun gangs each, and the peer timeouts waited out
+
 WORKER = Path(__file__).with_name("lost_rank_worker.py")
 PEER_TIMEOUT_S = 3.0
 BOUND_S = 30.0

@@ -214,6 +214,7 @@ def assert_bit_exact(results: list[dict]) -> None:
         assert result["same_in_a_and_b"] == [], "the two runs trained different adapters"
 
 
+@pytest.mark.slow  # training runs
 def test_a_pool_of_two_runs_is_bit_exact_to_two_solo_lora_trainers(tiny_model, tmp_path, world_of_one):
     results = pooled_against_solo(tiny_model, tmp_path, {"a": free_port(), "b": free_port()}, rank=0)
     assert len(results) == 1
@@ -234,6 +235,7 @@ def test_on_two_gloo_ranks_too(tiny_model, tmp_path):
     assert_bit_exact(results)
 
 
+@pytest.mark.slow  # training runs
 def test_each_run_resumes_from_its_own_checkpoints_bit_exactly(tiny_model, tmp_path, world_of_one):
     """A pool trains a and b to step 4, each checkpointing steps 2 and 4 under its own root; a
     new pool (the trainer restarted) resumes both from step 2 and trains steps 3 and 4 again,

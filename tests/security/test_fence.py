@@ -358,3 +358,25 @@ async def test_a_run_started_before_the_admin_tightened_a_rule_is_told_the_rule_
         assert toleration in cluster.get("Job", "rt-trainer-0")["spec"]["template"]["spec"]["tolerations"]
         told = [e for e in cluster.events() if e["reason"] == "InvalidSpec"]
         assert len(told) == 1 and told[0]["type"] == "Warning" and "team-b/gpu" in told[0]["message"]
+
+
+async def test_guardrails_in_warn_mode_post_one_warning_and_the_run_goes_on_checked_once(kmock, orchestrator_status,
+                                                                                        monkeypatch):
+    """`validationActions: [Warn, Audit]`: a run the guardrails would refuse is realised, with one
+    Warning event naming the rule, and its spec's CEL is evaluated once, not on every pass."""
+    from rlkube_operator import reconcile
+
+    evaluated = []
+    monkeypatch.setattr(reconcile, "refusals", lambda obj, g: evaluated.append(obj) or guardrails.refusals(obj, g))
+    toleration = {"key": "team-b/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    warn = PERMISSIVE.model_copy(update={"allowed_tolerations": [], "validation_actions": ["Warn", "Audit"]})
+    async with running_operator(kmock, orchestrator_status.url, settings={"guardrails": warn},
+                                interval=0.3, progress_interval=0.0) as cluster:
+        await cluster.create(rlrun(trainer={"pod": {"tolerations": [toleration]}}))
+        await start_everything(cluster)
+        await asyncio.sleep(1)  # more passes over the same spec
+        assert cluster.status("RLRun", "rt")["phase"] == "Running"
+        assert toleration in cluster.get("Job", "rt-trainer-0")["spec"]["template"]["spec"]["tolerations"]
+        told = [e for e in cluster.events() if e["reason"] == "Forbidden"]
+        assert len(told) == 1 and told[0]["type"] == "Warning" and "team-b/gpu" in told[0]["message"]
+        assert len(evaluated) == 1, f"the same spec's guardrails were evaluated {len(evaluated)} times"

@@ -73,9 +73,14 @@ def test_a_bad_egress_setting_is_refused_naming_it(allowed, said, capsys):
 
 @pytest.mark.parametrize("operator_settings", [
     {"egress": chart_egress(EGRESS)}, {}], ids=["egress-on", "egress-off"])
-async def test_the_operator_makes_the_egress_policy_before_the_pods_only_when_on(cluster, operator_settings):
+async def test_the_operator_makes_its_policies_before_the_pods_and_egress_only_when_on(cluster, operator_settings):
     await cluster.create(rlrun())
     await cluster.until(lambda: cluster.get("Job", "rt-trainer-0"), what="trainer Job")
+    creates = [(resource, (request.data or {}).get("metadata", {}).get("name"))
+               for request, resource in operator_calls(cluster.server) if VERBS[request.action.value] == "create"]
+    first_workload = min(i for i, (resource, _) in enumerate(creates) if resource in ("statefulsets", "deployments", "jobs"))
+    for ingress in ("rt-network-policy", "rt-trainer-network-policy"):  # no pod listens before its fence
+        assert creates.index(("networkpolicies", ingress)) < first_workload, ingress
     policy = cluster.get("NetworkPolicy", "rt-egress-network-policy")
     if not operator_settings:
         assert policy is None
@@ -84,9 +89,6 @@ async def test_the_operator_makes_the_egress_policy_before_the_pods_only_when_on
     uid = cluster.get("RLRun", "rt")["metadata"]["uid"]
     assert policy["spec"]["podSelector"] == {"matchLabels": {"rlkube.dev/run-uid": uid}}
     assert [r["uid"] for r in policy["metadata"]["ownerReferences"]] == [uid]
-    creates = [(resource, (request.data or {}).get("metadata", {}).get("name"))
-               for request, resource in operator_calls(cluster.server) if VERBS[request.action.value] == "create"]
-    first_workload = min(i for i, (resource, _) in enumerate(creates) if resource in ("statefulsets", "deployments", "jobs"))
     assert creates.index(("networkpolicies", "rt-egress-network-policy")) < first_workload
 
 

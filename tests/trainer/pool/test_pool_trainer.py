@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from rlkube.scopes import ROLLOUTS, member_scoped
 from rlkube.trainer.rl.multi_run import _local
 from rlkube.transport.pool import attach, detach
@@ -44,17 +45,19 @@ def members_in(status):
 
 
 @pytest.mark.slow
-def test_fair_share_of_trained_tokens_with_batches_1_to_4(running, tiny_model):
+def test_fair_share_of_trained_tokens_with_batches_1_to_4(running, tiny_model, tmp_path):
     pool = running()
     small, big = MemberSource(1, rows=1), MemberSource(2, rows=4)
     with member_server(small) as (small_at, _), member_server(big) as (big_at, _):
         attach(pool.address, "small", small_at, member_config(tiny_model, 1))
-        attach(pool.address, "big", big_at, member_config(tiny_model, 2))
+        attach(pool.address, "big", big_at, member_config(tiny_model, 2, weights={"keep_last": None}))
         pool.start()
         status = pool.wait_for(lambda s: sum(m["step"] for m in members_in(s).values()) >= 30, what="30 steps")
         pool.close()
     members = members_in(status)
     assert members["small"]["step"] > 3 * members["big"]["step"] > 0
+    step_0 = load_file(tmp_path / "pool" / "members" / "big" / "weights" / "step_0" / "adapter_model.safetensors")
+    assert step_0 and all(not t.any() for name, t in step_0.items() if ".lora_B." in name), "a zero step-0 adapter"
     for name in ("small", "big"):
         assert 0.5 * 0.85 <= members[name]["share"] <= 0.5 * 1.15, members
 

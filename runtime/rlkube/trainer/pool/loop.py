@@ -76,6 +76,9 @@ class PoolLoop:
             io.close()
             raise
         self.ios[name] = io
+        if member.step == 0:  # its step-0 adapter (LoRA's B = 0: the base model's outputs), for its
+            with self.pool.active(member):  # orchestrator to name in every request before policy 1
+                member.trainer.publish_policy(0, resumed=True)
         if self.roster:
             self.roster.joined(name, member.step)
 

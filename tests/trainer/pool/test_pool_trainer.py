@@ -13,10 +13,10 @@ import time
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from rlkube.scopes import ROLLOUTS, member_scoped
 from rlkube.trainer.rl.multi_run import _local
 from rlkube.transport.pool import attach, detach
+from safetensors.torch import load_file
 
 from tests.trainer.pool.members import (
     MemberSource,

@@ -130,6 +130,13 @@ class Cluster:
         return pods[-1] if pods else None
 
     # --- what differs between clusters --------------------------------------------------
+    def listening_ports(self, pod: str) -> list[int]:
+        """The TCP ports the pod accepts connections on from other pods. Here: those its
+        containers declare (a real cluster's pods cannot be looked into without exec)."""
+        spec = (self.get("pod", pod) or {}).get("spec") or {}
+        return sorted({p["containerPort"] for c in spec.get("containers", []) for p in c.get("ports", [])
+                       if p.get("protocol", "TCP") == "TCP"})
+
     def kill(self, pod: str) -> None:
         """Kill the pod's processes at once, as a crash, the OOM killer or a lost node would."""
         raise NotImplementedError
@@ -204,6 +211,15 @@ class LocalCluster(Cluster):
                 if f" {ip}/" in addrs:
                     return name
         raise ClusterError(f"no network namespace holds pod {pod}'s IP {ip}")
+
+    def listening_ports(self, pod: str) -> list[int]:
+        """Every TCP port a socket listens on in the pod's network namespace on an address other
+        pods reach (not loopback): the declared ones and those gloo, NCCL or vLLM pick."""
+        out = subprocess.run(["ip", "netns", "exec", self._pod_netns(pod), "ss", "-Hltn"], capture_output=True,
+                             text=True, check=True).stdout
+        local = [line.split()[3] for line in out.splitlines() if line.strip()]
+        return sorted({int(a.rsplit(":", 1)[1]) for a in local
+                       if not a.rsplit(":", 1)[0].strip("[]").startswith(("127.", "::1"))})
 
     def kill(self, pod: str) -> None:
         """SIGKILL every process of the pod (its container restarts in place)."""

@@ -182,6 +182,7 @@ POD_REFERENCES = [
 claim or ConfigMap: (list, path in an item with `[]` for a list inside it, kind)."""
 RUN_REFERENCES = [
     ("storage.pvc.claimName", "PersistentVolumeClaim"),
+    ("export.claimName", "PersistentVolumeClaim"),
     ("storage.objectStore.secretName", "Secret"),
     ("storage.objectStore.readOnlySecretName", "Secret"),
     ("imagePullSecrets[]", "Secret"),

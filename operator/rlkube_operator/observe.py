@@ -174,7 +174,7 @@ def pod_attempt(pod: dict) -> int:
     return int(pod.get("metadata", {}).get("annotations", {}).get(ATTEMPT_ANNOTATION, -1))
 
 
-def _job_condition(job: dict, type_: str) -> dict | None:
+def job_condition(job: dict, type_: str) -> dict | None:
     for cond in job.get("status", {}).get("conditions", []) or []:
         if cond.get("type") == type_ and cond.get("status") == "True":
             return cond
@@ -209,15 +209,15 @@ def trainer_outcome(job: dict | None, pods: list[dict]) -> tuple[str, str]:
     `disrupted`, whichever pod failed first: a peer of a preempted pod fails too, losing it."""
     if job is None:
         return "none", "no trainer Job"
-    if (cond := _job_condition(job, "Complete")) is not None:
+    if (cond := job_condition(job, "Complete")) is not None:
         return "succeeded", cond.get("message") or "trainer Job complete"
     if job.get("spec", {}).get("suspend"):
         return "suspended", "trainer Job suspended"
     # The Job's own deadline (the run's time left) fired: its pods die of it, not of a fault.
     for type_ in ("FailureTarget", "Failed"):
-        if ((cond := _job_condition(job, type_)) or {}).get("reason") == "DeadlineExceeded":
+        if ((cond := job_condition(job, type_)) or {}).get("reason") == "DeadlineExceeded":
             return "deadline", f"trainer Job {cond.get('message') or 'passed its activeDeadlineSeconds'}"
-    if ((cond := _job_condition(job, "Failed")) or {}).get("reason") == "PodFailurePolicy":
+    if ((cond := job_condition(job, "Failed")) or {}).get("reason") == "PodFailurePolicy":
         return "invalid", f"trainer Job failed: {cond.get('message') or 'a pod exited with code 2'}"
     failed = [p for p in pods if p.get("status", {}).get("phase") == "Failed"]
     if failed:
@@ -226,6 +226,6 @@ def trainer_outcome(job: dict | None, pods: list[dict]) -> tuple[str, str]:
                 detail = f"{cond.get('reason', 'DisruptionTarget')}: {cond.get('message', '')}".rstrip(": ")
                 return "disrupted", f"pod {pod['metadata']['name']} was disrupted ({detail})"
         return "failed", pod_failure(failed[0])
-    if (cond := _job_condition(job, "Failed")) is not None:
+    if (cond := job_condition(job, "Failed")) is not None:
         return "failed", f"trainer Job failed: {cond.get('reason', '')} {cond.get('message', '')}".strip()
     return "running", "trainer Job active"

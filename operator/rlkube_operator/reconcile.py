@@ -25,8 +25,17 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ValidationError
 from rlkube.config.cli import format_validation_error
 
-from rlkube_operator import builders, lifetime, namedobjects, observe, podread, progress, queueing
-from rlkube_operator.conditions import Conditions
+from rlkube_operator import (
+    builders,
+    export,
+    lifetime,
+    namedobjects,
+    observe,
+    podread,
+    progress,
+    queueing,
+)
+from rlkube_operator.conditions import Conditions, get_condition
 from rlkube_operator.egress import Egress, build_egress_policy
 from rlkube_operator.guardrails import Guardrails, refusals
 from rlkube_operator.kube import ForeignChild, Kube
@@ -489,6 +498,8 @@ class Reconciler:
             self.teardown(run, workload, spec)
             if queued is not None:
                 self.kueue.finish(queued.workload, terminal, why, now)
+            if terminal == "Succeeded" and spec.export is not None:
+                self._export(run, workload, spec, pods, status, conditions, events)
         else:
             self.apply(run, workload, spec, attempt, restarts, left, held=held_outside, queued=queued)
             for stale in older:
@@ -526,6 +537,24 @@ class Reconciler:
                    f"{spec.ttl_seconds_after_finished}: deleting the run and its children")
             result.events.append(("Normal", "Expired", why))
         return result
+
+    def _export(self, run: RunRef, workload: Workload, spec: RunSpecBase, pods: list[dict], status: dict,
+                conditions: Conditions, events: list) -> None:
+        """`spec.export` of a run that Succeeded: its export Job made once, its outcome in
+        condition `Exported` and, once done, `status.export`. A run exported stays so when its
+        Job is gone."""
+        done = get_condition(conditions.items, "Exported")
+        if done is not None and done.get("status") == "True":
+            return
+        job = self.kube.ensure(export.build_export_job(run, spec, workload.config_file))
+        ok, message = export.outcome(job, [p for p in pods if _component(p) == export.COMPONENT])
+        where = export.location(run, spec)
+        if ok:
+            status["export"] = where
+            message = f"exported to {where['path']} on claim {where['claimName']}"
+        reason = {True: "Exported", False: "ExportFailed", None: "Exporting"}[ok]
+        if conditions.set("Exported", ok is True if ok is not None else None, reason, message) and ok is not None:
+            events.append(("Normal" if ok else "Warning", reason, message))
 
     def _volume_problems(self, run: RunRef, pods: list[dict]) -> dict[str, dict]:
         """Volume events of pods stuck before starting (read only when a pod is)."""

@@ -63,6 +63,27 @@ def _config_rule(rule: str, message: str, field: str) -> dict:
     return {"message": message, "rule": rule, "fieldPath": f".{field}"}
 
 
+class ExportSpec(K8sModel):
+    """Export the final policy when the run Succeeds: a Job from the run's image runs `rlkube
+    export` on its newest checkpoint, the run's claim mounted read-only and only `path` of the
+    target claim writable, and writes a Hugging Face model directory (transformers and vLLM load
+    it) to `<path>/model`; `status.export` names it, condition `Exported` says how it went."""
+
+    claim_name: str | None = Field(default=None, max_length=253)
+    """The claim to write to (one the run owns or the admin allows: `guardrails.allowedClaims`);
+    the run's own storage claim when unset."""
+
+    path: str = Field(max_length=512, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
+    """The directory in that claim, relative (`exports/reverse-text`: no `..`, no leading `/`)."""
+
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """The exported weights' dtype (`rlkube export --dtype`); `auto` keeps the base model's."""
+
+    lora: Literal["merge", "adapter"] | None = None
+    """A LoRA run's export: the adapters merged into the base model (`merge`, the default) or
+    the PEFT adapter directory (`adapter`); refused for a run that trained every weight."""
+
+
 class RunSpecBase(K8sModel):
     """What RLRun and SFTRun share."""
 
@@ -123,6 +144,9 @@ class RunSpecBase(K8sModel):
     network: NetworkSpec = NetworkSpec()
     """Where the run's pods may connect, beyond what every run may (`egress.py`)."""
 
+    export: ExportSpec | None = None
+    """Export the final policy as a model directory once the run Succeeds; none when unset."""
+
     @field_validator("security_context", mode="before")
     @classmethod
     def _restricted_when_null(cls, value):
@@ -143,6 +167,8 @@ class RunSpecBase(K8sModel):
     def _storage_reaches_every_pod(self):
         """Every pod of the run mounts the claim: one the operator creates must allow that."""
         check_claim_reaches(self.storage.pvc, self.trainer.nodes, self._pods())
+        if self.export is not None and self.storage.pvc is None:
+            raise ValueError("spec.export reads the run's checkpoints from its claim: it needs spec.storage.pvc")
         ckpt = getattr(self.config, "ckpt", None)
         if ckpt is not None and isinstance(ckpt.resume_step, int):
             raise ValueError(

@@ -54,6 +54,16 @@ class InferenceStatus(K8sModel):
     `status.selector`, which an HPA reads to find the pods' metrics)."""
 
 
+class ExportStatus(K8sModel):
+    """The exported model directory (`spec.export`)."""
+
+    claim_name: str
+    """The claim that holds it."""
+
+    path: str
+    """The model directory's path in that claim (`<spec.export.path>/model`)."""
+
+
 class RunStatus(K8sModel):
     """What the operator observed; written only by the operator (status subresource)."""
 
@@ -101,3 +111,7 @@ class RunStatus(K8sModel):
 
     inference: InferenceStatus | None = None
     """An RLRun's inference replicas: existing, ready, `ready/desired`, and their selector."""
+
+    export: ExportStatus | None = None
+    """Where `spec.export` wrote the final policy, once its export Job completed (condition
+    `Exported`)."""

@@ -36,6 +36,7 @@ HELD = {
     "orchestrator": (GENERATE, ADMIN, ROLLOUTS),
     "env-worker": (GENERATE, ROLLOUTS),
     "trainer": (ROLLOUTS, WEIGHTS),
+    "export": (),  # the operator's export Job (`spec.export`) reads checkpoints and calls no one
 }
 """The scopes each component's processes hold: a server accepts only the scopes it holds."""
 WEIGHTS_PEERS_ENV = "RLKUBE_WEIGHTS_PEERS"

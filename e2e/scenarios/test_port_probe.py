@@ -56,8 +56,10 @@ READS = {"GET /status", "GET /metrics"}
 PROGRAM_HOSTS = ("env-worker", "orchestrator")
 
 
-def probe_files() -> dict[str, str]:
-    return {name: (PROBE_DIR / name).read_text() for name in PROBE_FILES}
+def probe_files(targets: str = "") -> dict[str, str]:
+    """The ConfigMap's files: the environment, its program, and the targets (none yet: the key
+    exists from the start, since a ConfigMap volume may not get a key added later)."""
+    return {name: (PROBE_DIR / name).read_text() for name in PROBE_FILES} | {"targets.json": targets}
 
 
 def config_map(name: str, data: dict[str, str]) -> dict:
@@ -127,7 +129,8 @@ def expected(source: str, target: dict, what: dict | None) -> object:
     if what["component"] in VLLM and what["name"] == "http":
         return {f"{m} {p}": (200 if p in OPEN_ROUTES else 401) for m, p in HTTP_REQUESTS}
     if what["component"] == "orchestrator" and what["name"] == "grpc":
-        return {"GetStatus": "UNAUTHENTICATED", "Work": "UNAUTHENTICATED", "Fetch": "UNIMPLEMENTED"}
+        return {"Rollouts/GetStatus": "UNAUTHENTICATED", "EnvWorkers/Work": "UNAUTHENTICATED",
+                "Weights/Fetch": "UNIMPLEMENTED"}
     if what["component"] == "orchestrator" and what["name"] == "http":
         return lambda got: isinstance(got, dict) and all((got[r] == 200) == (r in READS) for r in got)
     return "dropped"  # anything else the run listens on must not admit an environment's program
@@ -163,10 +166,10 @@ def test_no_port_of_a_run_gives_an_outsider_or_an_environments_program_anything(
         # the outsider: its own namespace, the targets in its own ConfigMap
         namespace, pod = outside_pod(run_manifest["spec"]["image"])
         kubectl(cluster.kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(namespace))
-        probe = config_map("probe", {"prober.py": probe_files()["prober.py"], "targets.json": listed})
+        probe = config_map("probe", {k: v for k, v in probe_files(listed).items() if k != "rlkube_port_probe.py"})
         kubectl(cluster.kubeconfig, "-n", OUTSIDE, "apply", "-f", "-", input=yaml.safe_dump_all([probe, pod]))
         # the environments' programs: the targets appear beside them
-        cluster.apply(config_map(CONFIG_MAP, probe_files() | {"targets.json": listed}))
+        cluster.apply(config_map(CONFIG_MAP, probe_files(listed)))
 
         def outside_done():
             phase = (kubectl(cluster.kubeconfig, "-n", OUTSIDE, "get", "pod", "prober", "-o", "json", check=False)

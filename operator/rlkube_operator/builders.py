@@ -189,18 +189,25 @@ def _tcp_ports_except(*closed: int) -> list[dict]:
 
 
 def build_network_policies(run: RunRef, operator_peer: dict, status_port: int, scraper_peer: dict | None,
-                           metrics_ports: list[int], nccl_port: int | None) -> list[dict]:
+                           metrics_ports: list[int], serving_ports: list[int] | None) -> list[dict]:
     """Only the run's own pods reach its pods; the operator reaches `status_port` (`GET
     /status`), and a metrics scraper (`scraper_peer`, a namespace) the ports that serve
     `/metrics` (`metrics_ports`). Nothing else, unless another NetworkPolicy allows it
-    (policies add up). Within the run, the trainer's pods, whose ports take no token (torchrun's
-    store, gloo, NCCL's bootstrap and UCX; the weights' gRPC and NCCL store), admit only the pods
-    that need them: the trainer's on every port, the inference servers' (weights) on all but
-    torchrun's store (`TORCHRUN_PORT`). The orchestrator, env workers, teacher and judge, which
-    only ever dial out to the trainer's peers, reach none of its ports. So two policies: one for
-    the trainer's pods, one for the others (none in an SFTRun). A NetworkPolicy cannot say "the same run as the target", so
-    each run gets its own, selecting its uid's pods."""
+    (policies add up). Within the run, each pod admits only the pods that need it:
+    - the trainer's pods, whose ports take no token (torchrun's store, gloo, NCCL's bootstrap and
+      UCX; the weights' gRPC and NCCL store): the trainer's on every port, the inference servers'
+      (weights) on all but torchrun's store (`TORCHRUN_PORT`);
+    - the other pods of an RLRun: the run's pods on the ports its servers serve, each behind a
+      scoped credential (`serving_ports`: vLLM's HTTP, the orchestrator's gRPC and status);
+    - the servers' pods (inference, teacher, judge) besides: the trainer and the servers on
+      every port (NCCL's and NIXL's data, and the sockets vLLM opens between its own processes,
+      none authenticated). The orchestrator and the env workers, which run environments'
+      programs, reach none of them.
+    So three policies for an RLRun, one for an SFTRun (`serving_ports` None: no other pods). A
+    NetworkPolicy cannot say "the same run as the target", so each run gets its own, selecting
+    its uid's pods."""
     uid = run.pod_labels()
+    servers = ["inference", "teacher", "judge"]
 
     def pods(operator: str, components: list[str]) -> dict:
         expression = {"key": "app.kubernetes.io/component", "operator": operator, "values": components}
@@ -217,9 +224,12 @@ def build_network_policies(run: RunRef, operator_peer: dict, status_port: int, s
         {"from": [peer("In", ["inference"])], "ports": _tcp_ports_except(TORCHRUN_PORT)},
     ]
     policies = [("trainer-network-policy", pods("In", ["trainer"]), trainer + outside)]
-    if nccl_port is not None:  # an RLRun: its other pods admit each other on every port
-        policies.insert(0, ("network-policy", pods("NotIn", ["trainer"]), [{"from": [{"podSelector": {
-            "matchLabels": uid}}]}, *outside]))
+    if serving_ports is not None:  # an RLRun
+        served = [{"from": [{"podSelector": {"matchLabels": uid}}],
+                   "ports": [{"protocol": "TCP", "port": p} for p in sorted(set(serving_ports))]}]
+        policies.insert(0, ("network-policy", pods("NotIn", ["trainer"]), served + outside))
+        policies.insert(1, ("servers-network-policy", pods("In", servers),
+                            [{"from": [peer("In", ["trainer", *servers])]}]))
     return [{
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -333,10 +333,9 @@ class Reconciler:
         the run's Kueue admission, whose flavours place the pods (`queueing.place`)."""
         k = self.kube
         if self.settings.network_policy_peer is not None:  # before any pod that listens
-            nccl_port = spec.config.weights.nccl_port if "inference" in workload.components else None
             for policy in builders.build_network_policies(
                     run, self.settings.network_policy_peer, _status_port(workload, spec),
-                    self.settings.metrics_scraper_peer, _metrics_ports(workload, spec), nccl_port):
+                    self.settings.metrics_scraper_peer, _metrics_ports(workload, spec), _serving_ports(workload, spec)):
                 k.ensure(policy)
         if self.settings.egress is not None:
             k.ensure(build_egress_policy(run, self.settings.egress, spec.network.egress))
@@ -752,6 +751,15 @@ def _restart_event(outcome: str, why: str, restarts: int, limit: int) -> tuple[s
 def _status_port(workload: Workload, spec: RunSpecBase) -> int:
     """The port of the run's `GET /status`: the orchestrator's (RLRun) or trainer pod 0's (SFTRun)."""
     return workload.trainer_status_port or spec.config.orchestrator.http_port
+
+
+def _serving_ports(workload: Workload, spec: RunSpecBase) -> list[int] | None:
+    """The ports an RLRun's servers serve its pods on: the orchestrator's status and gRPC, vLLM's
+    HTTP (inference, teacher, judge); None for an SFTRun, whose trainer is its only pod."""
+    if "inference" not in workload.components:
+        return None
+    served = [s.server.port for s in spec.served_models().values()]
+    return sorted({_status_port(workload, spec), spec.config.rollouts.port, spec.config.inference.port, *served})
 
 
 def _metrics_ports(workload: Workload, spec: RunSpecBase) -> list[int]:

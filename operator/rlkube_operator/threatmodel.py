@@ -62,8 +62,10 @@ SERVES = {
 }
 """What each named port of the builders serves, and the gRPC services on it (their scopes:
 `auth.SERVICE_SCOPES`). vLLM's `http` port (inference, teacher, judge) is split by route."""
+VLLM_SOCKETS = "the sockets vLLM opens between its own processes"
 DATA = {"trainer": "gloo, NCCL's bootstrap and data, UCX (ports they pick)",
-        "inference": "NCCL's and NIXL's data connections (ports they pick)"}
+        "inference": f"NCCL's and NIXL's data connections, {VLLM_SOCKETS} (ports they pick)",
+        "teacher": f"{VLLM_SOCKETS} (ports it picks)", "judge": f"{VLLM_SOCKETS} (ports it picks)"}
 
 
 def selects(selector: dict, labels: dict) -> bool:

@@ -20,7 +20,7 @@ from rlkube_operator.names import (
     operator_label,
 )
 from rlkube_operator.podsecurity import IMAGE_UID, PodSecurityContext
-from rlkube_operator.reconcile import WORKLOADS, _metrics_ports, _status_port
+from rlkube_operator.reconcile import WORKLOADS, _metrics_ports, _serving_ports, _status_port
 from rlkube_operator.spec import RLRunSpec, SFTRunSpec
 from rlkube_operator.wiring import trainer_metrics_port
 
@@ -123,8 +123,7 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
     out += [
         builders.build_trainer_master_service(run, spec, workload.trainer_status_port, attempt=attempt),
         *builders.build_network_policies(run, OPERATOR_PEER, _status_port(workload, spec), SCRAPER_PEER,
-                                         _metrics_ports(workload, spec),
-                                         spec.config.weights.nccl_port if kind == "RLRun" else None),
+                                         _metrics_ports(workload, spec), _serving_ports(workload, spec)),
         builders.build_trainer_job(run, spec, module=workload.module, config_file=workload.config_file,
                                    attempt=attempt, restarts=attempt, suspend=suspend,
                                    status_port=workload.trainer_status_port),
@@ -584,8 +583,13 @@ def test_the_judge_is_served_behind_the_runs_token_and_network_policy(tmp_path):
     (expression,) = policy["podSelector"]["matchExpressions"]
     assert labels["app.kubernetes.io/component"] not in expression["values"] and expression["operator"] == "NotIn"
     assert all(labels[k] == v for k, v in policy["podSelector"]["matchLabels"].items()), "the policy selects the judge"
-    assert policy["ingress"][0] == {"from": [{"podSelector": {"matchLabels": policy["podSelector"]["matchLabels"]}}]}
+    assert policy["ingress"][0]["from"] == [{"podSelector": {"matchLabels": policy["podSelector"]["matchLabels"]}}]
+    assert {"protocol": "TCP", "port": 8300} in policy["ingress"][0]["ports"]  # the run's pods: the judge's vLLM
     assert {"protocol": "TCP", "port": 8300} in policy["ingress"][-1]["ports"]  # the scraper: vLLM's /metrics
+    servers = objs["NetworkPolicy", "big-servers-network-policy"]["spec"]
+    assert servers["podSelector"]["matchExpressions"][0]["values"] == ["inference", "teacher", "judge"]
+    assert servers["ingress"][0]["from"][0]["podSelector"]["matchExpressions"][0]["values"] == [
+        "trainer", "inference", "teacher", "judge"]
 
 
 @pytest.mark.parametrize(("change", "refusal"), [

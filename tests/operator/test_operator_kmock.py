@@ -267,7 +267,7 @@ async def test_by_default_a_run_admits_only_its_own_pods_the_operator_and_the_sc
     component = {"key": "app.kubernetes.io/component", "values": ["trainer"]}
     assert policy["spec"] == {"podSelector": run_pods | {"matchExpressions": [component | {"operator": "NotIn"}]},
                               "policyTypes": ["Ingress"], "ingress": [
-        {"from": [{"podSelector": run_pods}]},
+        {"from": [{"podSelector": run_pods}], "ports": [{"protocol": "TCP", "port": p} for p in (8000, 8080, 50051)]},
         {"from": [operator_peer(DEFAULT_OPERATOR_NAMESPACE)], "ports": [{"protocol": "TCP", "port": 8080}]},
         {"from": [SCRAPER_PEER], "ports": [{"protocol": "TCP", "port": p} for p in (8000, 8080, TRAINER_METRICS_PORT)]}]}
     assert trainer["spec"]["podSelector"] == run_pods | {"matchExpressions": [component | {"operator": "In"}]}

@@ -2,7 +2,8 @@
 
     python prober.py TARGETS.json
 
-TARGETS.json (written by e2e/scenarios/test_port_probe.py; waited for up to `WAIT_S`): a list
+TARGETS.json (written by e2e/scenarios/test_port_probe.py; waited for up to `WAIT_S` while it
+is missing or empty: a ConfigMap volume gets a changed key's value, not always a new key): a list
 of `{"host", "port", "protocol"}` with `protocol` `http`, `grpc` or `tcp`. Besides those, the
 prober tries every TCP port listening on 127.0.0.1 of its own network namespace (from
 `/proc/net/tcp`: where a pod's loopback servers, the judge endpoint among them, listen), as
@@ -41,7 +42,8 @@ HTTP_REQUESTS = (
 )
 """vLLM's generation, weight-update and admin routes, the judge endpoint's forwarded routes and
 paths that climb out of them, and the read-only routes."""
-CHAT = {"model": "any", "messages": [{"role": "user", "content": "abc"}], "max_tokens": 2}
+CHAT = {"messages": [{"role": "user", "content": "abc"}], "max_tokens": 2}
+"""A chat request, for the model the server lists (`GET /v1/models`), if it lists one to the prober."""
 GRPC_METHODS = ("/rlkube.v1.Rollouts/GetStatus", "/rlkube.v1.EnvWorkers/Work", "/rlkube.v1.Weights/Fetch")
 
 
@@ -84,17 +86,31 @@ def connect(host: str, port: int) -> str | None:
         return f"error {e.strerror}"
 
 
-def http_status(host: str, port: int, method: str, path: str, token: str | None) -> int | str:
+def http_call(host: str, port: int, method: str, path: str, token: str | None, model: str = "") -> tuple:
+    """(status or the error, body)."""
     headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
-    body = json.dumps(CHAT) if method == "POST" else None
-    conn = http.client.HTTPConnection(host, port, timeout=30)
+    body = json.dumps(CHAT | {"model": model}) if method == "POST" else None
+    conn = http.client.HTTPConnection(host, port, timeout=60)
     try:
         conn.request(method, path, body=body, headers=headers)
-        return conn.getresponse().status
+        response = conn.getresponse()
+        return response.status, response.read()
     except OSError as e:
-        return f"error {type(e).__name__}"
+        return f"error {type(e).__name__}", b""
     finally:
         conn.close()
+
+
+def served_model(host: str, port: int, tokens: list) -> str:
+    """The first model `GET /v1/models` lists to any of `tokens`; "" when none answers."""
+    for token in tokens:
+        status, body = http_call(host, port, "GET", "/v1/models", token)
+        if status == 200:
+            try:
+                return json.loads(body)["data"][0]["id"]
+            except (ValueError, KeyError, IndexError):
+                pass
+    return ""
 
 
 def best(statuses: list) -> int | str:
@@ -103,7 +119,8 @@ def best(statuses: list) -> int | str:
 
 
 def probe_http(host: str, port: int, tokens: list) -> dict:
-    return {f"{m} {p}": best([http_status(host, port, m, p, t) for t in tokens]) for m, p in HTTP_REQUESTS}
+    model = served_model(host, port, tokens)
+    return {f"{m} {p}": best([http_call(host, port, m, p, t, model)[0] for t in tokens]) for m, p in HTTP_REQUESTS}
 
 
 def probe_grpc(host: str, port: int, tokens: list) -> dict:
@@ -134,16 +151,22 @@ def probe(target: dict, tokens: list) -> str | dict:
     return "open"
 
 
-def main() -> None:
-    path = sys.argv[1]
+def read_targets(path: str) -> list[dict]:
+    """The targets, once the file holds some (a ConfigMap's key is replaced whole)."""
     deadline = time.monotonic() + WAIT_S
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"prober: no targets at {path} after {WAIT_S} s")
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                if targets := json.loads(f.read() or "[]"):
+                    return targets
+        except FileNotFoundError:
+            pass
         time.sleep(2)
-    time.sleep(1)  # a ConfigMap's file appears whole, but give a slow writer a moment
-    with open(path) as f:
-        targets = json.load(f)
+    raise SystemExit(f"prober: no targets in {path} after {WAIT_S} s")
+
+
+def main() -> None:
+    targets = read_targets(sys.argv[1])
     targets += [{"host": "127.0.0.1", "port": p, "protocol": "http"} for p in loopback_ports()]
     found = credentials()
     tokens = [None, *found.values()]

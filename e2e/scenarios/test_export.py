@@ -16,7 +16,7 @@ from e2e.scenarios.manifests import short_sft
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 CLAIM = "export-data"
-STEPS = 20
+STEPS = 6
 EXPORT = {"path": "exports/reverse-text", "dtype": "bfloat16"}
 EVAL_EXAMPLES = 16
 RESULTS = "eval-export"
@@ -32,12 +32,13 @@ def eval_pod(image: str, model: str) -> dict:
         "restartPolicy": "Never",
         "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000,
                             "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [{"name": "eval", "image": image, "command": command,
+        "containers": [{"name": "eval", "image": image, "command": command, "workingDir": "/tmp",
                         "env": [{"name": "HOME", "value": "/tmp"}],
                         "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True},
-                                         {"name": "data", "mountPath": "/out", "subPath": RESULTS}],
+                                         {"name": "data", "mountPath": "/out", "subPath": RESULTS},
+                                         {"name": "tmp", "mountPath": "/tmp"}],
                         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}],
-        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": CLAIM}}]}}
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": CLAIM}}, {"name": "tmp", "emptyDir": {}}]}}
 
 
 @pytest.mark.timeout(1800)

@@ -143,7 +143,8 @@ def test_rules_follow_policies_and_namespace_labels(net, spaces):
 def test_a_runs_networkpolicies_fence_its_ports(net):
     """The operator's NetworkPolicies for an RLRun, rendered by its builders (as
     tests/operator/test_manifests.py renders them), on pods with the run's real pod labels
-    listening on its ports: the stores admit only the run's pods that need them, another
+    listening on its ports: the stores and the servers' data ports (vLLM's own sockets, NCCL's,
+    NIXL's) admit only the run's pods that need them, another
     namespace's pods (with the run's labels or the scraper's) reach nothing, the scraper's
     namespace reaches only /metrics ports and the operator only the status port."""
     from rlkube_operator.spec import RLRunSpec
@@ -164,7 +165,7 @@ def test_a_runs_networkpolicies_fence_its_ports(net):
     for ns, name, pod_labels, ports in [
         (RUN.namespace, "trainer-0", labels["trainer-0"], {"torchrun": 29500, "nccl": nccl, "data": DATA_PORT}),
         (RUN.namespace, "trainer-1", labels["trainer-0"], None),
-        (RUN.namespace, "inference-0", labels["inference"], {"http": vllm}),
+        (RUN.namespace, "inference-0", labels["inference"], {"http": vllm, "data": DATA_PORT}),
         (RUN.namespace, "orchestrator", labels["orchestrator"], {"grpc": grpc, "http": status}),
         ("tenant-b", "lookalike", labels["trainer-0"], None),
         ("tenant-b", "fake-scraper", {"rlkube.dev/metrics-scraper": "true"}, None),
@@ -180,10 +181,11 @@ def test_a_runs_networkpolicies_fence_its_ports(net):
     for client, server, port in [(trainer_1, trainer, 29500), (inference, trainer, nccl),
                                  (trainer_1, trainer, DATA_PORT), (inference, trainer, DATA_PORT),
                                  (orchestrator, inference, vllm), (trainer, orchestrator, grpc),
+                                 (trainer, inference, DATA_PORT),
                                  (prometheus, inference, vllm), (operator, orchestrator, status)]:
         assert net.connects(client, server, port, timeout=10), (client["metadata"]["name"], server["metadata"]["name"], port)
     for client, server, port in [(inference, trainer, 29500), (orchestrator, trainer, 29500), (orchestrator, trainer, nccl),
-                                 (orchestrator, trainer, DATA_PORT),
+                                 (orchestrator, trainer, DATA_PORT), (orchestrator, inference, DATA_PORT),
                                  (lookalike, trainer, 29500), (lookalike, inference, vllm), (fake_scraper, inference, vllm),
                                  (prometheus, trainer, 29500), (operator, orchestrator, grpc)]:
         assert not net.connects(client, server, port), (client["metadata"]["name"], server["metadata"]["name"], port)

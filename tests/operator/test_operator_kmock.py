@@ -32,7 +32,7 @@ from tests.operator.cluster import (
     pod_unschedulable,
     pod_waiting,
 )
-from tests.operator.embedded import TOKEN_KEY, operator_requests, running_operator
+from tests.operator.embedded import PERMISSIVE, TOKEN_KEY, operator_requests, running_operator
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "reverse_text"
 
@@ -291,6 +291,9 @@ async def test_with_network_policies_off_no_network_policy_is_made(cluster):
     assert cluster.names("NetworkPolicy") == set()
 
 
+NEW_KEY = b"the operator's new key after a rotation, in tests"
+
+
 async def test_a_runs_token_is_made_once_owned_by_it_and_reaches_every_pod(cluster, kmock, orchestrator_status):
     """The Secret `<run>-token` is created before the pods, owned by the run, immutable, and
     every container reads the token from it; neither later passes nor a restarted operator
@@ -328,9 +331,22 @@ async def test_a_runs_token_is_made_once_owned_by_it_and_reaches_every_pod(clust
     again = Reconciler(kube, Settings(status_url_template=orchestrator_status.url, token_key=TOKEN_KEY))
     result = await asyncio.to_thread(again.reconcile, "RLRun", cluster.get("RLRun", "rt"), "2026-01-01T00:00:01Z")
     assert result.error is None and cluster.get("Secret", "rt-token")["data"] == secret["data"]
+    # Rotation (docs/security.md): an operator restarted under a new key leaves the Secret
+    # (running pods keep their token); deleted, it comes back with the new key's token when the
+    # pods are next started (here: by the next operator).
+    def under_new_key():
+        return Reconciler(kube, Settings(status_url_template=orchestrator_status.url, token_key=NEW_KEY,
+                                         guardrails=PERMISSIVE))
+    result = await asyncio.to_thread(under_new_key().reconcile, "RLRun", cluster.get("RLRun", "rt"), "2026-01-01T00:00:02Z")
+    assert result.error is None and cluster.get("Secret", "rt-token")["data"] == secret["data"]
+    await asyncio.to_thread(kube.delete, "Secret", NS, "rt-token")
+    result = await asyncio.to_thread(under_new_key().reconcile, "RLRun", cluster.get("RLRun", "rt"), "2026-01-01T00:00:03Z")
+    assert result.error is None
+    assert {k: base64.b64decode(v).decode() for k, v in cluster.get("Secret", "rt-token")["data"].items()} == {
+        s: scoped(run_token(NEW_KEY, uid), s) for s in (*SCOPES, "checkpoint")}
     requests = operator_requests(kmock)
     assert {verb for verb, path in requests if path == "secrets"} == {"create", "delete"}, requests  # delete: the test's
-    assert requests["create", "secrets"] >= 3  # one by each operator, whether the Secret was there or not
+    assert requests["create", "secrets"] >= 5  # one by each operator, whether the Secret was there or not
 
 
 async def start_everything(cluster, name: str = "rt", attempt: int = 0) -> None:

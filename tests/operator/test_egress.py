@@ -79,7 +79,7 @@ async def test_the_operator_makes_its_policies_before_the_pods_and_egress_only_w
     creates = [(resource, (request.data or {}).get("metadata", {}).get("name"))
                for request, resource in operator_calls(cluster.server) if VERBS[request.action.value] == "create"]
     first_workload = min(i for i, (resource, _) in enumerate(creates) if resource in ("statefulsets", "deployments", "jobs"))
-    for ingress in ("rt-network-policy", "rt-trainer-network-policy"):  # no pod listens before its fence
+    for ingress in ("rt-network-policy", "rt-trainer-network-policy", "rt-servers-network-policy"):  # fences first
         assert creates.index(("networkpolicies", ingress)) < first_workload, ingress
     policy = cluster.get("NetworkPolicy", "rt-egress-network-policy")
     if not operator_settings:

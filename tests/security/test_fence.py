@@ -67,6 +67,8 @@ def naming(field: str, name: str, *, kind: str = "RLRun") -> dict:
         obj["spec"]["imagePullSecrets"] = [name]
     elif path.startswith("storage.objectStore"):
         obj["spec"]["storage"] = {"pvc": {"size": "1Gi"}, "objectStore": {"url": "s3://b", path.rsplit(".")[-1]: name}}
+    elif path == "export.claimName":
+        obj["spec"]["export"] = {"claimName": name, "path": "models"}
     else:
         obj["spec"]["storage"] = {"pvc": {"claimName": name}}
     return obj

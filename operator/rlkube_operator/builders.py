@@ -24,7 +24,7 @@ from rlkube_operator.names import (
     RunRef,
 )
 from rlkube_operator.pods import container, http_probes, pod_settings, pod_template
-from rlkube_operator.runtoken import checkpoint_key, run_credentials
+from rlkube_operator.runtoken import checkpoint_key, member_credentials, run_credentials, run_token
 from rlkube_operator.spec import RLRunSpec, RunSpecBase
 from rlkube_operator.wiring import INFERENCE_URLS, orchestrator_writes, trainer_metrics_port
 
@@ -32,6 +32,8 @@ APPLIED_SPEC_KEY = "applied-spec.json"
 APPLIED_SPEC_SIGNATURE_KEY = "applied-spec.sig"
 ATTEMPT_ANNOTATION = "rlkube.dev/attempt"
 RESTARTS_ANNOTATION = "rlkube.dev/restarts"
+POOL_TOKEN_KEY = "token"
+"""The pool's token's key in `<pool>-token`."""
 SUSPEND_ANNOTATION = "rlkube.dev/suspend"
 """The `spec.suspend` the operator last gave the trainer Job: see `queueing.suspend_patch`."""
 def served_toml(name: str) -> str:
@@ -62,7 +64,25 @@ def build_token_secret(run: RunRef, key: bytes) -> dict:
     and every operator, so the operator only ever creates it (`Kube.create`) and never reads it
     back. Immutable: nothing rotates it under running pods. It also holds the run's checkpoint
     key (`CHECKPOINT_KEY`), which only the trainer's pods get."""
-    values = run_credentials(key, run.uid) | {CHECKPOINT_KEY: checkpoint_key(key, run.uid)}
+    return _token_secret(run, run_credentials(key, run.uid) | {CHECKPOINT_KEY: checkpoint_key(key, run.uid)})
+
+
+def build_pool_token_secret(pool: RunRef, key: bytes) -> dict:
+    """`<pool>-token`: a run's credentials under the pool's token, and the pool's token itself
+    (`POOL_TOKEN_KEY`), which the pool's trainer and inference alone get: they derive each
+    member's credentials from it (`rlkube.scopes.member_scoped`) to accept each only for that member."""
+    return _token_secret(pool, run_credentials(key, pool.uid) | {CHECKPOINT_KEY: checkpoint_key(key, pool.uid),
+                                                                 POOL_TOKEN_KEY: run_token(key, pool.uid)})
+
+
+def build_member_token_secret(run: RunRef, key: bytes, pool_uid: str, member: str) -> dict:
+    """A pool member's `<run>-token`: its own credentials (`runtoken.member_credentials`), derived
+    from the pool's token and its member name only, under the same keys as a run's, so its pods
+    read them as a solo run's do."""
+    return _token_secret(run, member_credentials(key, pool_uid, member))
+
+
+def _token_secret(run: RunRef, values: dict[str, str]) -> dict:
     data = {name: base64.b64encode(value.encode()).decode() for name, value in values.items()}
     return {"apiVersion": "v1", "kind": "Secret", "metadata": run.metadata("token"), "type": "Opaque",
             "immutable": True, "data": data}
@@ -189,7 +209,8 @@ def _tcp_ports_except(*closed: int) -> list[dict]:
 
 
 def build_network_policies(run: RunRef, operator_peer: dict, status_port: int, scraper_peer: dict | None,
-                           metrics_ports: list[int], serving_ports: list[int] | None) -> list[dict]:
+                           metrics_ports: list[int], serving_ports: list[int] | None,
+                           admitted: dict[str, list[dict]] | None = None) -> list[dict]:
     """Only the run's own pods reach its pods; the operator reaches `status_port` (`GET
     /status`), and a metrics scraper (`scraper_peer`, a namespace) the ports that serve
     `/metrics` (`metrics_ports`). Nothing else, unless another NetworkPolicy allows it
@@ -205,7 +226,8 @@ def build_network_policies(run: RunRef, operator_peer: dict, status_port: int, s
       programs, reach none of them.
     So three policies for an RLRun, one for an SFTRun (`serving_ports` None: no other pods). A
     NetworkPolicy cannot say "the same run as the target", so each run gets its own, selecting
-    its uid's pods."""
+    its uid's pods. `admitted`: further ingress rules by policy (`network-policy`,
+    `trainer-network-policy`): a pool's members and its trainer (`pools`)."""
     uid = run.pod_labels()
     servers = ["inference", "teacher", "judge"]
 
@@ -234,7 +256,8 @@ def build_network_policies(run: RunRef, operator_peer: dict, status_port: int, s
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": run.metadata(name),
-        "spec": {"podSelector": selector, "policyTypes": ["Ingress"], "ingress": ingress},
+        "spec": {"podSelector": selector, "policyTypes": ["Ingress"],
+                 "ingress": ingress + (admitted or {}).get(name, [])},
     } for name, selector, ingress in policies]
 
 
@@ -309,13 +332,13 @@ def build_env_worker_deployment(run: RunRef, spec: RLRunSpec, replicas: int) -> 
 
 
 def build_trainer_master_service(run: RunRef, spec: RunSpecBase, status_port: int | None = None, *,
-                                 attempt: int) -> dict:
+                                 attempt: int, attach_port: int | None = None) -> dict:
     """`<run>-trainer-master`: pod 0 of the current trainer Job (`attempt`'s). Headless and
     publishing pods before they are ready: torchrun's rendezvous, the gRPC weight server and the
     NCCL rendezvous all need rank 0 while every pod is still starting, and rank 0 alone serves
     the RL trainer's `/metrics` (a stable scrape target). Such a Service publishes
     terminating pods too, so it selects the current Job's pods only: a new gang never dials an
-    old master still in its grace period."""
+    old master still in its grace period. `attach_port`: a pool trainer's Attach service."""
     ports = [_tcp("torchrun", TORCHRUN_PORT)]
     weights = getattr(spec.config, "weights", None)
     if weights is not None and weights.type in ("grpc", "nixl"):
@@ -326,6 +349,8 @@ def build_trainer_master_service(run: RunRef, spec: RunSpecBase, status_port: in
         ports.append(_tcp("http", status_port))
     if metrics := trainer_metrics_port(spec):
         ports.append(_tcp("metrics", metrics))
+    if attach_port:
+        ports.append(_tcp("pool", attach_port))
     selector = run.service_selector("trainer") | {COMPLETION_INDEX_LABEL: "0", JOB_NAME_LABEL: run.trainer_job(attempt)}
     return _service(run, "trainer", ports, headless=True, not_ready=True,
                     name=run.trainer_master_service, selector=selector)
@@ -359,7 +384,7 @@ def trainer_command(run: RunRef, spec: RunSpecBase, module: str, config_file: st
 
 def build_trainer_job(
     run: RunRef, spec: RunSpecBase, *, module: str, config_file: str, attempt: int, restarts: int, suspend: bool,
-    status_port: int | None = None, active_deadline_seconds: int | None = None,
+    status_port: int | None = None, active_deadline_seconds: int | None = None, attach_port: int | None = None,
 ) -> dict:
     """A PyTorchJob-style indexed Job: pod i is torchrun node i, pod 0 is the master.
     The Job carries its attempt and the restart count so far: the reconciler reads them back.
@@ -384,7 +409,8 @@ def build_trainer_job(
         trainer_command(run, spec, module, config_file),
         ports=[{"name": "torchrun", "containerPort": TORCHRUN_PORT}]
         + ([{"name": "http", "containerPort": status_port}] if status_port else [])
-        + ([{"name": "metrics", "containerPort": metrics}] if (metrics := trainer_metrics_port(spec)) else []),
+        + ([{"name": "metrics", "containerPort": metrics}] if (metrics := trainer_metrics_port(spec)) else [])
+        + ([{"name": "pool", "containerPort": attach_port}] if attach_port else []),
         res=spec.trainer.resources,
         gpus=spec.trainer.gpus_per_node,
         env=[index_env, {"name": "MASTER_ADDR", "value": run.trainer_master}, checkpoint_key_env(run)],

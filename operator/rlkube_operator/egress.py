@@ -89,10 +89,10 @@ def ip_block(cidr: str) -> dict:
     return {"cidr": cidr, "except": [str(c) for c in cut]} if cut else {"cidr": cidr}
 
 
-def build_egress_policy(run: RunRef, egress: Egress, asked: list[Destination] = ()) -> dict:
+def build_egress_policy(run: RunRef, egress: Egress, asked: list[Destination] = (), peers: list[dict] = ()) -> dict:
     """`<run>-egress-network-policy`: every pod of the run may connect only to DNS, the run's own
     pods, `egress.allowed` and what the run `asked` for (`spec.network.egress`, within the
-    guardrails)."""
+    guardrails); `peers`: further rules, a pool's and its members' pods (`pools`)."""
     dns = {"to": [egress.dns], "ports": [{"protocol": p, "port": 53} for p in ("UDP", "TCP")]}
     own = {"to": [{"podSelector": {"matchLabels": run.pod_labels()}}]}
     allowed = [{"to": [{"ipBlock": ip_block(d.cidr)}]} | (
@@ -103,5 +103,5 @@ def build_egress_policy(run: RunRef, egress: Egress, asked: list[Destination] = 
         "kind": "NetworkPolicy",
         "metadata": run.metadata("egress-network-policy"),
         "spec": {"podSelector": {"matchLabels": run.pod_labels()}, "policyTypes": ["Egress"],
-                 "egress": [dns, own, *allowed]},
+                 "egress": [dns, own, *allowed, *peers]},
     }

@@ -182,6 +182,34 @@ class Kube:
             raise
         return {r["name"] for r in json_body(response).get("resources", [])}
 
+    def get_rlkube(self, plural: str, namespace: str, name: str) -> dict | None:
+        """An rlkube.dev object (a run's RLPool); None when there is none."""
+        try:
+            return json_body(client.CustomObjectsApi(self._api).get_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, name, _preload_content=False))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list_rlkube(self, plural: str, namespaces: tuple[str, ...] | None) -> "list[dict]":
+        """rlkube.dev objects in `namespaces`, or in every namespace (None)."""
+        api = client.CustomObjectsApi(self._api)
+        if namespaces is None:
+            return json_body(api.list_cluster_custom_object(GROUP, VERSION, plural, _preload_content=False))["items"]
+        return [item for ns in namespaces for item in json_body(api.list_namespaced_custom_object(
+            GROUP, VERSION, ns, plural, _preload_content=False))["items"]]
+
+    def namespace_labels(self, name: str) -> dict[str, str]:
+        """A namespace's labels (what a pool's `allowedRuns` selector matches); none if it is gone."""
+        try:
+            namespace = json_body(client.CoreV1Api(self._api).read_namespace(name, _preload_content=False))
+        except ApiException as e:
+            if e.status == 404:
+                return {}
+            raise
+        return namespace.get("metadata", {}).get("labels") or {}
+
     def patch_status(self, run: RunRef, status: dict[str, Any]) -> dict:
         """Merge-patch the run's status subresource (null deletes a field)."""
         return json_body(client.CustomObjectsApi(self._api).patch_namespaced_custom_object_status(

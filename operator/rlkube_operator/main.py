@@ -31,7 +31,7 @@ from rlkube_operator.reconcile import Reconciler, Settings, operator_peer
 from rlkube_operator.runloop import Pacing, RunLoops
 from rlkube_operator.runtoken import KEY_SETTING, read_key
 
-PLURALS = {"RLRun": "rlruns", "SFTRun": "sftruns"}
+PLURALS = {"RLRun": "rlruns", "SFTRun": "sftruns", "RLPool": "rlpools"}
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 """Namespaces an operator watching every namespace leaves alone (with its own), unless allowed:
 its ClusterRole creates workloads anywhere, and a run there would put them beside the cluster's."""
@@ -267,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                         network_policy_peer=peer,
                         metrics_scraper_peer=args.metrics_scraper_peer, egress=args.egress_policy,
                         guardrails=args.guardrails,
+                        namespaces=None if args.all_namespaces else tuple(args.namespace),
                         token_key=token_key)
     reconciler = Reconciler(Kube(api_client()), settings)
     operator = functools.partial(

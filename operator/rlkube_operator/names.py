@@ -20,8 +20,10 @@ TORCHRUN_PORT = 29500
 SFT_STATUS_PORT = 8080  # the SFT trainer's GET /status on pod 0 (the RLRun's is the orchestrator's)
 TRAINER_METRICS_PORT = 8090  # the RL trainer's /metrics on pod 0 unless trainer.metrics.prometheus_port says
 COMPONENTS = ("inference", "orchestrator", "trainer")
-CHILD_PREFIX = {"RLRun": "", "SFTRun": "sft-"}
+CHILD_PREFIX = {"RLRun": "", "SFTRun": "sft-", "RLPool": ""}
 RUN_UID_LABEL = "rlkube.dev/run-uid"
+POOL_UID_LABEL = "rlkube.dev/pool-uid"
+"""On a pool member's pods: the uid of the RLPool they attach to (its NetworkPolicies admit them)."""
 RESERVED_PREFIX = "rlkube.dev/"
 APP_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
               "app.kubernetes.io/component")
@@ -56,7 +58,7 @@ class RunRef:
 
     @property
     def plural(self) -> str:
-        """The run's resource: `rlruns` or `sftruns`."""
+        """The run's resource: `rlruns`, `sftruns` or `rlpools`."""
         return f"{self.kind.lower()}s"
 
     def child(self, component: str) -> str:

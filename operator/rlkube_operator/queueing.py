@@ -34,6 +34,7 @@ from rlkube_operator import builders, gang, pods
 from rlkube_operator.conditions import set_condition
 from rlkube_operator.kube import MERGE_PATCH, ForeignChild, Kube, json_body
 from rlkube_operator.names import RunRef, controller_uid
+from rlkube_operator.poolspec import RLPoolSpec
 from rlkube_operator.spec import SERVED_MODELS, QueueSpec, RLRunSpec, RunSpecBase
 
 log = logging.getLogger(__name__)
@@ -161,13 +162,18 @@ def place(obj: dict, queued: Admission | None) -> dict:
 
 
 def component_pods(spec: RunSpecBase) -> dict[str, int]:
-    """How many pods each component of the run has when it runs."""
+    """How many pods each component of the run has when it runs: a pool member's are its
+    orchestrator and env workers, a pool's its inference and trainer."""
     counts = {}
     if isinstance(spec, RLRunSpec):
-        counts = {"inference": spec.inference.replicas, "orchestrator": 1}
+        counts = {"orchestrator": 1} if spec.member else {"inference": spec.inference.replicas, "orchestrator": 1}
         if spec.env_workers.replicas:
             counts["env-worker"] = spec.env_workers.replicas
+        if spec.member:
+            return counts
         counts |= {name: served.replicas for name, served in spec.served_models().items()}
+    elif isinstance(spec, RLPoolSpec):
+        counts = {"inference": spec.inference.replicas}
     return counts | {"trainer": spec.trainer.nodes}
 
 

@@ -32,6 +32,7 @@ from rlkube_operator import (
     namedobjects,
     observe,
     podread,
+    pools,
     progress,
     queueing,
 )
@@ -40,14 +41,25 @@ from rlkube_operator.egress import Egress, build_egress_policy
 from rlkube_operator.guardrails import Guardrails, refusals
 from rlkube_operator.kube import ForeignChild, Kube
 from rlkube_operator.names import SFT_STATUS_PORT, RunRef
+from rlkube_operator.poolspec import RLPoolSpec
 from rlkube_operator.runtoken import KEY_SETTING
 from rlkube_operator.spec import SERVED_MODELS, RLRunSpec, RunSpecBase, SFTRunSpec
-from rlkube_operator.wiring import rl_files, sft_tomls, trainer_metrics_port
+from rlkube_operator.wiring import (
+    POOL_FILE,
+    POOL_PORT,
+    member_files,
+    pool_files,
+    rl_files,
+    sft_tomls,
+    trainer_metrics_port,
+)
 
 log = logging.getLogger(__name__)
 
 # Applied to a running run; anything else is refused.
 LIVE_FIELDS = ("suspend", "restartPolicy", "ttlSecondsAfterFinished")
+POOL_LIVE_FIELDS = ("allowedRuns", "quotas")
+"""An RLPool's, applied live too: which runs are members is decided on every pass (`admission`)."""
 # Applied to a suspended run as well, when it resumes: every pod is then new, and these size
 # components that keep no state of their own (inference and the env workers are stateless, the
 # orchestrator restarts from the trainer's checkpoint). The trainer's world size (nodes, GPUs,
@@ -81,6 +93,10 @@ class Workload:
     tomls: Callable[[RunRef, RunSpecBase], dict[str, str]]
     trainer_status_port: int | None = None
     """Where pod 0 of the trainer serves `GET /status`; None: progress is the orchestrator's."""
+    reads_progress: bool = True
+    """Whether the run's progress is read (a pool has none of its own: its members do)."""
+    attach_port: int | None = None
+    """Where the trainer's rank 0 serves a pool's Attach (`wiring.POOL_PORT`); None: not a pool."""
 
 
 WORKLOADS = {
@@ -90,7 +106,13 @@ WORKLOADS = {
     "SFTRun": Workload(
         SFTRunSpec, ("trainer",), "rlkube.entrypoints.sft", "sft.toml", sft_tomls, trainer_status_port=SFT_STATUS_PORT
     ),
+    "RLPool": Workload(
+        RLPoolSpec, ("inference", "trainer"), "rlkube.entrypoints.pool_trainer", POOL_FILE, pool_files,
+        reads_progress=False, attach_port=POOL_PORT,
+    ),
 }
+MEMBER = Workload(RLRunSpec, ("orchestrator",), "", "", rl_files)
+"""An RLRun with `spec.poolRef`: its orchestrator and env workers; the pool has the rest."""
 
 
 OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "rlkube-operator"}
@@ -127,6 +149,9 @@ class Settings:
     egress: Egress | None = None
     """Where the runs' pods may connect (`egress.py`): each run gets an egress NetworkPolicy.
     None: no egress policy, the pods may dial anything (the chart turns it on by default)."""
+
+    namespaces: tuple[str, ...] | None = None
+    """The namespaces the operator watches, where a pool's members may be; None: all of them."""
 
     token_key: bytes | None = None
     """The key each run's token is derived from (`runtoken`), read from `--token-key-file`;
@@ -181,7 +206,8 @@ def _frozen(spec: dict, suspended: bool, live_components: bool = False) -> dict:
     """The fields a started run keeps: all but the live ones (with `live_components`, the
     `ELASTIC_FIELDS` too), and while it is suspended, all but the resumable ones
     (`SUSPENDED_FIELDS`, `SUSPENDED_BLOCKS`) too."""
-    out = {k: v for k, v in spec.items() if k not in LIVE_FIELDS and not (suspended and k in SUSPENDED_BLOCKS)}
+    out = {k: v for k, v in spec.items()
+           if k not in LIVE_FIELDS + POOL_LIVE_FIELDS and not (suspended and k in SUSPENDED_BLOCKS)}
     if suspended:
         out = _without(out, SUSPENDED_FIELDS)
     if live_components:
@@ -199,9 +225,9 @@ def _without(spec: dict, fields: dict[str, tuple[str, ...]]) -> dict:
     return out
 
 
-def _live(live_components: bool) -> list[str]:
+def _live(live_components: bool, kind: str) -> list[str]:
     elastic_fields = [f"{c}.{f}" for c, fields in ELASTIC_FIELDS.items() for f in fields] if live_components else []
-    return list(LIVE_FIELDS) + elastic_fields
+    return list(LIVE_FIELDS) + list(POOL_LIVE_FIELDS if kind == "RLPool" else ()) + elastic_fields
 
 
 def _resumable() -> str:
@@ -231,6 +257,7 @@ class Reconciler:
         self.settings = settings or Settings()
         self.custom = queueing.CustomObjects(kube)
         self.kueue = queueing.Kueue(self.custom)
+        self.pools = pools.Pools(kube, self.settings.namespaces)
         self._refused: dict[str, dict[tuple, list[str]]] = {}
         """Per run uid: the last two specs checked against the guardrails (the request, and a
         stored copy the operator did not sign), and what they refused (cel-python takes ~0.25 s
@@ -261,7 +288,7 @@ class Reconciler:
                                   _with_defaults(workload, old), _values(desired))
         if not changed:
             return desired, None
-        live = {k: v for k, v in new.items() if k in LIVE_FIELDS}
+        live = {k: v for k, v in new.items() if k in LIVE_FIELDS + POOL_LIVE_FIELDS}
         applied = workload.spec_model.model_validate(_frozen(old, False) | live)
         if live_components:  # the elastic fields apply all the same
             for component, names in ELASTIC_FIELDS.items():
@@ -270,7 +297,7 @@ class Reconciler:
                 applied = applied.model_copy(update={component: section})
         shown = ", ".join(changed[:5]) + (" …" if len(changed) > 5 else "")
         return applied, (
-            f"changes to {shown} cannot apply to a started run; only {', '.join(_live(live_components))} do, and "
+            f"changes to {shown} cannot apply to a started run; only {', '.join(_live(live_components, run.kind))} do, and "
             f"while it is suspended {_resumable()}. Delete and recreate the run to change the others "
             "(a PVC claimName keeps checkpoints)."
         )
@@ -326,57 +353,81 @@ class Reconciler:
         return (jobs[-1] if jobs else None), jobs[:-1]
 
     def apply(self, run: RunRef, workload: Workload, spec: RunSpecBase, attempt: int, restarts: int,
-              seconds_left: float | None, held: bool = False, queued: queueing.Admission | None = None) -> None:
+              seconds_left: float | None, held: bool = False, queued: queueing.Admission | None = None,
+              attachment: pools.Attachment | None = None) -> None:
         """Create or correct every child for `attempt` (idempotent). A new trainer Job gets the
         run's time left as its own deadline. `held`: its trainer Job is suspended from outside,
         so the other components wait at zero too (the Job itself is left as it is). `queued`:
-        the run's Kueue admission, whose flavours place the pods (`queueing.place`)."""
+        the run's Kueue admission, whose flavours place the pods (`queueing.place`).
+        `attachment`: a pool member's place on its pool (`pools`)."""
         k = self.kube
+        pool = run if run.kind == "RLPool" else None
         if self.settings.network_policy_peer is not None:  # before any pod that listens
+            admitted = (pools.pool_admitted(run, spec) if pool else
+                        pools.member_admitted(spec, attachment) if attachment else None)
             for policy in builders.build_network_policies(
                     run, self.settings.network_policy_peer, _status_port(workload, spec),
-                    self.settings.metrics_scraper_peer, _metrics_ports(workload, spec), _serving_ports(workload, spec)):
+                    self.settings.metrics_scraper_peer, _metrics_ports(workload, spec), _serving_ports(workload, spec),
+                    admitted):
                 k.ensure(policy)
         if self.settings.egress is not None:
-            k.ensure(build_egress_policy(run, self.settings.egress, spec.network.egress))
+            peers = pools.pool_egress(run) if pool else pools.member_egress(attachment) if attachment else []
+            k.ensure(build_egress_policy(run, self.settings.egress, spec.network.egress, peers))
         if (pvc := builders.build_pvc(run, spec)) is not None:
             k.ensure(pvc)
         # The token Secret before any pod: they read it at start.
         if self._token_made.get(run.uid) != (made := (attempt, spec.suspend or held)):
-            k.create(builders.build_token_secret(run, self.settings.key()))
+            k.create(self._token_secret(run, attachment))
             self._token_made[run.uid] = made
-        tomls = workload.tomls(run, spec)
+        tomls = (member_files(run, spec, attachment.pool, attachment.spec, attachment.member) if attachment
+                 else workload.tomls(run, spec))
         config = k.ensure(builders.build_configmap(run, tomls, _dump(spec), self.settings.key()))
         if (group := queueing.build_pod_group(run, spec)) is not None:  # before its pods
             queueing.ensure_pod_group(self.custom, run, group)
         replicas = 0 if spec.suspend or held else 1
+        member = (lambda m: pools.as_member(m, attachment)) if attachment else (lambda m: m)
+        pooled = (lambda m: pools.with_pool_token(m, pool)) if pool else (lambda m: m)
         if "inference" in workload.components:
             k.ensure(builders.build_inference_service(run, spec))
-            k.ensure(queueing.place(builders.build_inference_statefulset(run, spec, replicas * spec.inference.replicas),
-                                    queued))
+            k.ensure(queueing.place(pooled(builders.build_inference_statefulset(
+                run, spec, replicas * spec.inference.replicas)), queued))
             k.ensure(builders.build_servers_pdb(run, "inference"))
             for name in SERVED_MODELS:
-                if (served := getattr(spec, name)) is not None:
+                if (served := spec.served_models().get(name)) is not None:
                     k.ensure(builders.build_served_service(run, spec, name))
                     k.ensure(queueing.place(
                         builders.build_served_statefulset(run, spec, name, replicas * served.replicas), queued))
                     k.ensure(builders.build_servers_pdb(run, name))
                 elif builders.served_toml(name) in config.get("data", {}):
                     self.drop_served(run, name)
+        if "orchestrator" in workload.components:
             k.ensure(builders.build_orchestrator_service(run, spec))
-            k.ensure(queueing.place(builders.build_orchestrator_deployment(run, spec, replicas, attempt), queued))
+            k.ensure(queueing.place(member(builders.build_orchestrator_deployment(run, spec, replicas, attempt)),
+                                    queued))
             if spec.env_workers.replicas:
-                k.ensure(queueing.place(builders.build_env_worker_deployment(
-                    run, spec, replicas * spec.env_workers.replicas), queued))
-        k.ensure(builders.build_trainer_master_service(run, spec, workload.trainer_status_port, attempt=attempt))
+                k.ensure(queueing.place(member(builders.build_env_worker_deployment(
+                    run, spec, replicas * spec.env_workers.replicas)), queued))
+        if "trainer" not in workload.components:
+            return
+        k.ensure(builders.build_trainer_master_service(run, spec, workload.trainer_status_port, attempt=attempt,
+                                                       attach_port=workload.attach_port))
         job = builders.build_trainer_job(
             run, spec, module=workload.module, config_file=workload.config_file,
             attempt=attempt, restarts=restarts, suspend=spec.suspend, status_port=workload.trainer_status_port,
             active_deadline_seconds=None if seconds_left is None else max(1, math.ceil(seconds_left)),
+            attach_port=workload.attach_port,
         )
-        existing = k.ensure(queueing.place(job, queued))  # a suspended Job's template takes it
+        existing = k.ensure(queueing.place(pooled(job), queued))  # a suspended Job's template takes it
         if (patch := queueing.suspend_patch(existing, spec.suspend)) is not None:
             k.patch("Job", run.namespace, job["metadata"]["name"], patch)
+
+    def _token_secret(self, run: RunRef, attachment: pools.Attachment | None) -> dict:
+        """The run's token Secret: a pool's holds its token too, a member's only its own credentials."""
+        if attachment is not None:
+            return builders.build_member_token_secret(run, self.settings.key(), attachment.pool.uid, attachment.member)
+        if run.kind == "RLPool":
+            return builders.build_pool_token_secret(run, self.settings.key())
+        return builders.build_token_secret(run, self.settings.key())
 
     def drop_served(self, run: RunRef, name: str) -> None:
         """The run's teacher or judge was removed (while it was suspended): its servers, Service
@@ -393,6 +444,7 @@ class Reconciler:
             for component in ("inference", *spec.served_models()):
                 self.kube.delete_owned("StatefulSet", run.namespace, run.child(component), run.uid)
                 self.kube.delete_owned("PodDisruptionBudget", run.namespace, run.child(component), run.uid)
+        if "orchestrator" in workload.components:
             self.kube.delete_owned("Deployment", run.namespace, run.child("orchestrator"), run.uid)
             self.kube.delete_owned("Deployment", run.namespace, run.child("env-worker"), run.uid)
 
@@ -402,7 +454,12 @@ class Reconciler:
         meta, status = body["metadata"], dict(body.get("status") or {})
         conditions = Conditions(status.get("conditions") or [], meta.get("generation"), now)
         try:
-            return self._reconcile(kind, body, now)
+            result = self._reconcile(kind, body, now)
+            if kind == "RLPool" and (spec := _valid(RLPoolSpec, body)) is not None:
+                result.status |= self.pools.status(body, spec)
+                result.status["ready"] = any(c["type"] == "Ready" and c["status"] == "True"
+                                             for c in result.status.get("conditions", []))
+            return result
         except ForeignChild as e:
             return self._blocked(status, conditions, e, RunRef(kind, meta["name"], meta["namespace"], meta["uid"]))
         except Exception as e:  # written to the status, retried on the next pass
@@ -448,6 +505,20 @@ class Reconciler:
         else:
             conditions.set("SpecAccepted", True, "Accepted", "spec applied")
         status["maxSteps"] = spec.config.max_steps
+        attachment = None
+        if getattr(spec, "member", False):
+            workload = MEMBER
+            found = self.pools.attachment(run, spec, body)
+            if isinstance(found, pools.Attachment):
+                attachment = found
+                conditions.set("Accepted", True, "Attached", f"member {found.member} of RLPool "
+                               f"{found.pool.namespace}/{found.pool.name}, share {found.share}")
+            else:  # never started, or detached: nothing of it runs
+                self.teardown(run, workload, spec)
+                if conditions.set("Accepted", False, found.reason, found.message):
+                    events.append(("Warning", found.reason, found.message))
+                return self._finish(status, "Pending", f"{found.reason}: {found.message}", conditions, events,
+                                    stalled=False, worst=observe.Health(False, found.reason, found.message))
 
         job, older = self.trainer_jobs(run)
         attempt = observe.job_attempt(job) if job else int(status.get("attempt", 0))
@@ -500,7 +571,8 @@ class Reconciler:
             if terminal == "Succeeded" and spec.export is not None:
                 self._export(run, workload, spec, pods, status, conditions, events)
         else:
-            self.apply(run, workload, spec, attempt, restarts, left, held=held_outside, queued=queued)
+            self.apply(run, workload, spec, attempt, restarts, left, held=held_outside, queued=queued,
+                       attachment=attachment)
             for stale in older:
                 self.kube.delete("Job", run.namespace, stale["metadata"]["name"], uid=stale["metadata"].get("uid"))
             if queued is not None and queued.evicted:  # stopped now: Kueue may requeue it
@@ -568,7 +640,8 @@ class Reconciler:
             return None
         trainer = builders.build_trainer_job(run, spec, module=workload.module, config_file=workload.config_file,
                                              attempt=0, restarts=0, suspend=True,
-                                             status_port=workload.trainer_status_port)
+                                             status_port=workload.trainer_status_port
+                                             ) if "trainer" in workload.components else None
         return self.kueue.ensure(run, queueing.build_workload(run, spec, trainer))
 
     @staticmethod
@@ -637,6 +710,8 @@ class Reconciler:
     ) -> None:
         """Step, reward and checkpoint from the orchestrator (RLRun) or trainer pod 0 (SFTRun);
         `ProgressReadable` says whether the last read worked, and if not from where and why."""
+        if not workload.reads_progress:
+            return
         if workload.trainer_status_port is None:
             source, service = "orchestrator", run.child("orchestrator")
         else:
@@ -716,6 +791,13 @@ class Reconciler:
         return Result(status=status, events=events, error=message)
 
 
+def _valid(model: type[BaseModel], body: dict) -> BaseModel | None:
+    try:
+        return model.model_validate(body.get("spec") or {})
+    except ValidationError:
+        return None
+
+
 def describe_error(e: Exception) -> str:
     """One line: an API error's status and the API server's own message, else the exception."""
     if isinstance(e, ApiException):
@@ -756,7 +838,7 @@ def _status_port(workload: Workload, spec: RunSpecBase) -> int:
 def _serving_ports(workload: Workload, spec: RunSpecBase) -> list[int] | None:
     """The ports an RLRun's servers serve its pods on: the orchestrator's status and gRPC, vLLM's
     HTTP (inference, teacher, judge); None for an SFTRun, whose trainer is its only pod."""
-    if "inference" not in workload.components:
+    if workload.components == ("trainer",):
         return None
     served = [s.server.port for s in spec.served_models().values()]
     return sorted({_status_port(workload, spec), spec.config.rollouts.port, spec.config.inference.port, *served})

@@ -12,7 +12,7 @@ import hashlib
 import hmac
 from pathlib import Path
 
-from rlkube.scopes import SCOPES, scoped
+from rlkube.scopes import MEMBER_SCOPES, SCOPES, member_scoped, scoped
 
 MIN_KEY_BYTES = 32
 KEY_SETTING = "--token-key-file"
@@ -31,6 +31,14 @@ def run_credentials(key: bytes, uid: str) -> dict[str, str]:
     is in no Secret: no pod needs it."""
     token = run_token(key, uid)
     return {scope: scoped(token, scope) for scope in SCOPES}
+
+
+def member_credentials(key: bytes, pool_uid: str, member: str) -> dict[str, str]:
+    """A pool member's credential for each of its scopes (`rlkube.scopes.member_scoped`), from the
+    POOL's token alone: what the member run's Secret holds. Another member's differ, and none
+    gives back the pool's token."""
+    token = run_token(key, pool_uid)
+    return {scope: member_scoped(token, member, scope) for scope in MEMBER_SCOPES}
 
 
 def checkpoint_key(key: bytes, uid: str) -> str:

@@ -47,6 +47,20 @@ class QueueSpec(K8sModel):
     """A Kueue WorkloadPriorityClass: the Workload's priority in its ClusterQueue."""
 
 
+class PoolRef(K8sModel):
+    """The RLPool a run attaches to (Gateway API's `parentRefs`): the pool's trainer trains the
+    run's LoRA adapter and the pool's inference serves it; the run has only its orchestrator and
+    env workers."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    """The RLPool's name."""
+
+    namespace: str | None = Field(default=None, min_length=1, max_length=63,
+                                  pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Its namespace; unset: the run's own. The pool's `allowedRuns` says whether the run's
+    namespace may attach."""
+
+
 class RestartPolicy(K8sModel):
     backoff_limit: int = Field(default=3, ge=0, le=100)
     """Gang restarts of the trainer (from the latest checkpoint) before the run is Failed."""
@@ -224,7 +238,8 @@ class RLRunSpec(RunSpecBase):
             *(_served_on_one_machine(name) for name in SERVED_MODELS),
             (
                 (
-                    "(has(self.config) && has(self.config.weights) && has(self.config.weights.type)"
+                    "has(self.poolRef)"
+                    " || (has(self.config) && has(self.config.weights) && has(self.config.weights.type)"
                     " && self.config.weights.type != 'storage')"
                     " || has(self.storage.pvc) || has(self.storage.objectStore)"
                 ),
@@ -289,11 +304,24 @@ class RLRunSpec(RunSpecBase):
     their own endpoints). A suspended run may add, change or drop it: the judge keeps nothing of
     the run."""
 
+    pool_ref: PoolRef | None = None
+    """Attach to an RLPool instead of running a trainer and inference of the run's own: the run
+    creates only its orchestrator and env workers, and stays Pending (condition `Accepted`,
+    naming the field and the limit) until the pool admits it. `spec.trainer` and
+    `spec.inference` are then the pool's, and `spec.config.trainer.lora` is required."""
+
+    @property
+    def member(self) -> bool:
+        """A pool's member (`poolRef`): orchestrator and env workers only."""
+        return self.pool_ref is not None
+
     def served_models(self) -> dict[str, ServedModelSpec]:
         """The models the run serves beside the policy (`SERVED_MODELS` that are set), by name."""
         return {name: served for name in SERVED_MODELS if (served := getattr(self, name)) is not None}
 
     def _pods(self) -> int:
+        if self.pool_ref is not None:
+            return 1 + self.env_workers.replicas
         served = sum(s.replicas for s in self.served_models().values())
         return self.trainer.nodes + self.inference.replicas + 1 + self.env_workers.replicas + served
 
@@ -351,7 +379,8 @@ class RLRunSpec(RunSpecBase):
                 f"config.orchestrator.env_workers ({workers.env_workers}) must equal envWorkers.replicas "
                 f"({self.env_workers.replicas}) or be left out"
             )
-        if self.config.weights.type == "storage" and not (self.storage.pvc or self.storage.object_store):
+        if self.config.weights.type == "storage" and not (self.storage.pvc or self.storage.object_store) \
+                and self.pool_ref is None:
             raise ValueError(
                 "config.weights.type 'storage' needs storage.pvc or storage.objectStore "
                 "(or use weights.type 'grpc')"

@@ -19,8 +19,10 @@ after suspend) rejoins the run's newest complete checkpoint, or starts fresh whe
 from pathlib import PurePosixPath
 
 from rlkube.config import InferenceConfig, RLConfig, to_toml
+from rlkube.config.pool import PoolSection, PoolTrainerConfig
 
 from rlkube_operator.names import CONFIG_MOUNT, SFT_STATUS_PORT, TRAINER_METRICS_PORT, RunRef
+from rlkube_operator.poolspec import RLPoolSpec
 from rlkube_operator.spec import SERVED_MODELS, RLRunSpec, RunSpecBase, SFTRunSpec
 
 EMPTYDIR_OUTPUT = "/var/lib/rlkube"
@@ -192,3 +194,53 @@ def sft_tomls(run: RunRef, spec: SFTRunSpec) -> dict[str, str]:
     data = _shared(run, spec, _user_set(spec))
     data |= {"status_port": SFT_STATUS_PORT, "status_host": ANY_ADDRESS}
     return {"sft.toml": to_toml(type(spec.config).model_validate(data), exclude_unset=True)}
+
+
+# --- pools (`poolspec`): the pool's trainer and inference, and each member's orchestrator ---------
+POOL_FILE = "pool.toml"
+"""The pool trainer's config in the pool's ConfigMap (`rlkube.config.pool.PoolTrainerConfig`)."""
+POOL_PORT = PoolSection.model_fields["port"].default
+"""The pool trainer's Attach/Detach service (rank 0), where members attach."""
+
+
+def pool_trainer_address(pool: RunRef) -> str:
+    """Where members attach: rank 0's stable Service, on `POOL_PORT`."""
+    return f"{pool.trainer_master}:{POOL_PORT}"
+
+
+def pool_inference_urls(pool: RunRef, spec: RLPoolSpec) -> list[str]:
+    return server_urls(pool, "inference", spec.inference.replicas, spec.config.inference.port)
+
+
+def pool_files(pool: RunRef, spec: RLPoolSpec) -> dict[str, str]:
+    """`pool.toml` (the pool trainer: the base model, the adapters' slot of rank `maxLoraRank`,
+    `maxRuns` members, its Attach service on every interface) and `inference.toml` (vLLM with
+    LoRA: `maxRuns` adapters at once, of rank `maxLoraRank`), wired as a run's are."""
+    data = _shared(pool, spec, _user_set(spec))
+    _served(_section(data, "inference"), spec.inference.gpus_per_replica)["replicas"] = spec.inference.replicas
+    _section(data, "trainer", "lora")["rank"] = spec.max_lora_rank
+    trainer = PoolTrainerConfig.model_validate({
+        "output_dir": data["output_dir"], "trainer": data["trainer"],
+        **{key: data[key] for key in ("model", "log") if key in data},
+        "pool": {"name": pool.name, "max_runs": spec.max_runs, "host": ANY_ADDRESS, "port": POOL_PORT}})
+    configs = RLConfig.model_validate(data).process_configs(exclude_unset=True)
+    inference = configs["inference"].model_copy(update={"max_lora_rank": spec.max_lora_rank, "max_loras": spec.max_runs})
+    inference.model_fields_set.update({"max_lora_rank", "max_loras"})
+    return {POOL_FILE: to_toml(trainer, exclude_unset=True), "inference.toml": to_toml(inference, exclude_unset=True)}
+
+
+def member_files(run: RunRef, spec: RLRunSpec, pool: RunRef, pool_spec: RLPoolSpec, member: str) -> dict[str, str]:
+    """A member's `orchestrator.toml` (and `INFERENCE_URLS`): its own config, generating on the
+    pool's inference with its adapter (`client.lora_adapter` = the member's name), the pool's
+    base model."""
+    data = _shared(run, spec, _user_set(spec))
+    data.setdefault("model", {})["name"] = pool_spec.config.model.name
+    urls = pool_inference_urls(pool, pool_spec)
+    _section(data, "orchestrator", "client").update(base_urls=urls, base_urls_file=f"{CONFIG_MOUNT}/{INFERENCE_URLS}")
+    _section(data, "rollouts")["host"] = run.service_host("orchestrator")
+    _section(data, "orchestrator")["env_workers"] = spec.env_workers.replicas
+    rl = type(spec.config).model_validate(data)
+    configs = in_pods(rl.process_configs(exclude_unset=True), spec)
+    configs["orchestrator"].client.lora_adapter = member  # not a solo run's `rlkube-policy`
+    return {"orchestrator.toml": to_toml(configs["orchestrator"], exclude_unset=True),
+            INFERENCE_URLS: "".join(f"{url}\n" for url in urls)}

@@ -23,7 +23,7 @@ SCHEDULING = (
     Kind("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", subresources=("status",)),
 )
 PATHS = {
-    "RLRun": "rlkube.dev/v1alpha1/rlruns", "SFTRun": "rlkube.dev/v1alpha1/sftruns",
+    "RLRun": "rlkube.dev/v1alpha1/rlruns", "SFTRun": "rlkube.dev/v1alpha1/sftruns", "RLPool": "rlkube.dev/v1alpha1/rlpools",
     "ConfigMap": "v1/configmaps", "Secret": "v1/secrets", "Service": "v1/services",
     "PersistentVolumeClaim": "v1/persistentvolumeclaims", "Pod": "v1/pods", "Event": "v1/events",
     "StatefulSet": "apps/v1/statefulsets", "Deployment": "apps/v1/deployments", "Job": "batch/v1/jobs",

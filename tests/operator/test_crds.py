@@ -42,7 +42,8 @@ def test_crd_is_a_valid_customresourcedefinition(name):
     assert version["subresources"] == {"status": {}} | (scale if name == "rlkube.dev_rlruns.yaml" else {})
     assert CRDS[name]["spec"]["names"]["shortNames"]
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert {"Phase", "Step", "Reward", "Age"} <= set(columns)
+    assert ({"Phase", "Members", "Ready", "Age"} if name == "rlkube.dev_rlpools.yaml" else
+            {"Phase", "Step", "Reward", "Age"}) <= set(columns)
     assert not any("conditions" in path for path in columns.values())
     assert CRDS[name]["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 

@@ -4,6 +4,7 @@ schemas, and its RBAC compared with the API requests the operator really makes."
 
 import base64
 import json
+import re
 from pathlib import Path
 
 import helm_python as helm
@@ -16,9 +17,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from rlkube_operator.guardrails import Guardrails
 
-from tests.operator.cluster import pod_creating, pod_failed
+from tests.operator.cluster import AGENT, pod_creating, pod_failed
 from tests.operator.embedded import VERBS, operator_calls
 from tests.operator.test_operator_kmock import TEACHER, rlrun, start_everything
+from tests.operator.test_pools import member, rlpool
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "rlkube"
 REPO = CHART.parents[1]
@@ -129,7 +131,8 @@ def test_bad_values_are_refused_naming_the_field(values, field):
 def for_runs(obj: dict) -> bool:
     """The operator's RBAC in the runs' namespaces, not the Lease's (leader-election.yaml,
     test_leader.py) nor the users' (user-roles.yaml, test_guardrails.py)."""
-    return "Role" in obj["kind"] and not obj["metadata"]["name"].endswith(("-leader-election", "-edit", "-view"))
+    return "Role" in obj["kind"] and not obj["metadata"]["name"].endswith(("-leader-election", "-edit", "-view",
+                                                                           "-pool-namespaces"))
 
 
 def test_rbac_scope_follows_the_watch_mode():
@@ -138,6 +141,11 @@ def test_rbac_scope_follows_the_watch_mode():
     assert kinds(render(VALUES["cluster-wide"])) == [("ClusterRole", None), ("ClusterRoleBinding", None)]
     assert kinds(render(VALUES["two-namespaces"])) == sorted(
         [("Role", "team-a"), ("RoleBinding", "team-a"), ("Role", "team-b"), ("RoleBinding", "team-b")])
+    # in every mode, a pool's allowedRuns selector reads namespaces' labels: cluster-scoped, get only
+    for values in ({}, VALUES["cluster-wide"], VALUES["two-namespaces"]):
+        (role,) = [o for o in render(values) if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith(
+            "-pool-namespaces")]
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}]
     args = next(o for o in render(VALUES["two-namespaces"]) if o["kind"] == "Deployment")[
         "spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:2] == ["--namespace=team-a", "--namespace=team-b"]
@@ -195,7 +203,7 @@ def test_operator_pod_is_non_root_with_a_read_only_root_filesystem():
 
 def test_crds_are_upgradable_templates_kept_on_uninstall():
     crds = [o for o in render({}) if o["kind"] == "CustomResourceDefinition"]
-    assert sorted(c["metadata"]["name"] for c in crds) == ["rlruns.rlkube.dev", "sftruns.rlkube.dev"]
+    assert sorted(c["metadata"]["name"] for c in crds) == ["rlpools.rlkube.dev", "rlruns.rlkube.dev", "sftruns.rlkube.dev"]
     for c in crds:
         assert c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
         committed = yaml.safe_load((REPO / "crds" / f"rlkube.dev_{c['spec']['names']['plural']}.yaml").read_text())
@@ -208,7 +216,7 @@ def test_the_crd_chart_installs_exactly_the_committed_crds(version):
     report = helm.lint(str(CRD_CHART), {}, strict=True, kube_version=f"v{version}")
     assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == []
     crds = render({}, CRD_CHART, name="rlkube-crds", namespace="default", kube_version=f"v{version}")
-    assert sorted(c["metadata"]["name"] for c in crds) == ["rlruns.rlkube.dev", "sftruns.rlkube.dev"]
+    assert sorted(c["metadata"]["name"] for c in crds) == ["rlpools.rlkube.dev", "rlruns.rlkube.dev", "sftruns.rlkube.dev"]
     for c in crds:
         kubernetes_validate.validate(c, version, strict=True)
         assert c == yaml.safe_load((REPO / "crds" / f"rlkube.dev_{c['spec']['names']['plural']}.yaml").read_text())
@@ -229,14 +237,21 @@ def test_a_second_release_in_another_namespace_owns_nothing_the_first_owns():
 
 
 def _granted(values: dict) -> set[tuple[str, str, str]]:
-    role = next(o for o in render(values) if o["kind"] == "Role" and for_runs(o))
-    return {(group, res.replace("sftruns", "rlruns"), verb) for rule in role["rules"]
+    objects = render(values)
+    role = next(o for o in objects if o["kind"] == "Role" and for_runs(o))
+    namespaces = next(o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith(
+        "-pool-namespaces"))
+    return {(group, res.replace("sftruns", "rlruns"), verb) for rule in role["rules"] + namespaces["rules"]
             for group in rule["apiGroups"] for res in rule["resources"] for verb in rule["verbs"]}
 
 
 def operator_requests(cluster) -> set[tuple[str, str, str]]:
     """(group, resource, verb) of every request the operator made to the API emulator."""
     used = set()
+    for request in cluster.server:  # a namespace read: kmock parses /api/v1/namespaces/<name> as a namespace
+        if (request.headers.get("User-Agent") != AGENT and request.method.upper() == "GET"
+                and re.fullmatch(r"/api/v1/namespaces/[^/]+", request.url.path)):
+            used.add(("", "namespaces", "get"))
     for request, resource in operator_calls(cluster.server):
         used.add((request.resource.group, resource.replace("sftruns", "rlruns"), VERBS[request.action.value]))
         # What the API server checks besides the verb itself (OwnerReferencesPermissionEnforcement):
@@ -339,6 +354,15 @@ async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster, values):
     await cluster.until(lambda: not cluster.names("Deployment"), what="teardown")
     await cluster.patch("RLRun", "rt", {"spec": {"ttlSecondsAfterFinished": 0}})
     await cluster.until(lambda: cluster.get("RLRun", "rt") is None, what="deleted, finalizer released")
+    # A pool admitting by namespace labels (it reads the member's namespace), a member attached.
+    selector = {"matchExpressions": [{"key": "quarantined", "operator": "DoesNotExist"}]}
+    await cluster.create(rlpool(allowedRuns={"namespaces": {"from": "Selector", "selector": selector}},
+                                storage={"pvc": {"size": "1Gi"}}))
+    await cluster.create(member("m", storage={}))
+    await cluster.until(lambda: cluster.get("Deployment", "m-orchestrator"), what="member attached")
+    await cluster.until(lambda: cluster.status("RLPool", "pool").get("memberCount") == 1, what="pool status")
+    await cluster.delete("RLPool", "pool")
+    await cluster.until(lambda: cluster.get("RLPool", "pool") is None, what="pool deleted, finalizer released")
 
     used = operator_requests(cluster)
     assert used - _granted(values) == set(), "the operator needs verbs the chart does not grant"

@@ -77,11 +77,17 @@ async def test_an_adapter_snapshot_serves_what_its_merged_weights_serve(inferenc
 @pytest.fixture(scope="module")
 def lora_server(tiny_model, tmp_path_factory):
     """`rlkube inference` serving `tiny_model` with vLLM's LoRA support (`max_lora_rank`)."""
+    yield from serve_lora(tiny_model, tmp_path_factory.mktemp("lora_server"))
+
+
+def serve_lora(tiny_model, workdir, **settings):
+    """Run `rlkube inference` on `tiny_model` with adapters of LORA's rank (and `settings`),
+    yielding its base URL once healthy: the body of a module's engine fixture."""
     config = InferenceConfig.model_validate({
         "model": {"name": str(tiny_model)}, "port": free_port(), "kv_cache_space_gb": 1,
         "max_model_len": 512, "max_num_seqs": 8, "start_paused": False, "max_lora_rank": LORA.rank,
-    })
-    server = InferenceProcess(config, tmp_path_factory.mktemp("lora_server"))
+    } | settings)
+    server = InferenceProcess(config, workdir)
     with server:
         try:
             asyncio.run(server.wait_until_healthy(timeout=600))

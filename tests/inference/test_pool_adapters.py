@@ -9,14 +9,11 @@ import asyncio
 import random
 
 import pytest
-from rlkube.config import InferenceConfig
 from rlkube.inference import client
-from rlkube.inference.process import InferenceProcess
 from rlkube.trainer.lora import adapter_config
 from rlkube.transport.weights import StoragePublisher
 
-from tests.fixtures.inference import free_port
-from tests.inference.test_lora_weights import LORA, generate_as, random_adapter
+from tests.inference.test_lora_weights import LORA, generate_as, random_adapter, serve_lora
 
 pytestmark = pytest.mark.slow
 
@@ -27,17 +24,7 @@ ZERO = "team-b.step0"
 @pytest.fixture(scope="module")
 def pool_server(tiny_model, tmp_path_factory):
     """One engine for the module: `rlkube inference` with four adapter slots."""
-    config = InferenceConfig.model_validate({
-        "model": {"name": str(tiny_model)}, "port": free_port(), "kv_cache_space_gb": 1, "max_model_len": 512,
-        "max_num_seqs": 8, "start_paused": False, "max_lora_rank": LORA.rank, "max_loras": 4,
-    })
-    server = InferenceProcess(config, tmp_path_factory.mktemp("pool_server"))
-    with server:
-        try:
-            asyncio.run(server.wait_until_healthy(timeout=600))
-        except RuntimeError as e:
-            pytest.fail(str(e))
-        yield server.base_url
+    yield from serve_lora(tiny_model, tmp_path_factory.mktemp("pool_server"), max_loras=4)
 
 
 async def test_mixed_batches_decode_each_row_with_its_own_members_adapter(pool_server, tiny_model, tmp_path):

@@ -98,9 +98,10 @@ class PoolLoop:
             fn(*args)
         except Exception as e:
             logger.exception("member %s failed; the pool goes on without it", name)
-            self.leave(name, f"failed: {e}")
+            reason = f"failed: {type(e).__name__}: {e}"
+            self.leave(name, reason)
             if self.roster:
-                self.roster.gone(name, f"failed: {type(e).__name__}: {e}")
+                self.roster.gone(name, reason)
 
     def leave(self, name: str, reason: str, abandon: bool = True) -> None:
         """Remove member `name`, if it is one. Its publish in flight is finished, but with

@@ -1,12 +1,14 @@
 """`rlkube orchestrator`: environments, rollouts, advantages, batches for the trainer."""
 
 import warnings
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from rlkube.config.base import Config
 from rlkube.config.renames import RenamedKeyWarning, rename_keys
+from rlkube.scopes import MEMBER_NAME
 
 
 class EnvConfig(Config):
@@ -263,6 +265,58 @@ class RolloutServerConfig(Config):
 
     timeout_s: float = Field(default=3600, gt=0)
     """How long the trainer waits for one batch before giving up."""
+
+
+class PoolMemberConfig(Config):
+    """The `[pool]` section of a member run's orchestrator: it trains on a pool's trainer
+    (`rlkube pool-trainer`) and generates on the pool's inference, with its own LoRA adapter.
+    Unset: a solo run, with a trainer and inference of its own."""
+
+    member: str
+    """The member's name: its directory under the pool's `members/` and its adapter's model name
+    on the pool's inference (lower-case DNS-1123: `<namespace>.<run>` on a cluster). Every
+    request names it, step 0 and evals included; `client.lora_adapter` is set to it."""
+
+    trainer: str
+    """`host:port` of the pool trainer's Pool service (`pool.port` of its `pool.toml`), where the
+    member attaches itself at start, and again whenever the pool trainer lost it (a restart)."""
+
+    trainer_config: Path
+    """The member's own trainer config (a `TrainerConfig` TOML file: what `rlkube rl` writes as
+    `trainer.toml`), sent with Attach: its optimizer, schedule, loss, `lora` (the pool's shape),
+    seed, checkpoints. Its `max_steps` must be this orchestrator's."""
+
+    weight: float = Field(default=1.0, gt=0)
+    """The member's share weight in the pool trainer's fair share of trained tokens."""
+
+    address: str | None = None
+    """`host:port` the pool trainer dials for this member's batches (on a cluster, the member's
+    orchestrator Service); `rollouts.host:rollouts.port` when unset."""
+
+    attach_timeout_s: float = Field(default=600, gt=0)
+    """How long attaching retries while the pool trainer's service does not answer (it starts,
+    or restarts); past it the orchestrator fails. A refusal (the member does not fit) fails at once."""
+
+    check_interval_s: float = Field(default=5.0, gt=0)
+    """How often the orchestrator asks the pool trainer whether it is still a member (`Status`):
+    one that restarted has lost its roster, and the member attaches again (resuming from its own
+    checkpoint)."""
+
+    @field_validator("member")
+    @classmethod
+    def _member_name(cls, member: str) -> str:
+        if not MEMBER_NAME.fullmatch(member):
+            raise ValueError(f"{member!r} is not a lower-case DNS-1123 name (a-z, 0-9, '-', '.'; at most 253)")
+        return member
+
+    @field_validator("trainer", "address")
+    @classmethod
+    def _host_port(cls, address: str | None) -> str | None:
+        if address is not None:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"{address!r} is not host:port")
+        return address
 
 
 class OrchestratorSection(Config):

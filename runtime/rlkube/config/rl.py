@@ -17,7 +17,12 @@ from rlkube.config.inference import (
     ServedModelSection,
     TeacherServerSection,
 )
-from rlkube.config.orchestrator import ClientConfig, OrchestratorSection, RolloutServerConfig
+from rlkube.config.orchestrator import (
+    ClientConfig,
+    OrchestratorSection,
+    PoolMemberConfig,
+    RolloutServerConfig,
+)
 from rlkube.config.shared import PlannedGpuConfig, RunConfig
 from rlkube.config.trainer import LossConfig, TrainerCommonConfig, TrainerMetricsConfig
 from rlkube.config.weights import WeightTransferConfig
@@ -75,6 +80,26 @@ class OrchestratorConfig(RunConfig, OrchestratorSection):
 
     weights: WeightTransferConfig = WeightTransferConfig()
     """Where inference loads new weights from."""
+
+    pool: PoolMemberConfig | None = None
+    """A member run of a pool (`rlkube pool-trainer` and the pool's inference); a solo run when unset."""
+
+    @model_validator(mode="after")
+    def _member_of_a_pool(self):
+        """A member generates with its own adapter on the pool's inference, which the pool
+        trainer publishes through storage: its orchestrator names the adapter and loads it by name."""
+        if self.pool is None:
+            return self
+        member = self.pool.member
+        if self.client.lora_adapter is None:
+            self.client = self.client.model_copy(update={"lora_adapter": member})
+        elif self.client.lora_adapter != member:
+            raise ValueError(f"client.lora_adapter: {self.client.lora_adapter!r}; a pool member's adapter is served "
+                             f"under its member name, pool.member {member!r} (leave lora_adapter unset)")
+        if self.weights.type != "storage":
+            raise ValueError(f"weights.type: {self.weights.type!r}; a pool's trainer publishes its members' adapters "
+                             "through 'storage' only (a member has no weight server or NCCL group of its own)")
+        return self
 
 
 class RLConfig(RunConfig, PlannedGpuConfig):

@@ -206,3 +206,50 @@ def test_a_killed_supervisor_leaves_no_child_running(tmp_path):
         for p in pids(tmp_path, "child"):
             if alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_a_members_failure_stops_its_children_alone_and_the_others_finish(tmp_path):
+    """A pool: member a's orchestrator fails; its env worker is stopped at once, member b and
+    the pool's servers go on until b finishes; the failure is kept for the exit code."""
+    supervisor = Supervisor(grace_s=1)
+    thread, result = run_in_thread(supervisor, [[sleeper(tmp_path, "pool-trainer")], [
+        exits(tmp_path, "a-orchestrator", 3, after=0.5, must_finish=True, member="a"),
+        sleeper(tmp_path, "a-env-worker", member="a"),
+        exits(tmp_path, "b-orchestrator", 0, after=6.0, must_finish=True, member="b"),
+        sleeper(tmp_path, "b-env-worker", member="b")]])
+    a_worker, pool_trainer = pids(tmp_path, "a-env-worker"), pids(tmp_path, "pool-trainer")
+    deadline = time.monotonic() + 20
+    while any(alive(p) for p in a_worker):
+        assert time.monotonic() < deadline, "the failed member's env worker was left running"
+        time.sleep(0.1)
+    assert all(alive(p) for p in pool_trainer + pids(tmp_path, "b-env-worker")), "the pool and member b go on"
+    thread.join(timeout=30)
+    assert result["code"] == 0
+    assert set(supervisor.failed) == {"a"} and "a-orchestrator exited with code 3" in supervisor.failed["a"]
+    assert supervisor.finished == ["b"]
+    assert (tmp_path / "logs" / "b-orchestrator.log").read_text().strip() == "bye", "waited for member b"
+    assert not any(alive(p) for p in pool_trainer + pids(tmp_path, "b-env-worker"))
+
+
+def test_a_member_that_finished_has_its_env_workers_stopped_before_the_others_finish(tmp_path):
+    supervisor = Supervisor(grace_s=1)
+    thread, result = run_in_thread(supervisor, [[sleeper(tmp_path, "pool-trainer")], [
+        exits(tmp_path, "a-orchestrator", 0, after=0.5, must_finish=True, member="a"),
+        sleeper(tmp_path, "a-env-worker", member="a"),
+        exits(tmp_path, "b-orchestrator", 0, after=8.0, must_finish=True, member="b")]])
+    a_worker = pids(tmp_path, "a-env-worker")
+    deadline = time.monotonic() + 6
+    while any(alive(p) for p in a_worker):
+        assert time.monotonic() < deadline, "a finished member's env worker outlived its orchestrator"
+        time.sleep(0.1)
+    assert thread.is_alive(), "member b is still running"
+    thread.join(timeout=30)
+    assert result["code"] == 0 and supervisor.finished == ["a", "b"] and not supervisor.failed
+
+
+def test_when_every_member_failed_the_pool_stops(tmp_path):
+    supervisor = Supervisor(grace_s=1)
+    code = supervisor.run([[sleeper(tmp_path, "pool-trainer")],
+                           [exits(tmp_path, "a-orchestrator", 1, after=0.3, must_finish=True, member="a")]])
+    assert code == 0 and set(supervisor.failed) == {"a"}
+    assert not any(alive(p) for p in pids(tmp_path, "pool-trainer"))

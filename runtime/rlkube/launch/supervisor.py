@@ -9,7 +9,10 @@ GPU. If any child dies unexpectedly (SIGKILL
 included) the others are stopped and the supervisor reports failure within seconds, except a
 child declared restartable (an env worker, whose lost rollouts the orchestrator re-issues; a judge
 replica, whose rollouts wait for it): it is
-started again after a backoff, like a Deployment's pod, up to its restart limit.
+started again after a backoff, like a Deployment's pod, up to its restart limit. A child of a
+pool's member run (`ChildSpec.member`: its orchestrator, its env workers) fails that member
+alone: its other children are stopped, the failure is kept (`Supervisor.failed`) and the
+others go on; the run then ends with exit code 1 once everything else finished.
 """
 
 import logging
@@ -52,6 +55,9 @@ class ChildSpec:
     max_restarts: int = 0
     """Times the child is started again after an exit (backoff 1, 2, 4, ... 30 s) before its
     exit fails the run."""
+    member: str | None = None
+    """A pool member's child: its failure fails that member alone (its other children are
+    stopped), and once its `must_finish` children finished its other children are stopped."""
 
 
 def _without_run_credentials(environ) -> dict[str, str]:
@@ -102,6 +108,10 @@ class Supervisor:
         self.grace_s = grace_s
         self.poll_s = poll_s
         self.children: list[Child] = []
+        self.failed: dict[str, str] = {}
+        """Pool members that failed, with why (the first child's failure)."""
+        self.finished: list[str] = []
+        """Pool members whose `must_finish` children all exited 0."""
 
     def run(self, stages: list[list[ChildSpec]], health_timeout_s: float = 600.0, tick: Callable[[], None] | None = None) -> int:
         """`tick` is called every poll while the last stage runs (the console progress line)."""
@@ -130,19 +140,42 @@ class Supervisor:
         return self.children[0].spec.log_path.parent if self.children else None
 
     def _check_children(self) -> bool:
-        """Raise ChildFailed for an unexpected exit (restart a restartable child instead);
-        True when the run is finished."""
-        finished = True
+        """Raise ChildFailed for an unexpected exit (restart a restartable child instead; a
+        member's child fails its member alone); True when the run is finished."""
         for i, child in enumerate(self.children):
             code = child.poll()
-            if code is not None and (code != 0 or not child.spec.must_finish):
+            if code is None or (code == 0 and child.spec.must_finish) or child.spec.member in self.failed:
+                continue
+            try:
                 if code == EXIT_INVALID:  # an invalid config or a missing model: no restart fixes it
                     raise ChildFailed(child.spec.name, code, _last_line(child.spec.log_path))
                 if child.restarts >= child.spec.max_restarts:
                     raise ChildFailed(child.spec.name, code)
-                self.children[i] = self._restart(child, code)
-            finished &= code == 0 or not child.spec.must_finish
-        return finished and any(c.spec.must_finish for c in self.children)
+            except ChildFailed as e:
+                if child.spec.member is None:
+                    raise
+                logger.error("member %s failed: %s (log: %s); the others go on", child.spec.member, e, child.spec.log_path)
+                self.failed[child.spec.member] = str(e)
+                continue
+            self.children[i] = self._restart(child, code)
+        self._retire_members()
+        must_finish = [c for c in self.children if c.spec.must_finish]
+        return all(c.poll() == 0 for c in must_finish) and bool(must_finish or self.failed or self.finished)
+
+    def _retire_members(self) -> None:
+        """Stop the children of each member that failed or finished (an env worker outlives its
+        orchestrator otherwise, and would fail its member after the fact)."""
+        members = {c.spec.member for c in self.children if c.spec.member is not None}
+        for member in members:
+            own = [c for c in self.children if c.spec.member == member]
+            done = all(c.poll() == 0 for c in own if c.spec.must_finish) and any(c.spec.must_finish for c in own)
+            if member not in self.failed and not done:
+                continue
+            if done and member not in self.failed:
+                self.finished.append(member)
+                logger.info("member %s finished", member)
+            self._stop(own)
+            self.children = [c for c in self.children if c not in own]
 
     def _restart(self, child: Child, code: int) -> Child:
         """The same child again once its backoff has passed (what is left of its group first)."""
@@ -177,16 +210,18 @@ class Supervisor:
 
         Groups whose leader already died are signalled too: a SIGKILLed vLLM server or
         torchrun agent can leave workers behind in its group."""
-        children = list(reversed(self.children))
+        self._stop(list(reversed(self.children)))
+        self.children.clear()
+
+    def _stop(self, children: list[Child]) -> None:
         for child in children:
             child.signal_group(signal.SIGTERM)
         self._wait_for(children, self.grace_s)
         for child in children:
             child.signal_group(signal.SIGKILL)
         self._wait_for(children, 5.0)
-        for child in self.children:
+        for child in children:
             child.close()
-        self.children.clear()
 
     @staticmethod
     def _wait_for(children: list[Child], timeout_s: float) -> None:

@@ -13,6 +13,7 @@ from rlkube.config.cli import _is_optional, _list_item_model, _model_in
 from rlkube.config.eval import EvalRunConfig
 from rlkube.config.export import ExportConfig
 from rlkube.config.orchestrator import PoolMemberConfig
+from rlkube.config.pool import PoolConfig
 from rlkube.config.rl import RLConfig
 from rlkube.config.sft import SFTConfig
 from rlkube.config.shared import ModelInitConfig
@@ -23,6 +24,7 @@ COMMANDS = {
     "rlkube eval": EvalRunConfig,
     "rlkube export": ExportConfig,
     "rlkube model init": ModelInitConfig,
+    "rlkube pool": PoolConfig,
 }
 SECTIONS = {
     "`rlkube orchestrator`'s `[pool]`: a pool's member run (docs/multi-tenant.md)": ("pool.", PoolMemberConfig),

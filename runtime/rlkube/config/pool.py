@@ -6,8 +6,28 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from rlkube.config.base import Config
+from rlkube.config.inference import InferenceConfig, InferenceSection
 from rlkube.config.rl import RLTrainerSection, TrainerConfig
 from rlkube.config.shared import LogConfig, ModelConfig
+
+SLOT_FIELDS = ("model", "parallel", "device")
+"""What a member's trainer config must share with the pool's, besides the adapter's shape."""
+
+LORA_SHAPE = ("rank", "target_modules", "dropout")
+"""The adapter's shape, which the pool's one slot has; `alpha` is each member's own."""
+
+
+def slot_misfit(slot: TrainerConfig, config: TrainerConfig) -> str | None:
+    """Why a member's trainer config does not fit the pool's `slot` (naming the field), or None."""
+    if config.lora is None:
+        return "trainer.lora: a pool member trains a LoRA adapter; set it (the pool's shape)"
+    for field in SLOT_FIELDS:
+        if getattr(config, field) != getattr(slot, field):
+            return f"trainer.{field}: {getattr(config, field)!r} is not the pool's {getattr(slot, field)!r}"
+    for field in LORA_SHAPE:
+        if getattr(config.lora, field) != getattr(slot.lora, field):
+            return f"trainer.lora.{field}: {getattr(config.lora, field)!r} is not the pool's {getattr(slot.lora, field)!r}"
+    return None
 
 
 class PoolSection(Config):
@@ -73,3 +93,33 @@ class PoolTrainerConfig(Config):
 
     def member_dir(self, member: str) -> Path:
         return self.output_dir / "members" / member
+
+
+class PoolConfig(PoolTrainerConfig):
+    """`rlkube pool @ pool.toml --run [NAME] @ run.toml ...`: a pool's trainer and inference on
+    this machine, and each `--run` (an RL config as for `rlkube rl`, with `trainer.lora` of the
+    pool's shape) as a member run on it (rlkube.launch.pool)."""
+
+    clean_output_dir: bool = False
+    """Delete the pool's output directory (every member's outputs with it) before starting."""
+
+    inference: InferenceSection = InferenceSection()
+    """The pool's inference servers: vLLM with LoRA, `pool.max_runs` adapters of the slot's rank
+    at once, every member's under its member name."""
+
+    def trainer_config(self) -> PoolTrainerConfig:
+        """What `rlkube pool-trainer` reads (`configs/pool.toml`)."""
+        return PoolTrainerConfig.model_validate(self.model_dump(include=set(PoolTrainerConfig.model_fields)))
+
+    def inference_config(self) -> InferenceConfig:
+        """One config for every replica (each is given its port). Unpaused from the start: no
+        member pauses a shared server, each loads its own adapter in place."""
+        return InferenceConfig.model_validate(
+            self.inference.model_dump(exclude={"replicas", "gpus"})
+            | {"model": self.model.model_dump(), "log": self.log.model_dump(), "start_paused": False,
+               "max_lora_rank": self.trainer.lora.rank, "max_loras": self.pool.max_runs})
+
+    def inference_urls(self) -> list[str]:
+        """The replicas' URLs, `host:port+i`."""
+        section = self.inference
+        return [f"http://{section.host}:{port}" for port in range(section.port, section.port + section.replicas)]

@@ -14,6 +14,7 @@ COMMANDS = {
     "orchestrator": ("rlkube.entrypoints.orchestrator", "rollouts, rewards and batches for the trainer"),
     "env-worker": ("rlkube.entrypoints.env_worker", "run the orchestrator's rollouts in another process"),
     "trainer": ("rlkube.entrypoints.trainer", "the RL trainer (run under torchrun)"),
+    "pool": ("rlkube.entrypoints.pool", "a pool's trainer and inference, and member runs on it (`--run @ a.toml ...`)"),
     "pool-trainer": ("rlkube.entrypoints.pool_trainer", "one trainer for many runs' LoRA adapters (members attach)"),
     "torchrun": ("rlkube.entrypoints.torchrun", "torchrun that checks the ranks' config and keeps their exit code 2"),
     "eval": ("rlkube.entrypoints.eval", "score a model on an environment through vLLM"),

@@ -79,18 +79,19 @@ def write_process_configs(config: RLConfig) -> dict[str, Path]:
 
 
 
-def _module(name: str) -> list[str]:
+def module_argv(name: str) -> list[str]:
     return [sys.executable, "-m", f"rlkube.entrypoints.{name}"]
 
 
-def trainer_argv(nproc: int, config_path: Path) -> tuple[list[str], dict[str, str]]:
-    """torchrun for several ranks; one plain process (with torchrun's env) for one rank."""
+def trainer_argv(nproc: int, config_path: Path, entrypoint: str = "trainer") -> tuple[list[str], dict[str, str]]:
+    """torchrun for several ranks; one plain process (with torchrun's env) for one rank.
+    `entrypoint`: `rlkube.entrypoints.<entrypoint>` (`pool_trainer` for a pool's)."""
     if nproc == 1:
         env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-        return [*_module("trainer"), "@", str(config_path)], env
-    torchrun = [*_module("torchrun"), "--standalone", f"--nproc-per-node={nproc}"]  # keeps a rank's exit code 2
-    return [*torchrun, "-m", "rlkube.entrypoints.trainer", "@", str(config_path)], {}
+        return [*module_argv(entrypoint), "@", str(config_path)], env
+    torchrun = [*module_argv("torchrun"), "--standalone", f"--nproc-per-node={nproc}"]  # keeps a rank's exit code 2
+    return [*torchrun, "-m", f"rlkube.entrypoints.{entrypoint}", "@", str(config_path)], {}
 
 
 def child_stages(
@@ -115,7 +116,7 @@ def child_stages(
         return [
             ChildSpec(
                 name=f"{name}-{i}",
-                argv=[*_module("inference"), "@", str(paths[name]), "--port", url.rsplit(":", 1)[1]],
+                argv=[*module_argv("inference"), "@", str(paths[name]), "--port", url.rsplit(":", 1)[1]],
                 log_path=logs / f"{name}-{i}.log",
                 health_url=f"{url}/health",
                 env=run_env(name) | (weights_peer if name == "inference" else {}) | (gpus.env(devices[i]) if gpus else {}),
@@ -135,13 +136,13 @@ def child_stages(
     trainer = ChildSpec("trainer", trainer_cmd, logs / "trainer.log", env=trainer_env, must_finish=True)
     orchestrator = ChildSpec(
         "orchestrator",
-        [*_module("orchestrator"), "@", str(paths["orchestrator"])],
+        [*module_argv("orchestrator"), "@", str(paths["orchestrator"])],
         logs / "orchestrator.log",
         env=run_env("orchestrator"),
         must_finish=True,
     )
     env_workers = [
-        ChildSpec(f"env-worker-{i}", [*_module("env_worker"), "@", str(paths["orchestrator"])],
+        ChildSpec(f"env-worker-{i}", [*module_argv("env_worker"), "@", str(paths["orchestrator"])],
                   logs / f"env-worker-{i}.log", env=run_env("env-worker"), max_restarts=ENV_WORKER_RESTARTS)
         for i in range(config.orchestrator.env_workers)
     ]

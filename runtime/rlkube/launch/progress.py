@@ -35,8 +35,10 @@ class RunProgress:
     """`with RunProgress(status_url, max_steps) as progress:` then `progress.tick()` as often as
     convenient: it reads `/status` at most every `interval_s` and shows what changed."""
 
-    def __init__(self, status_url: str, max_steps: int, interval_s: float = 2.0, console: Console | None = None):
-        self.status_url, self.max_steps, self.interval_s = status_url, max_steps, interval_s
+    def __init__(self, status_url: str, max_steps: int, interval_s: float = 2.0, console: Console | None = None,
+                 label: str = ""):
+        """`label`: the line's prefix (a pool's member name)."""
+        self.status_url, self.max_steps, self.interval_s, self.label = status_url, max_steps, interval_s, label
         self.console = console or Console()
         self.seen: deque[tuple[float, int]] = deque(maxlen=STEP_WINDOW + 1)
         """(time first seen, step) for the newest steps."""
@@ -98,10 +100,11 @@ class RunProgress:
         return (t1 - t0) / (s1 - s0)
 
     def line(self) -> str:
+        prefix = [self.label] if self.label else []
         if self.status is None:
-            return f"step 0/{self.max_steps} | waiting for the orchestrator"
+            return " | ".join([*prefix, f"step 0/{self.max_steps}", "waiting for the orchestrator"])
         step = int(self.status.get("step") or 0)
-        parts = [f"step {step}/{self.max_steps}"]
+        parts = [*prefix, f"step {step}/{self.max_steps}"]
         if self.status.get("reward") is not None:
             parts.append(f"reward {self.status['reward']:.3f}")
         per_step = self.seconds_per_step()

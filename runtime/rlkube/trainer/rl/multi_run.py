@@ -42,6 +42,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from rlkube.config import TrainerConfig
+from rlkube.config.pool import slot_misfit
 from rlkube.models.lora_math import is_adapter_key
 from rlkube.trainer.dist import DistInfo, close_distributed
 from rlkube.trainer.lora import LoraLinear, adapter_state_dict, init_adapters
@@ -50,11 +51,6 @@ from rlkube.trainer.rl.setup import TrainingEnv, build_sharded_model
 from rlkube.trainer.rl.trainer import RLTrainer
 
 logger = logging.getLogger(__name__)
-
-SLOT_FIELDS = ("model", "parallel", "device")
-"""What a member's config must share with the pool's, besides the adapter's shape."""
-
-LORA_SHAPE = ("rank", "target_modules", "dropout")
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
@@ -140,16 +136,7 @@ class MultiRunTrainer:
 
     def misfit(self, config: TrainerConfig) -> str | None:
         """Why a run's config does not fit this pool (naming the field), or None."""
-        if config.lora is None:
-            return "trainer.lora: a pool member trains a LoRA adapter; set it (the pool's shape)"
-        for field in SLOT_FIELDS:
-            if getattr(config, field) != getattr(self.config, field):
-                return f"trainer.{field}: {getattr(config, field)!r} is not the pool's {getattr(self.config, field)!r}"
-        for field in LORA_SHAPE:
-            if getattr(config.lora, field) != getattr(self.config.lora, field):
-                return (f"trainer.lora.{field}: {getattr(config.lora, field)!r} is not the pool's "
-                        f"{getattr(self.config.lora, field)!r}")
-        return None
+        return slot_misfit(self.config, config)
 
     def add_run(self, name: str, config: TrainerConfig, client, publisher, checkpointer=None, metrics=None) -> Member:
         """Collective: a new run with its adapter (from `config.seed`, as its solo run's), its

@@ -16,3 +16,7 @@ report() {  # report OUT SFT_DIR RL_DIR: the held-out rewards before and after R
   echo "  after RL:  $(avg_reward "$1/eval/after/eval_results.json")   ($3)"
   echo "training reward per step: $1/rl/metrics/orchestrator.jsonl (reward/all/mean)"
 }
+
+eval_rewards() {  # the orchestrator's held-out eval reward at its first and last eval, from its metrics file
+  python3 -c 'import json,sys; r=[x["eval/reward"] for x in map(json.loads, open(sys.argv[1])) if "eval/reward" in x]; print("%.3f -> %.3f" % (r[0], r[-1]))' "$1"
+}

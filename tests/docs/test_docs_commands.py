@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = ("rlkube", "rlkube-operator", "make", "kubectl", "helm", "torchrun", "python", "pytest",
             "e2e/", "bash", "git")
-DRY_RUN = ("rl", "sft", "eval", "inference", "orchestrator", "trainer", "env-worker")
+DRY_RUN = ("rl", "sft", "eval", "inference", "orchestrator", "trainer", "env-worker", "pool")
 
 # Long commands and where they run. Each value names tests (file::function) or a Makefile target
 # that executes the same thing; `test_mapped_targets_exist` keeps the names honest.
@@ -50,6 +50,7 @@ MAPPED: dict[str, tuple[str, ...]] = {
 # file's commands run, standing in for what the mapped run writes.
 PRODUCED = {
     "README.md": ("outputs/reverse_text/sft/weights/final",),
+    "docs/multi-tenant.md": ("outputs/reverse_text/sft/weights/final",),
     "docs/training.md": ("outputs/reverse_text/sft/weights/final", "outputs/reverse_text/sft_long/weights/final",
                          "outputs/reverse_text/rl/export/step_140"),
 }

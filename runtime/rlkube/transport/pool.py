@@ -1,20 +1,24 @@
-"""The pool trainer's Pool service (Attach, Detach), both ends.
+"""The pool trainer's Pool service (Attach, Detach, Status), both ends.
 
 A member orchestrator attaches itself (`attach`): its name, its Rollouts address, its trainer
-config and share weight. The call needs the member's own rollouts credential, derived from the
-pool's token (`rlkube.scopes.member_scoped`): a member can attach or detach only itself. A
-pool trainer given no pool token (a workstation) serves everyone and says so
-(`rlkube.auth.serve_open`).
+config and share weight; the answer says where its step-0 adapter is published. It then asks
+`status(member)` now and then: a pool trainer that restarted has lost its roster (it lives in
+memory), and the member attaches again. These calls need the member's own rollouts
+credential, derived from the pool's token (`rlkube.scopes.member_scoped`): a member can attach,
+detach or see only itself. The whole roster (`status("")`, for the operator) takes the pool's
+own rollouts credential (`scoped(pool_token, ROLLOUTS)`). A pool trainer given no pool token (a
+workstation) serves everyone and says so (`rlkube.auth.serve_open`).
 """
 
 import logging
 import time
+import uuid
 from concurrent import futures
 
 import grpc
 
 from rlkube import auth
-from rlkube.scopes import ROLLOUTS, member_scoped
+from rlkube.scopes import ROLLOUTS, member_scoped, scoped
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
 
@@ -23,30 +27,54 @@ logger = logging.getLogger(__name__)
 REFUSALS = ((ValueError, grpc.StatusCode.INVALID_ARGUMENT), (OverflowError, grpc.StatusCode.RESOURCE_EXHAUSTED))
 
 
+class PoolUnavailable(ValueError):
+    """The pool trainer's service did not answer within the call's time (it is starting, or restarting)."""
+
+
 class PoolService(pb_grpc.PoolServicer):
     def __init__(self, roster, pool_token: str | None):
         """`roster`: rlkube.trainer.pool.roster.Roster; `pool_token`: None serves open."""
         self.roster, self.pool_token = roster, pool_token
+        self.instance_id = uuid.uuid4().hex
 
-    def _authorize(self, member: str, context: grpc.ServicerContext) -> None:
+    def _authorize(self, member: str, context: grpc.ServicerContext, pool_too: bool = False) -> None:
+        """Member `member`'s own rollouts credential (the pool's own too with `pool_too`; "": the
+        pool's alone)."""
         if self.pool_token is None:
             return
         presented = dict(context.invocation_metadata() or ()).get(auth.METADATA_KEY)
-        if not auth.is_authorized(presented, member_scoped(self.pool_token, member, ROLLOUTS)):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"member {member!r}: present that member's rollouts "
-                                                           "credential (Authorization: Bearer ...)")
+        accepted = [member_scoped(self.pool_token, member, ROLLOUTS)] if member else []
+        if pool_too or not member:
+            accepted.append(scoped(self.pool_token, ROLLOUTS))
+        if not any(auth.is_authorized(presented, credential) for credential in accepted):
+            whose = f"member {member!r}: present that member's" if member else "the whole roster: present the pool's"
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{whose} rollouts credential (Authorization: Bearer ...)")
 
     def Attach(self, request: pb.AttachRequest, context: grpc.ServicerContext) -> pb.AttachReply:
         self._authorize(request.member, context)
         try:
-            self.roster.attach(request.member, request.orchestrator_address, request.trainer_config, request.weight)
+            location = self.roster.attach(request.member, request.orchestrator_address, request.trainer_config,
+                                          request.weight)
         except tuple(e for e, _ in REFUSALS) as e:
             context.abort(next(code for kind, code in REFUSALS if isinstance(e, kind)), str(e))
-        return pb.AttachReply(queued=True)
+        return pb.AttachReply(queued=True, policy0_location=location)
 
     def Detach(self, request: pb.DetachRequest, context: grpc.ServicerContext) -> pb.DetachReply:
         self._authorize(request.member, context)
         return pb.DetachReply(was_member=self.roster.detach(request.member))
+
+    def Status(self, request: pb.PoolStatusRequest, context: grpc.ServicerContext) -> pb.PoolStatusReply:
+        """`roster.status()`: that member's part alone when one is named."""
+        self._authorize(request.member, context, pool_too=True)
+        status = self.roster.status()
+        members, left = status["members"], status["left"]
+        if request.member:
+            members = {k: v for k, v in members.items() if k == request.member}
+            left = {k: v for k, v in left.items() if k == request.member}
+        return pb.PoolStatusReply(
+            members=[pb.PoolMember(name=name, step=m["step"], tokens=m["tokens"], weight=m["weight"],
+                                   share=m["share"], ready_step=m["ready_step"]) for name, m in members.items()],
+            left=left, instance_id=self.instance_id)
 
 
 def start_pool_server(roster, host: str, port: int, token: str | None) -> grpc.Server:
@@ -66,16 +94,24 @@ def start_pool_server(roster, host: str, port: int, token: str | None) -> grpc.S
 
 
 def attach(pool_address: str, member: str, orchestrator_address: str, trainer_config: str, weight: float = 1.0,
-           timeout_s: float = 120.0) -> None:
+           timeout_s: float = 120.0) -> str:
     """Attach `member` (this process holds its rollouts credential), retrying while the pool
-    trainer is not up; a refusal raises `ValueError` with the trainer's reason."""
+    trainer is not up; returns where its step-0 adapter is published (when it joins without
+    a checkpoint). A refusal raises `ValueError` with the trainer's reason, `PoolUnavailable`
+    a pool trainer that did not answer within `timeout_s`."""
     request = pb.AttachRequest(member=member, orchestrator_address=orchestrator_address,
                                trainer_config=trainer_config, weight=weight)
-    _call(pool_address, "Attach", request, timeout_s)
+    return _call(pool_address, "Attach", request, timeout_s).policy0_location
 
 
 def detach(pool_address: str, member: str, timeout_s: float = 10.0) -> bool:
     return _call(pool_address, "Detach", pb.DetachRequest(member=member), timeout_s).was_member
+
+
+def status(pool_address: str, member: str = "", timeout_s: float = 10.0) -> pb.PoolStatusReply:
+    """The roster (`member` "": all of it, with the pool's own rollouts credential), or the part of
+    `member` (with its own): its entry in `members` while it is one, in `left` once it left."""
+    return _call(pool_address, "Status", pb.PoolStatusRequest(member=member), timeout_s)
 
 
 def _call(pool_address: str, method: str, request, timeout_s: float):
@@ -86,6 +122,8 @@ def _call(pool_address: str, method: str, request, timeout_s: float):
             try:
                 return stub(request, timeout=max(deadline - time.monotonic(), 0.1), metadata=auth.grpc_metadata(ROLLOUTS))
             except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                    raise ValueError(f"{method} at the pool trainer {pool_address}: {e.code().name}: {e.details()}") from None
+                gone = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                if not gone or time.monotonic() > deadline:
+                    error = PoolUnavailable if gone else ValueError
+                    raise error(f"{method} at the pool trainer {pool_address}: {e.code().name}: {e.details()}") from None
             time.sleep(0.5)

@@ -48,12 +48,16 @@ def make_publisher(
     return DeltaPublisher(publisher, model_dir, config.delta.full_every, final_step)
 
 
+def storage_root(config: WeightTransferConfig, output_dir: str | Path) -> str:
+    """Where `weights.type = "storage"` writes its snapshots: `weights.url`, else `<output_dir>/weights`."""
+    return config.url or str(Path(output_dir) / "weights")
+
+
 def _transport_publisher(
     config: WeightTransferConfig, output_dir: str | Path, model_dir: str, adapter_config: dict | None
 ) -> WeightPublisher:
     if config.type == "storage":
-        root = config.url or str(Path(output_dir) / "weights")
-        return StoragePublisher(root, model_dir, config.keep_last, adapter_config)
+        return StoragePublisher(storage_root(config, output_dir), model_dir, config.keep_last, adapter_config)
     if config.type == "grpc":
         return GrpcPublisher(
             config.grpc_host, config.grpc_port, model_dir, config.keep_last, bind_host=config.grpc_bind_host,

@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drlkube/transport/rlkube.proto\x12\trlkube.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xfc\x03\n\nMicroBatch\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\x12$\n\tinput_ids\x18\x05 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\'\n\x0cposition_ids\x18\x06 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12%\n\nsample_ids\x18\x07 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12$\n\tloss_mask\x18\x08 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12%\n\nadvantages\x18\t \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12-\n\x12inference_logprobs\x18\n \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\'\n\x0ctemperatures\x18\x0b \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\x1a\n\x12global_loss_tokens\x18\x0c \x01(\x03\x12%\n\nprefix_ids\x18\r \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12+\n\x10teacher_logprobs\x18\x0e \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12)\n\x0erouted_experts\x18\x0f \x01(\x0b\x32\x11.rlkube.v1.Tensor\"[\n\x0fGetBatchRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x18\n\x10micro_batch_rows\x18\x04 \x01(\x05\".\n\x0cPolicyReport\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08location\x18\x02 \x01(\t\"\"\n\tPolicyAck\x12\x15\n\raccepted_step\x18\x01 \x01(\x03\"\x0f\n\rStatusRequest\"\x8b\x01\n\x06Status\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x13\n\x0bpolicy_step\x18\x02 \x01(\x03\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x11\n\tmax_steps\x18\x05 \x01(\x03\x12\x12\n\nhas_reward\x18\x06 \x01(\x08\x12\x18\n\x10\x62\x61tch_ready_step\x18\x07 \x01(\x03\"e\n\rAttachRequest\x12\x0e\n\x06member\x18\x01 \x01(\t\x12\x1c\n\x14orchestrator_address\x18\x02 \x01(\t\x12\x16\n\x0etrainer_config\x18\x03 \x01(\t\x12\x0e\n\x06weight\x18\x04 \x01(\x01\"\x1d\n\x0b\x41ttachReply\x12\x0e\n\x06queued\x18\x01 \x01(\x08\"\x1f\n\rDetachRequest\x12\x0e\n\x06member\x18\x01 \x01(\t\"!\n\x0b\x44\x65tachReply\x12\x12\n\nwas_member\x18\x01 \x01(\x08\"\x1e\n\x0eWeightsRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\"N\n\x0cWeightsChunk\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x14\n\x0clast_of_file\x18\x04 \x01(\x08\"\xb8\x01\n\rRolloutSample\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x11\n\tloss_mask\x18\x02 \x03(\x08\x12\x10\n\x08logprobs\x18\x03 \x03(\x01\x12\x13\n\x0btemperature\x18\x04 \x01(\x01\x12.\n\x0erouted_experts\x18\x05 \x01(\x0b\x32\x11.rlkube.v1.TensorH\x00\x88\x01\x01\x12\x17\n\x0fpolicy_versions\x18\x06 \x03(\x03\x42\x11\n\x0f_routed_experts\"\xb3\x02\n\rRolloutResult\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12\x12\n\nexample_id\x18\x02 \x01(\t\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12)\n\x07samples\x18\x04 \x03(\x0b\x32\x18.rlkube.v1.RolloutSample\x12\x11\n\tnum_turns\x18\x05 \x01(\x05\x12\x14\n\x0cis_truncated\x18\x06 \x01(\x08\x12\x12\n\x05\x65rror\x18\x07 \x01(\tH\x00\x88\x01\x01\x12\x36\n\x07metrics\x18\x08 \x03(\x0b\x32%.rlkube.v1.RolloutResult.MetricsEntry\x12\x17\n\x0fserved_versions\x18\t \x03(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x08\n\x06_error\"B\n\x0bWorkerHello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nmax_groups\x18\x02 \x01(\x05\x12\x0c\n\x04\x65nvs\x18\x03 \x03(\t\"N\n\x0bGroupResult\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12*\n\x08rollouts\x18\x02 \x03(\x0b\x32\x18.rlkube.v1.RolloutResult\"j\n\rWorkerMessage\x12\'\n\x05hello\x18\x01 \x01(\x0b\x32\x16.rlkube.v1.WorkerHelloH\x00\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x16.rlkube.v1.GroupResultH\x00\x42\x06\n\x04kind\"y\n\tGroupTask\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x0b\n\x03\x65nv\x18\x02 \x01(\t\x12\x12\n\nexample_id\x18\x03 \x01(\t\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\x12\x13\n\x0btemperature\x18\x05 \x01(\x01\x12\r\n\x05model\x18\x06 \x01(\t2\xc4\x01\n\x08Rollouts\x12?\n\x08GetBatch\x12\x1a.rlkube.v1.GetBatchRequest\x1a\x15.rlkube.v1.MicroBatch0\x01\x12=\n\x0cReportPolicy\x12\x17.rlkube.v1.PolicyReport\x1a\x14.rlkube.v1.PolicyAck\x12\x38\n\tGetStatus\x12\x18.rlkube.v1.StatusRequest\x1a\x11.rlkube.v1.Status2~\n\x04Pool\x12:\n\x06\x41ttach\x12\x18.rlkube.v1.AttachRequest\x1a\x16.rlkube.v1.AttachReply\x12:\n\x06\x44\x65tach\x12\x18.rlkube.v1.DetachRequest\x1a\x16.rlkube.v1.DetachReply2H\n\x07Weights\x12=\n\x05\x46\x65tch\x12\x19.rlkube.v1.WeightsRequest\x1a\x17.rlkube.v1.WeightsChunk0\x01\x32H\n\nEnvWorkers\x12:\n\x04Work\x12\x18.rlkube.v1.WorkerMessage\x1a\x14.rlkube.v1.GroupTask(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drlkube/transport/rlkube.proto\x12\trlkube.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xfc\x03\n\nMicroBatch\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\x12$\n\tinput_ids\x18\x05 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\'\n\x0cposition_ids\x18\x06 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12%\n\nsample_ids\x18\x07 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12$\n\tloss_mask\x18\x08 \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12%\n\nadvantages\x18\t \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12-\n\x12inference_logprobs\x18\n \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\'\n\x0ctemperatures\x18\x0b \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12\x1a\n\x12global_loss_tokens\x18\x0c \x01(\x03\x12%\n\nprefix_ids\x18\r \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12+\n\x10teacher_logprobs\x18\x0e \x01(\x0b\x32\x11.rlkube.v1.Tensor\x12)\n\x0erouted_experts\x18\x0f \x01(\x0b\x32\x11.rlkube.v1.Tensor\"[\n\x0fGetBatchRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x18\n\x10micro_batch_rows\x18\x04 \x01(\x05\".\n\x0cPolicyReport\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08location\x18\x02 \x01(\t\"\"\n\tPolicyAck\x12\x15\n\raccepted_step\x18\x01 \x01(\x03\"\x0f\n\rStatusRequest\"\x8b\x01\n\x06Status\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x13\n\x0bpolicy_step\x18\x02 \x01(\x03\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x11\n\tmax_steps\x18\x05 \x01(\x03\x12\x12\n\nhas_reward\x18\x06 \x01(\x08\x12\x18\n\x10\x62\x61tch_ready_step\x18\x07 \x01(\x03\"e\n\rAttachRequest\x12\x0e\n\x06member\x18\x01 \x01(\t\x12\x1c\n\x14orchestrator_address\x18\x02 \x01(\t\x12\x16\n\x0etrainer_config\x18\x03 \x01(\t\x12\x0e\n\x06weight\x18\x04 \x01(\x01\"7\n\x0b\x41ttachReply\x12\x0e\n\x06queued\x18\x01 \x01(\x08\x12\x18\n\x10policy0_location\x18\x02 \x01(\t\"\x1f\n\rDetachRequest\x12\x0e\n\x06member\x18\x01 \x01(\t\"!\n\x0b\x44\x65tachReply\x12\x12\n\nwas_member\x18\x01 \x01(\x08\"#\n\x11PoolStatusRequest\x12\x0e\n\x06member\x18\x01 \x01(\t\"k\n\nPoolMember\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0e\n\x06tokens\x18\x03 \x01(\x03\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\r\n\x05share\x18\x05 \x01(\x01\x12\x12\n\nready_step\x18\x06 \x01(\x03\"\xaf\x01\n\x0fPoolStatusReply\x12&\n\x07members\x18\x01 \x03(\x0b\x32\x15.rlkube.v1.PoolMember\x12\x32\n\x04left\x18\x02 \x03(\x0b\x32$.rlkube.v1.PoolStatusReply.LeftEntry\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x1a+\n\tLeftEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1e\n\x0eWeightsRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\"N\n\x0cWeightsChunk\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x14\n\x0clast_of_file\x18\x04 \x01(\x08\"\xb8\x01\n\rRolloutSample\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x11\n\tloss_mask\x18\x02 \x03(\x08\x12\x10\n\x08logprobs\x18\x03 \x03(\x01\x12\x13\n\x0btemperature\x18\x04 \x01(\x01\x12.\n\x0erouted_experts\x18\x05 \x01(\x0b\x32\x11.rlkube.v1.TensorH\x00\x88\x01\x01\x12\x17\n\x0fpolicy_versions\x18\x06 \x03(\x03\x42\x11\n\x0f_routed_experts\"\xb3\x02\n\rRolloutResult\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12\x12\n\nexample_id\x18\x02 \x01(\t\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12)\n\x07samples\x18\x04 \x03(\x0b\x32\x18.rlkube.v1.RolloutSample\x12\x11\n\tnum_turns\x18\x05 \x01(\x05\x12\x14\n\x0cis_truncated\x18\x06 \x01(\x08\x12\x12\n\x05\x65rror\x18\x07 \x01(\tH\x00\x88\x01\x01\x12\x36\n\x07metrics\x18\x08 \x03(\x0b\x32%.rlkube.v1.RolloutResult.MetricsEntry\x12\x17\n\x0fserved_versions\x18\t \x03(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x08\n\x06_error\"B\n\x0bWorkerHello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nmax_groups\x18\x02 \x01(\x05\x12\x0c\n\x04\x65nvs\x18\x03 \x03(\t\"N\n\x0bGroupResult\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12*\n\x08rollouts\x18\x02 \x03(\x0b\x32\x18.rlkube.v1.RolloutResult\"j\n\rWorkerMessage\x12\'\n\x05hello\x18\x01 \x01(\x0b\x32\x16.rlkube.v1.WorkerHelloH\x00\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x16.rlkube.v1.GroupResultH\x00\x42\x06\n\x04kind\"y\n\tGroupTask\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\x03\x12\x0b\n\x03\x65nv\x18\x02 \x01(\t\x12\x12\n\nexample_id\x18\x03 \x01(\t\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\x12\x13\n\x0btemperature\x18\x05 \x01(\x01\x12\r\n\x05model\x18\x06 \x01(\t2\xc4\x01\n\x08Rollouts\x12?\n\x08GetBatch\x12\x1a.rlkube.v1.GetBatchRequest\x1a\x15.rlkube.v1.MicroBatch0\x01\x12=\n\x0cReportPolicy\x12\x17.rlkube.v1.PolicyReport\x1a\x14.rlkube.v1.PolicyAck\x12\x38\n\tGetStatus\x12\x18.rlkube.v1.StatusRequest\x1a\x11.rlkube.v1.Status2\xc2\x01\n\x04Pool\x12:\n\x06\x41ttach\x12\x18.rlkube.v1.AttachRequest\x1a\x16.rlkube.v1.AttachReply\x12:\n\x06\x44\x65tach\x12\x18.rlkube.v1.DetachRequest\x1a\x16.rlkube.v1.DetachReply\x12\x42\n\x06Status\x12\x1c.rlkube.v1.PoolStatusRequest\x1a\x1a.rlkube.v1.PoolStatusReply2H\n\x07Weights\x12=\n\x05\x46\x65tch\x12\x19.rlkube.v1.WeightsRequest\x1a\x17.rlkube.v1.WeightsChunk0\x01\x32H\n\nEnvWorkers\x12:\n\x04Work\x12\x18.rlkube.v1.WorkerMessage\x1a\x14.rlkube.v1.GroupTask(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlkube.transport.rlkube_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_POOLSTATUSREPLY_LEFTENTRY']._loaded_options = None
+  _globals['_POOLSTATUSREPLY_LEFTENTRY']._serialized_options = b'8\001'
   _globals['_ROLLOUTRESULT_METRICSENTRY']._loaded_options = None
   _globals['_ROLLOUTRESULT_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_TENSOR']._serialized_start=44
@@ -50,35 +52,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ATTACHREQUEST']._serialized_start=945
   _globals['_ATTACHREQUEST']._serialized_end=1046
   _globals['_ATTACHREPLY']._serialized_start=1048
-  _globals['_ATTACHREPLY']._serialized_end=1077
-  _globals['_DETACHREQUEST']._serialized_start=1079
-  _globals['_DETACHREQUEST']._serialized_end=1110
-  _globals['_DETACHREPLY']._serialized_start=1112
-  _globals['_DETACHREPLY']._serialized_end=1145
-  _globals['_WEIGHTSREQUEST']._serialized_start=1147
-  _globals['_WEIGHTSREQUEST']._serialized_end=1177
-  _globals['_WEIGHTSCHUNK']._serialized_start=1179
-  _globals['_WEIGHTSCHUNK']._serialized_end=1257
-  _globals['_ROLLOUTSAMPLE']._serialized_start=1260
-  _globals['_ROLLOUTSAMPLE']._serialized_end=1444
-  _globals['_ROLLOUTRESULT']._serialized_start=1447
-  _globals['_ROLLOUTRESULT']._serialized_end=1754
-  _globals['_ROLLOUTRESULT_METRICSENTRY']._serialized_start=1698
-  _globals['_ROLLOUTRESULT_METRICSENTRY']._serialized_end=1744
-  _globals['_WORKERHELLO']._serialized_start=1756
-  _globals['_WORKERHELLO']._serialized_end=1822
-  _globals['_GROUPRESULT']._serialized_start=1824
-  _globals['_GROUPRESULT']._serialized_end=1902
-  _globals['_WORKERMESSAGE']._serialized_start=1904
-  _globals['_WORKERMESSAGE']._serialized_end=2010
-  _globals['_GROUPTASK']._serialized_start=2012
-  _globals['_GROUPTASK']._serialized_end=2133
-  _globals['_ROLLOUTS']._serialized_start=2136
-  _globals['_ROLLOUTS']._serialized_end=2332
-  _globals['_POOL']._serialized_start=2334
-  _globals['_POOL']._serialized_end=2460
-  _globals['_WEIGHTS']._serialized_start=2462
-  _globals['_WEIGHTS']._serialized_end=2534
-  _globals['_ENVWORKERS']._serialized_start=2536
-  _globals['_ENVWORKERS']._serialized_end=2608
+  _globals['_ATTACHREPLY']._serialized_end=1103
+  _globals['_DETACHREQUEST']._serialized_start=1105
+  _globals['_DETACHREQUEST']._serialized_end=1136
+  _globals['_DETACHREPLY']._serialized_start=1138
+  _globals['_DETACHREPLY']._serialized_end=1171
+  _globals['_POOLSTATUSREQUEST']._serialized_start=1173
+  _globals['_POOLSTATUSREQUEST']._serialized_end=1208
+  _globals['_POOLMEMBER']._serialized_start=1210
+  _globals['_POOLMEMBER']._serialized_end=1317
+  _globals['_POOLSTATUSREPLY']._serialized_start=1320
+  _globals['_POOLSTATUSREPLY']._serialized_end=1495
+  _globals['_POOLSTATUSREPLY_LEFTENTRY']._serialized_start=1452
+  _globals['_POOLSTATUSREPLY_LEFTENTRY']._serialized_end=1495
+  _globals['_WEIGHTSREQUEST']._serialized_start=1497
+  _globals['_WEIGHTSREQUEST']._serialized_end=1527
+  _globals['_WEIGHTSCHUNK']._serialized_start=1529
+  _globals['_WEIGHTSCHUNK']._serialized_end=1607
+  _globals['_ROLLOUTSAMPLE']._serialized_start=1610
+  _globals['_ROLLOUTSAMPLE']._serialized_end=1794
+  _globals['_ROLLOUTRESULT']._serialized_start=1797
+  _globals['_ROLLOUTRESULT']._serialized_end=2104
+  _globals['_ROLLOUTRESULT_METRICSENTRY']._serialized_start=2048
+  _globals['_ROLLOUTRESULT_METRICSENTRY']._serialized_end=2094
+  _globals['_WORKERHELLO']._serialized_start=2106
+  _globals['_WORKERHELLO']._serialized_end=2172
+  _globals['_GROUPRESULT']._serialized_start=2174
+  _globals['_GROUPRESULT']._serialized_end=2252
+  _globals['_WORKERMESSAGE']._serialized_start=2254
+  _globals['_WORKERMESSAGE']._serialized_end=2360
+  _globals['_GROUPTASK']._serialized_start=2362
+  _globals['_GROUPTASK']._serialized_end=2483
+  _globals['_ROLLOUTS']._serialized_start=2486
+  _globals['_ROLLOUTS']._serialized_end=2682
+  _globals['_POOL']._serialized_start=2685
+  _globals['_POOL']._serialized_end=2879
+  _globals['_WEIGHTS']._serialized_start=2881
+  _globals['_WEIGHTS']._serialized_end=2953
+  _globals['_ENVWORKERS']._serialized_start=2955
+  _globals['_ENVWORKERS']._serialized_end=3027
 # @@protoc_insertion_point(module_scope)

@@ -111,10 +111,12 @@ class AttachRequest(_message.Message):
     def __init__(self, member: _Optional[str] = ..., orchestrator_address: _Optional[str] = ..., trainer_config: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class AttachReply(_message.Message):
-    __slots__ = ("queued",)
+    __slots__ = ("queued", "policy0_location")
     QUEUED_FIELD_NUMBER: _ClassVar[int]
+    POLICY0_LOCATION_FIELD_NUMBER: _ClassVar[int]
     queued: bool
-    def __init__(self, queued: _Optional[bool] = ...) -> None: ...
+    policy0_location: str
+    def __init__(self, queued: _Optional[bool] = ..., policy0_location: _Optional[str] = ...) -> None: ...
 
 class DetachRequest(_message.Message):
     __slots__ = ("member",)
@@ -127,6 +129,45 @@ class DetachReply(_message.Message):
     WAS_MEMBER_FIELD_NUMBER: _ClassVar[int]
     was_member: bool
     def __init__(self, was_member: _Optional[bool] = ...) -> None: ...
+
+class PoolStatusRequest(_message.Message):
+    __slots__ = ("member",)
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    member: str
+    def __init__(self, member: _Optional[str] = ...) -> None: ...
+
+class PoolMember(_message.Message):
+    __slots__ = ("name", "step", "tokens", "weight", "share", "ready_step")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    READY_STEP_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    step: int
+    tokens: int
+    weight: float
+    share: float
+    ready_step: int
+    def __init__(self, name: _Optional[str] = ..., step: _Optional[int] = ..., tokens: _Optional[int] = ..., weight: _Optional[float] = ..., share: _Optional[float] = ..., ready_step: _Optional[int] = ...) -> None: ...
+
+class PoolStatusReply(_message.Message):
+    __slots__ = ("members", "left", "instance_id")
+    class LeftEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LEFT_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[PoolMember]
+    left: _containers.ScalarMap[str, str]
+    instance_id: str
+    def __init__(self, members: _Optional[_Iterable[_Union[PoolMember, _Mapping]]] = ..., left: _Optional[_Mapping[str, str]] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class WeightsRequest(_message.Message):
     __slots__ = ("step",)

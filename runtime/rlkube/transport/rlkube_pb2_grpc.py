@@ -185,7 +185,8 @@ class Rollouts:
 
 
 class PoolStub:
-    """The pool trainer's service: a member (with its rollouts credential) joins or leaves.
+    """The pool trainer's service: a member (with its rollouts credential) joins, leaves, or asks
+    whether it still is one; the whole roster takes the pool's own rollouts credential.
     """
 
     def __init__(self, channel):
@@ -204,10 +205,16 @@ class PoolStub:
                 request_serializer=rlkube_dot_transport_dot_rlkube__pb2.DetachRequest.SerializeToString,
                 response_deserializer=rlkube_dot_transport_dot_rlkube__pb2.DetachReply.FromString,
                 _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/rlkube.v1.Pool/Status',
+                request_serializer=rlkube_dot_transport_dot_rlkube__pb2.PoolStatusRequest.SerializeToString,
+                response_deserializer=rlkube_dot_transport_dot_rlkube__pb2.PoolStatusReply.FromString,
+                _registered_method=True)
 
 
 class PoolServicer:
-    """The pool trainer's service: a member (with its rollouts credential) joins or leaves.
+    """The pool trainer's service: a member (with its rollouts credential) joins, leaves, or asks
+    whether it still is one; the whole roster takes the pool's own rollouts credential.
     """
 
     def Attach(self, request, context):
@@ -217,6 +224,12 @@ class PoolServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Detach(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -235,6 +248,11 @@ def add_PoolServicer_to_server(servicer, server):
                     request_deserializer=rlkube_dot_transport_dot_rlkube__pb2.DetachRequest.FromString,
                     response_serializer=rlkube_dot_transport_dot_rlkube__pb2.DetachReply.SerializeToString,
             ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=rlkube_dot_transport_dot_rlkube__pb2.PoolStatusRequest.FromString,
+                    response_serializer=rlkube_dot_transport_dot_rlkube__pb2.PoolStatusReply.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'rlkube.v1.Pool', rpc_method_handlers)
@@ -244,7 +262,8 @@ def add_PoolServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Pool:
-    """The pool trainer's service: a member (with its rollouts credential) joins or leaves.
+    """The pool trainer's service: a member (with its rollouts credential) joins, leaves, or asks
+    whether it still is one; the whole roster takes the pool's own rollouts credential.
     """
 
     @staticmethod
@@ -291,6 +310,33 @@ class Pool:
             '/rlkube.v1.Pool/Detach',
             rlkube_dot_transport_dot_rlkube__pb2.DetachRequest.SerializeToString,
             rlkube_dot_transport_dot_rlkube__pb2.DetachReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlkube.v1.Pool/Status',
+            rlkube_dot_transport_dot_rlkube__pb2.PoolStatusRequest.SerializeToString,
+            rlkube_dot_transport_dot_rlkube__pb2.PoolStatusReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -31,6 +31,13 @@ def _join(fs: fsspec.AbstractFileSystem, path: str) -> str:
     return fs.unstrip_protocol(path) if not isinstance(fs, LocalFileSystem) else path
 
 
+def snapshot_location(root: str, step: int) -> str:
+    """The location readers load step `step` of the snapshots under `root` from (what
+    `write_snapshot` returns once it is written)."""
+    fs, root_path = _fs(root)
+    return _join(fs, step_dir(root_path, step))
+
+
 def write_snapshot(root: str, snapshot: Snapshot) -> str:
     """Write `snapshot` under `<root>/step_N/`, the `COMPLETE` marker last; returns the location."""
     fs, root_path = _fs(root)
@@ -40,7 +47,7 @@ def write_snapshot(root: str, snapshot: Snapshot) -> str:
     fs.makedirs(target, exist_ok=True)
     snapshot.write_files(fs, target)
     fs.pipe_file(f"{target}/{COMPLETE}", snapshot.marker())
-    return _join(fs, target)
+    return snapshot_location(root, snapshot.step)
 
 
 def list_steps(root: str) -> dict[int, bool]:

@@ -13,9 +13,9 @@ import time
 
 import pytest
 import torch
-from rlkube.scopes import ROLLOUTS, member_scoped
+from rlkube.scopes import ROLLOUTS, member_scoped, scoped
 from rlkube.trainer.rl.multi_run import _local
-from rlkube.transport.pool import attach, detach
+from rlkube.transport.pool import attach, detach, status
 from safetensors.torch import load_file
 
 from tests.trainer.pool.members import (
@@ -155,3 +155,28 @@ def test_member_credentials_differ_by_member_and_scope():
     assert len(credentials) == 6
     with pytest.raises(ValueError, match="weights"):
         member_scoped("t", "a", "weights")
+
+
+def test_status_shows_a_member_itself_and_the_pool_its_whole_roster(tiny_model, tmp_path, monkeypatch, world_of_one):
+    """`Pool.Status`: a member's own rollouts credential gets its own entry (what it checks to
+    notice a restarted pool trainer), the pool's own gets every member; Attach answers where
+    the member's step-0 adapter is published."""
+    pool = RunningPool(pool_config(tiny_model, tmp_path), pool_token="pool-token")
+    try:
+        for name in ("a", "b"):
+            monkeypatch.setenv("RLKUBE_TOKEN_ROLLOUTS", member_scoped("pool-token", name, ROLLOUTS))
+            location = attach(pool.address, name, "127.0.0.1:1", member_config(tiny_model, 1))
+            assert location == str(tmp_path / "pool" / "members" / name / "weights" / "step_0")
+        detach(pool.address, "b")
+        assert status(pool.address, "b").left == {"b": "detached"}
+        with pytest.raises(ValueError, match="UNAUTHENTICATED"):
+            status(pool.address, "a")  # b's credential, a's name
+        with pytest.raises(ValueError, match="UNAUTHENTICATED"):
+            status(pool.address)  # the whole roster takes the pool's own credential
+        monkeypatch.setenv("RLKUBE_TOKEN_ROLLOUTS", scoped("pool-token", ROLLOUTS))
+        roster = status(pool.address)
+        assert [m.name for m in roster.members] == ["a"] and roster.members[0].weight == 1.0
+        assert roster.left == {"b": "detached"} and roster.instance_id
+        assert [m.name for m in status(pool.address, "a").members] == ["a"]
+    finally:
+        pool.close()

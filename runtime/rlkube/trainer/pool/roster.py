@@ -14,6 +14,8 @@ from rlkube.config.pool import PoolTrainerConfig
 from rlkube.scopes import MEMBER_NAME
 from rlkube.trainer.pool.fair_share import Candidate, pick, shares
 from rlkube.trainer.pool.prober import Prober
+from rlkube.transport.publishers import storage_root
+from rlkube.transport.weights_storage import snapshot_location
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +62,10 @@ class Roster:
 
     # --- from the gRPC service's threads -----------------------------------------------
 
-    def attach(self, name: str, address: str, trainer_config: str, weight: float) -> None:
+    def attach(self, name: str, address: str, trainer_config: str, weight: float) -> str:
         """Queue member `name` (ValueError naming the field when it does not fit, OverflowError
-        when the pool is full). A member attaching again (its orchestrator restarted) is
+        when the pool is full); returns where its step-0 adapter is published when it joins
+        without a checkpoint. A member attaching again (its orchestrator restarted) is
         removed first, then added back from its checkpoint."""
         if not MEMBER_NAME.fullmatch(name):
             raise ValueError(f"member: {name!r} is not a lower-case DNS-1123 name (a-z, 0-9, '-', '.')")
@@ -78,6 +81,7 @@ class Roster:
             self.entries[name] = Entry(name, config, weight or 1.0, prober, credit=self._least_credit(weight or 1.0))
             self.left.pop(name, None)
         logger.info("member %s attached from %s (weight %g)", name, address, weight or 1.0)
+        return snapshot_location(storage_root(config.weights, config.output_dir), 0)
 
     def detach(self, name: str) -> bool:
         with self.lock:

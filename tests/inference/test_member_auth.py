@@ -13,17 +13,21 @@ POOL_TOKEN = "the-pool-token"
 
 
 class Recorder:
+    """Records each request's body, and what the app hears after it (vLLM listens there for the
+    client going away)."""
+
     def __init__(self):
-        self.bodies = []
+        self.bodies, self.after_body = [], []
 
     async def __call__(self, scope, receive, send):
         message = await receive()
         self.bodies.append(message.get("body", b""))
+        self.after_body.append((await receive())["type"])
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
 
-def call(middleware, path: str, credential: str, body: dict | None = None, query: str = "") -> int:
+def call(middleware, path: str, credential: str, body: dict | None = None, query: str = "", method: str = "POST") -> int:
     data = json.dumps(body).encode() if body is not None else b""
     chunks = [data[:5], data[5:]]  # a body in two messages
 
@@ -36,7 +40,7 @@ def call(middleware, path: str, credential: str, body: dict | None = None, query
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": path, "query_string": query.encode(),
+    scope = {"type": "http", "method": method, "path": path, "query_string": query.encode(),
              "headers": [(b"authorization", f"Bearer {credential}".encode())]}
     asyncio.run(middleware(scope, receive, send))
     return sent[0]["status"]
@@ -55,6 +59,7 @@ def test_a_members_credential_generates_only_with_its_own_adapter(middleware):
     body = {"model": "ns.a", "token_ids": [1, 2, 3]}
     assert call(guard, "/inference/v1/generate", a_generate, body) == 200
     assert json.loads(app.bodies[-1]) == body, "the body reaches vLLM whole"
+    assert app.after_body[-1] != "http.disconnect", "vLLM would cancel the request as its client's gone"
     assert call(guard, "/v1/chat/completions", a_generate, {"model": "ns.b", "messages": []}) == 401
     assert call(guard, "/v1/completions", a_generate, {"prompt": "no model named"}) == 401
     assert call(guard, "/v1/models", a_generate) == 401, "listing every member's adapter is the pool's"
@@ -70,6 +75,10 @@ def test_a_members_admin_credential_loads_only_its_own_adapter_and_never_pauses(
     assert call(guard, "/rlkube/load_lora_adapter", a_admin, query="location=/w&step=1") == 401
     assert call(guard, "/rlkube/load_lora_adapter", a_generate, query="location=/w&step=1&name=ns.a") == 401
     assert call(guard, "/pause", a_admin, query="name=ns.a") == 401
+    # reading the step of its own adapter (its sync's version): with either credential, its own alone
+    for credential in (a_admin, a_generate):
+        assert call(guard, "/rlkube/load_lora_adapter", credential, query="name=ns.a", method="GET") == 200
+        assert call(guard, "/rlkube/load_lora_adapter", credential, query="name=ns.b", method="GET") == 401
     assert call(guard, "/collective_rpc", a_admin, {"model": "ns.a"}) == 401
     # the pool's own admin credential does all of it
     assert call(guard, "/pause", scoped(POOL_TOKEN, ADMIN)) == 200

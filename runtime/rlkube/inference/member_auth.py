@@ -3,7 +3,8 @@ here when a request's credential is none of the server's own scopes).
 
 Member `m` holds `member_scoped(pool_token, m, generate|admin)` (rlkube.scopes). With either it
 may generate (and tokenize) with the model `m`, its own adapter, and nothing else; with its
-admin credential it may also load its adapter (`/rlkube/load_lora_adapter?name=m`) and reset the
+admin credential it may also load its adapter (`POST /rlkube/load_lora_adapter?name=m`; with either,
+`GET` reads the step of the one loaded) and reset the
 prefix cache after it (`/reset_prefix_cache?name=m`: its cached prefixes were computed with its
 previous adapter, which an in-place load keeps the id of; the reset drops every member's). Pausing the shared server, loading full weights or another member's
 adapter, and listing the models take the pool's own admin credential. The server derives the
@@ -31,7 +32,8 @@ async def member_request(scope, receive, presented: str | None, pool_token: str,
     if path == ADAPTER_ROUTE or path == "/reset_prefix_cache":
         query = {k: v[0] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
         member = query.get("name")
-        return (receive, member) if member and _holds(presented, pool_token, member, (ADMIN,), authorized) else None
+        scopes = (GENERATE, ADMIN) if path == ADAPTER_ROUTE and scope.get("method") == "GET" else (ADMIN,)
+        return (receive, member) if member and _holds(presented, pool_token, member, scopes, authorized) else None
     if path not in MODEL_ROUTES:
         return None
     body = await _read_body(receive)
@@ -43,7 +45,7 @@ async def member_request(scope, receive, presented: str | None, pool_token: str,
         return None
     if not isinstance(member, str) or not _holds(presented, pool_token, member, (GENERATE, ADMIN), authorized):
         return None
-    return _replay(body), member
+    return _replay(body, receive), member
 
 
 def _holds(presented, pool_token: str, member: str, scopes, authorized) -> bool:
@@ -65,14 +67,17 @@ async def _read_body(receive) -> bytes | None:
             return b"".join(chunks)
 
 
-def _replay(body: bytes):
+def _replay(body: bytes, receive):
+    """The request's body as one message, then the client's own messages: vLLM listens on them
+    for the client going away (and cancels the request then), so a made-up disconnect right
+    after the body would cancel every request."""
     sent = False
 
-    async def receive():
+    async def replayed():
         nonlocal sent
         if not sent:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
-        return {"type": "http.disconnect"}
+        return await receive()
 
-    return receive
+    return replayed

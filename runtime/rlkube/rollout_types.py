@@ -74,6 +74,13 @@ class Rollout:
     """The weight versions the engine reported for its tokens (policy steps; "default" is the
     untagged base model). Empty where the engine's answers are not seen (verifiers' full path)."""
 
+    def forget_engine_versions(self) -> None:
+        """Drop what the engine said sampled its tokens (a pool member's: the server's version is
+        none of its policies); its lag then counts from `policy_min`, the clock's."""
+        self.served_versions = []
+        for sample in self.samples:
+            sample.policy_versions = None
+
     @property
     def served_min(self) -> int | None:
         """The oldest policy that, by the engine's own word, sampled any of its tokens."""

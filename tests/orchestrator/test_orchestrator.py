@@ -46,6 +46,7 @@ class FakeRunner:
 class FakePool:
     request_model = "model"
     base_urls = ("http://fake",)
+    engine_versions = True
 
     def __init__(self):
         self.loads = []

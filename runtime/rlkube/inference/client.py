@@ -14,6 +14,7 @@ import httpx
 
 from rlkube import auth
 from rlkube.http import async_client
+from rlkube.scopes import ADMIN, GENERATE
 
 PauseMode = Literal["keep", "wait", "abort"]
 NCCL_VERSION_POLL_S = 0.2
@@ -60,11 +61,11 @@ async def post(base_url: str, route: str, timeout: float, headers: dict[str, str
     return response
 
 
-async def _get(base_url: str, route: str, timeout: float) -> dict:
+async def _get(base_url: str, route: str, timeout: float, headers: dict[str, str] | None = None, **kwargs) -> dict:
     url = base_url.rstrip("/") + route
     try:
         async with async_client(timeout) as client:
-            response = await client.get(url, headers=auth.route_headers(route))
+            response = await client.get(url, headers=auth.route_headers(route) if headers is None else headers, **kwargs)
     except httpx.TransportError as e:
         raise ReplicaUnreachable(f"GET {url} failed: {e!r}") from None
     except httpx.HTTPError as e:
@@ -153,6 +154,13 @@ async def update_weights(base_url: str, step: int, location: str, timeout: float
     if adapter_name is None:  # a pool's members are at steps of their own: the server's one version is none of them
         await post(base_url, "/update_weight_version", timeout, json={"new_version": str(step)})
     return summary
+
+
+async def adapter_step(base_url: str, name: str, timeout: float = 10) -> int | None:
+    """The step of the LoRA adapter the server serves under model name `name` (None: not
+    loaded), read with either credential a pool member holds (rlkube.inference.member_auth)."""
+    headers = auth.http_headers(ADMIN) or auth.http_headers(GENERATE)
+    return (await _get(base_url, ADAPTER_ROUTE, timeout, headers=headers, params={"name": name}))["step"]
 
 
 def _is_at_least(version: str | None, step: int) -> bool:

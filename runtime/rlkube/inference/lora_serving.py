@@ -12,7 +12,9 @@ this middleware. `POST /rlkube/load_lora_adapter?location=...&step=N&timeout=S[&
    on. Each name has its own adapter id (a pool's members, one each, `inference.max_loras` at
    most): loading one member's adapter leaves the others' as they are, and a batch that mixes
    them decodes each row with its own (tests/inference/test_pool_adapters.py).
-Only the adapter moves: megabytes per update, whatever the size of the base model, which the
+`GET /rlkube/load_lora_adapter?name=M` answers `{"name": M, "step": N}`: the step of the adapter
+loaded under `M` (null before any): a pool member's own version, as the server's weight version
+is none of theirs. Only the adapter moves: megabytes per update, whatever the size of the base model, which the
 engine keeps as it is.
 
 Why not vLLM's `/v1/load_lora_adapter` with `load_inplace`: in vLLM 0.32 the request it stores
@@ -78,12 +80,18 @@ class LoadLoraAdapter:
         self.staging = Path(tempfile.mkdtemp(prefix="rlkube-lora-"))
         atexit.register(shutil.rmtree, self.staging, True)
         self.lock = asyncio.Lock()
+        self.steps: dict[str, int] = {}
+        """The step of the adapter loaded under each name."""
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != ROUTE:
+        if scope["type"] != "http" or scope["method"] not in ("GET", "POST") or scope["path"] != ROUTE:
             await self.app(scope, receive, send)
             return
         query = {key: values[0] for key, values in parse_qs(scope["query_string"].decode()).items()}
+        if scope["method"] == "GET":
+            name = query.get("name", POLICY_ADAPTER)
+            await _answer(send, 200, {"name": name, "step": self.steps.get(name)})
+            return
         try:
             location, step, timeout = query["location"], int(query.get("step", "-1")), float(query.get("timeout", "600"))
             name = query.get("name", POLICY_ADAPTER)
@@ -112,6 +120,7 @@ class LoadLoraAdapter:
         adapter_id = known.lora_int_id if known else models.lora_id_counter.inc(1)
         await state.engine_client.add_lora(LoRARequest(name, adapter_id, str(path), load_inplace=True))
         models.lora_requests[name] = LoRARequest(name, adapter_id, str(path))
+        self.steps[name] = step
         for old in staging.iterdir():
             if old != path:
                 shutil.rmtree(old, ignore_errors=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import fsspec
 
-from rlkube.checkpoints import begin_part, finish_part, part_dir, resolve_resume_step
+from rlkube.checkpoints import RL_PROCESSES, begin_part, finish_part, part_dir, resolve_resume_step
 
 PROCESS = "orchestrator"
 STATE_FILE = "state.json"
@@ -26,10 +26,12 @@ def save(root: Path | str, step: int, state: dict) -> str:
     return finish_part(root, step, PROCESS, {STATE_FILE: json.dumps(state).encode()})
 
 
-def resolve_step(root: Path | str, resume_step: int | str | None) -> int | None:
+def resolve_step(root: Path | str, resume_step: int | str | None, alone: bool = False) -> int | None:
     """`ckpt.resume_step` as a step number, None for a fresh start; `latest` is the newest step
-    complete for both the trainer and the orchestrator (the trainer resolves the same)."""
-    return resolve_resume_step(root, resume_step, PROCESS)
+    complete for both the trainer and the orchestrator (the trainer resolves the same), or with
+    `alone` for the orchestrator's part alone (a pool member's: its trainer's parts are in the
+    pool's storage, and the orchestrator tells the pool trainer which step to resume from)."""
+    return resolve_resume_step(root, resume_step, PROCESS, (PROCESS,) if alone else RL_PROCESSES)
 
 
 def load(root: Path | str, step: int) -> dict:

@@ -71,7 +71,8 @@ def hello(config: OrchestratorConfig, runners: list[EnvRunner]) -> pb.WorkerHell
 async def serve(config: OrchestratorConfig) -> None:
     judge = JudgeEndpoint(config.judge) if config.judge else None
     runners = build_runners(config, judge)
-    pool = InferencePool(config.client, config.model.name, config.model.name, config.sampling)
+    pool = InferencePool(config.client, config.model.name, config.model.name, config.sampling,
+                         member=config.pool.member if config.pool else None)
     address = f"{config.rollouts.host}:{config.rollouts.port}"
     async with contextlib.AsyncExitStack() as stack:
         if judge is not None:

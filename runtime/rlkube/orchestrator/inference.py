@@ -41,6 +41,15 @@ A LoRA run whose replicas serve the adapter with vLLM's LoRA support (`client.lo
 loads each policy as that adapter, and requests name it from the first policy update on
 (`request_model`); before it they name the base model, which is policy 0. A request sent with
 the base model's name just before that first update finishes on the base model.
+
+A pool member (`member`: `orchestrator.pool.member`) shares the replicas with the pool's other
+members: every request names its adapter, from policy 0 on (the step-0 adapter the pool
+trainer publishes when it joins: LoRA's B = 0, the base model's outputs), so no request of its
+shares a batch unnamed with another member's. It loads each policy as its adapter, by name,
+without pausing the server (the others are generating), and a replica's version is its
+adapter's step there (`rlkube.inference.client.adapter_step`), not the server's weight version,
+which a pool does not set. Nor do its rollouts take their tokens' versions from the engine's
+report (that same server version): their lag counts from the clock's version at their start.
 """
 
 import asyncio
@@ -128,16 +137,18 @@ def listed_urls(path: str) -> list[str]:
 class InferencePool:
     def __init__(
         self, config: ClientConfig, model: str, renderer_model: str, sampling: SamplingConfig,
-        trainer_sends_weights: bool = False,
+        trainer_sends_weights: bool = False, member: str | None = None,
     ):
         self.config = config
+        self.member = member
+        """A pool member's name: its adapter's model name on the pool's replicas (None: a solo run)."""
         self.model = model
         self.renderer_model, self.sampling = renderer_model, sampling
         self.trainer_sends_weights = trainer_sends_weights
         """`weights.type = "nccl"`: the trainer pauses, loads, tags and resumes the replicas."""
         self.base_urls = self._listed() or list(config.base_urls)
         """The replicas requests are routed to, by URL."""
-        self.adapter = config.lora_adapter
+        self.adapter = member or config.lora_adapter
         self.contexts: dict[str, dict[str, object]] = {name: {} for name in filter(None, (model, self.adapter))}
         """model name -> replica URL -> its verifiers `ModelContext` (`context_at`)."""
         self.slots = asyncio.Semaphore(config.max_concurrent)
@@ -160,8 +171,17 @@ class InferencePool:
 
     @property
     def request_model(self) -> str:
-        """The model name requests name now: the policy adapter once a policy is loaded as one."""
+        """The model name requests name now: the policy adapter once a policy is loaded as one
+        (a pool member's always: its step-0 adapter before its first policy)."""
+        if self.member is not None:
+            return self.member
         return self.adapter if self.adapter is not None and self.loaded[0] > 0 else self.model
+
+    @property
+    def engine_versions(self) -> bool:
+        """Whether the engine's per-token weight versions are this run's policy steps (not on a
+        pool, whose server version is no member's)."""
+        return self.member is None
 
     def context_for(self, env_name: str, example_id: str, model: str | None = None):
         """The replica context of a task, requesting `model` (`request_model` when None)."""
@@ -318,6 +338,9 @@ class InferencePool:
         from rlkube.inference.client import pause, resume, update_weights
 
         async def update(url: str) -> None:
+            if self.member is not None:  # the others generate on: the adapter is loaded in place
+                await update_weights(url, step, location, timeout=timeout_s, as_adapter=True, adapter_name=self.member)
+                return
             await pause(url, mode="keep")
             try:
                 await update_weights(url, step, location, timeout=timeout_s, as_adapter=self.adapter is not None)
@@ -415,9 +438,12 @@ class InferencePool:
         """(weight version, paused) of a replica; None if it does not answer. It is lost only
         if it does not even accept a connection: a busy engine may take longer than the read
         timeout to answer, and abandoning its rollouts then would only add to its load."""
-        from rlkube.inference.client import is_paused, weight_version
+        from rlkube.inference.client import adapter_step, is_paused, weight_version
 
         try:
+            if self.member is not None:  # its adapter's step there; the shared server's pause is not its own
+                step = await adapter_step(url, self.member)
+                return ("default" if step is None else str(step)), False
             return await weight_version(url), await is_paused(url)
         except InferenceError as e:
             logger.warning("inference replica %s does not answer: %s", url, e)
@@ -444,6 +470,11 @@ class InferencePool:
                 "with weights.type = 'nccl' only the trainer sends weights, over an NCCL group the "
                 "new replica is not part of; the run must restart from its newest checkpoint"
             )
+        if self.member is not None:  # its adapter, step 0 included, without pausing the others
+            if location is None:
+                raise RuntimeError(f"pool member {self.member}: policy {step} has no location to load its adapter from")
+            await update_weights(url, step, location, timeout=timeout_s, as_adapter=True, adapter_name=self.member)
+            return
         await pause(url, mode="keep")
         if step > 0:
             await update_weights(url, step, location, timeout=timeout_s, as_adapter=self.adapter is not None)

@@ -270,6 +270,8 @@ async def run_group(runner, pool, example_id: str, task: Any, size: int, tempera
         if rollout is None:  # abandoned: the replica stopped answering
             return Rollout(runner.name, example_id, 0.0, [], policy_version(), policy_version(),
                            error=f"{REPLICA_LOST}: {replica}: abandoned, the replica stopped answering")
+        if not pool.engine_versions:  # a pool's server version is no member's policy step
+            rollout.forget_engine_versions()
         if judge_lost(rollout.error):
             rollout.error = f"{REPLICA_LOST}: the judge: {rollout.error}"
         elif lost_on(pool, replica, started, rollout.error) or await lost_with_its_engine(replica, rollout.error):

@@ -18,7 +18,7 @@ after suspend) rejoins the run's newest complete checkpoint, or starts fresh whe
 
 from pathlib import PurePosixPath
 
-from rlkube.config import InferenceConfig, RLConfig, to_toml
+from rlkube.config import InferenceConfig, PoolMemberConfig, RLConfig, TrainerConfig, to_toml
 from rlkube.config.pool import PoolSection, PoolTrainerConfig
 
 from rlkube_operator.names import CONFIG_MOUNT, SFT_STATUS_PORT, TRAINER_METRICS_PORT, RunRef
@@ -215,7 +215,8 @@ def pool_inference_urls(pool: RunRef, spec: RLPoolSpec) -> list[str]:
 def pool_files(pool: RunRef, spec: RLPoolSpec) -> dict[str, str]:
     """`pool.toml` (the pool trainer: the base model, the adapters' slot of rank `maxLoraRank`,
     `maxRuns` members, its Attach service on every interface) and `inference.toml` (vLLM with
-    LoRA: `maxRuns` adapters at once, of rank `maxLoraRank`), wired as a run's are."""
+    LoRA: `maxRuns` adapters at once, of rank `maxLoraRank`, serving from the start), wired as a
+    run's are."""
     data = _shared(pool, spec, _user_set(spec))
     _served(_section(data, "inference"), spec.inference.gpus_per_replica)["replicas"] = spec.inference.replicas
     _section(data, "trainer", "lora")["rank"] = spec.max_lora_rank
@@ -224,15 +225,25 @@ def pool_files(pool: RunRef, spec: RLPoolSpec) -> dict[str, str]:
         **{key: data[key] for key in ("model", "log") if key in data},
         "pool": {"name": pool.name, "max_runs": spec.max_runs, "host": ANY_ADDRESS, "port": POOL_PORT}})
     configs = RLConfig.model_validate(data).process_configs(exclude_unset=True)
-    inference = configs["inference"].model_copy(update={"max_lora_rank": spec.max_lora_rank, "max_loras": spec.max_runs})
-    inference.model_fields_set.update({"max_lora_rank", "max_loras"})
+    # Not started paused: no member may resume the shared server, and none pauses it (each loads
+    # its own adapter in place); a member's first requests wait for its step-0 adapter instead.
+    pooled = {"max_lora_rank": spec.max_lora_rank, "max_loras": spec.max_runs, "start_paused": False}
+    inference = configs["inference"].model_copy(update=pooled)
+    inference.model_fields_set.update(pooled)
     return {POOL_FILE: to_toml(trainer, exclude_unset=True), "inference.toml": to_toml(inference, exclude_unset=True)}
 
 
+MEMBER_TRAINER_FILE = "trainer.toml"
+"""A member's own trainer config in its ConfigMap, which its orchestrator sends the pool trainer
+with Attach (`orchestrator.pool.trainer_config`)."""
+
+
 def member_files(run: RunRef, spec: RLRunSpec, pool: RunRef, pool_spec: RLPoolSpec, member: str) -> dict[str, str]:
-    """A member's `orchestrator.toml` (and `INFERENCE_URLS`): its own config, generating on the
-    pool's inference with its adapter (`client.lora_adapter` = the member's name), the pool's
-    base model."""
+    """A member's `orchestrator.toml` (and `INFERENCE_URLS`, `MEMBER_TRAINER_FILE`): its own
+    config in member mode (`[pool]`: it attaches itself to the pool's trainer with its own
+    trainer config), generating on the pool's inference with its adapter (`client.lora_adapter`
+    = the member's name), the pool's base model. Its trainer config leaves where checkpoints and
+    adapters go to the pool trainer: under the pool's storage, per member."""
     data = _shared(run, spec, _user_set(spec))
     data.setdefault("model", {})["name"] = pool_spec.config.model.name
     urls = pool_inference_urls(pool, pool_spec)
@@ -241,6 +252,14 @@ def member_files(run: RunRef, spec: RLRunSpec, pool: RunRef, pool_spec: RLPoolSp
     _section(data, "orchestrator")["env_workers"] = spec.env_workers.replicas
     rl = type(spec.config).model_validate(data)
     configs = in_pods(rl.process_configs(exclude_unset=True), spec)
-    configs["orchestrator"].client.lora_adapter = member  # not a solo run's `rlkube-policy`
-    return {"orchestrator.toml": to_toml(configs["orchestrator"], exclude_unset=True),
+    orchestrator = configs["orchestrator"]
+    orchestrator.client.lora_adapter = member  # not a solo run's `rlkube-policy`
+    orchestrator.pool = PoolMemberConfig(
+        member=member, trainer=pool_trainer_address(pool), trainer_config=f"{CONFIG_MOUNT}/{MEMBER_TRAINER_FILE}",
+        address=f"{run.service_host('orchestrator')}:{orchestrator.rollouts.port}")
+    trainer = configs["trainer"].model_dump(mode="json", exclude_unset=True)
+    for section in ("ckpt", "weights"):
+        (trainer.get(section) or {}).pop("url", None)  # the pool's storage, `members/<member>/`
+    return {"orchestrator.toml": to_toml(orchestrator, exclude_unset=True),
+            MEMBER_TRAINER_FILE: to_toml(TrainerConfig.model_validate(trainer), exclude_unset=True),
             INFERENCE_URLS: "".join(f"{url}\n" for url in urls)}

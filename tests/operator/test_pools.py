@@ -7,7 +7,7 @@ import base64
 import copy
 
 import pytest
-from rlkube.config import InferenceConfig, OrchestratorConfig
+from rlkube.config import InferenceConfig, OrchestratorConfig, TrainerConfig
 from rlkube.config.pool import PoolSection, PoolTrainerConfig
 from rlkube.scopes import member_scoped, scope_env, scoped
 from rlkube_operator.admission import Candidate, decide
@@ -74,6 +74,7 @@ async def test_a_pool_runs_a_pool_trainer_and_lora_inference_and_admits_its_memb
     data = cluster.get("ConfigMap", "pool-config")["data"]
     inference = runtime_config(InferenceConfig, data["inference.toml"], tmp_path)
     assert inference.max_lora_rank == 16 and inference.max_loras == 2
+    assert not inference.start_paused  # no member may resume the shared server
     assert inference.host == "0.0.0.0" and inference.model.name == POOL_MODEL
     trainer_config = runtime_config(PoolTrainerConfig, data["pool.toml"], tmp_path)  # what pool-trainer reads
     assert (trainer_config.pool.name, trainer_config.pool.max_runs, trainer_config.pool.host) == ("pool", 2, "0.0.0.0")
@@ -120,6 +121,14 @@ async def test_a_member_gets_its_orchestrator_only_with_credentials_from_the_poo
         orchestrator = runtime_config(OrchestratorConfig, cluster.get("ConfigMap", f"{name}-config")["data"][
             "orchestrator.toml"], tmp_path)
         assert orchestrator.client.lora_adapter == member_name and orchestrator.model.name == POOL_MODEL
+        # member mode: it attaches itself, from its own Service, with its own trainer config
+        assert orchestrator.pool.member == member_name and orchestrator.pool.trainer == env["RLKUBE_POOL_TRAINER"]
+        assert orchestrator.pool.address == f"{name}-orchestrator.{NS}.svc:{orchestrator.rollouts.port}"
+        assert str(orchestrator.pool.trainer_config) == "/etc/rlkube/trainer.toml"
+        member_trainer = runtime_config(TrainerConfig, cluster.get("ConfigMap", f"{name}-config")["data"][
+            "trainer.toml"], tmp_path)
+        assert member_trainer.lora.rank == 16 and member_trainer.model.name == POOL_MODEL
+        assert member_trainer.max_steps == orchestrator.max_steps and member_trainer.weights.url is None
         assert orchestrator.client.base_urls == [f"http://pool-inference-0.pool-inference.{NS}.svc:8000"]
     assert set(creds["ma"].values()).isdisjoint(creds["mb"].values())
 

@@ -8,10 +8,13 @@ import json
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
+import fsspec
 import pytest
 import torch
+from rlkube import manifest
 from rlkube.checkpoints import MARKER
 from rlkube.config import TrainerConfig, write_toml
 from rlkube.entrypoints.export import main as export_main
@@ -26,7 +29,7 @@ from rlkube.transport.weights_delta import DeltaPublisher
 from safetensors.torch import load_file
 
 from tests.conftest import restored_environment
-from tests.fixtures.inference import free_port
+from tests.fixtures.inference import S3_BUCKET, S3_ENV, free_port
 from tests.trainer.conftest import one_rank_world
 from tests.trainer.rl.test_trainer import RecordingMetrics, Server, SyntheticSource, synthetic_batch
 
@@ -215,6 +218,55 @@ def test_bad_input_exits_2_naming_the_field(full_run, tmp_path, capsys):
     write_toml(full_run.config, empty / "configs" / "trainer.toml")
     assert export("--run", empty) == 2
     assert "no complete checkpoint" in capsys.readouterr().err
+
+
+def test_a_planted_altered_or_unsigned_checkpoint_is_refused_naming_the_file(full_run, tmp_path, capsys, monkeypatch):
+    """The export unpickles the part's DCP metadata as a resume does, so it checks the part's
+    manifest first (rlkube.manifest): with the run's key set, its signature too."""
+    run, part = full_run.run, full_run.run / "checkpoints" / "trainer" / "step_4"
+    planted = part / "dcp" / "__9_0.distcp"
+    planted.write_bytes(b"pickled code")
+    assert export("--run", run, "--out", tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert f"refused {planted}" in err and "does not list it (a file planted after the save)" in err, err
+    assert not (tmp_path / "out").exists()
+    planted.unlink()
+    metadata = part / "dcp" / ".metadata"
+    metadata.write_bytes(metadata.read_bytes()[:-1] + b"\0")
+    assert export("--run", run, "--out", tmp_path / "out") == 2
+    assert f"refused {metadata}: its SHA-256 differs" in capsys.readouterr().err
+
+    shutil.copyfile(full_run.config.output_dir / "checkpoints" / "trainer" / "step_4" / "dcp" / ".metadata", metadata)
+    manifest_file = part / manifest.MANIFEST
+    listed = json.loads(manifest_file.read_text())["files"]
+    monkeypatch.setenv(manifest.KEY_ENV, "the run's key")
+    assert export("--run", run, "--out", tmp_path / "out") == 2, "the run's trainer signed nothing"
+    assert f"refused {manifest_file}: its signature does not match" in capsys.readouterr().err
+    manifest_file.write_bytes(manifest.manifest_bytes(listed, "trainer/step_4", b"the run's key"))
+    assert export("--run", run, "--out", tmp_path / "out") == 0, capsys.readouterr().err
+    monkeypatch.setenv(manifest.KEY_ENV, "another run's key")
+    assert export("--run", run, "--out", tmp_path / "out") == 2
+    assert f"refused {manifest_file}: its signature does not match" in capsys.readouterr().err
+
+
+def test_an_export_to_an_object_store_loads_and_replaces_only_a_model(full_run, tmp_path, moto_s3, monkeypatch, capsys):
+    """`--out s3://…` (fsspec, the store's credentials from the environment): the model
+    directory downloaded from the store computes the trainer's policy."""
+    for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": moto_s3}.items():
+        monkeypatch.setenv(key, value)
+    url = f"s3://{S3_BUCKET}/{uuid.uuid4().hex}/model"
+    fs, path = fsspec.core.url_to_fs(url)
+    for attempt in range(2):  # the second replaces the first
+        assert export("--run", full_run.run, "--step", 2 + 2 * attempt, "--out", url) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.strip() == f"wrote {url}"
+    fs.get(path, str(tmp_path / "model"), recursive=True)
+    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= {p.name for p in (tmp_path / "model").iterdir()}
+    assert torch.equal(logprobs(load_model(tmp_path / "model")), full_run.logprobs), "step 4's policy"
+
+    fs.pipe_file(f"{path}-notes/notes.txt", b"keep me")
+    assert export("--run", full_run.run, "--out", f"{url}-notes") == 2
+    assert f"out: {url}-notes exists and is no model directory" in capsys.readouterr().err
+    assert fs.cat_file(f"{path}-notes/notes.txt") == b"keep me"
 
 
 def test_a_lora_run_exports_the_merged_model_and_its_adapter(tiny_model, tmp_path, world_of_one):

@@ -31,8 +31,10 @@ class ExportConfig(Config):
     transport leaves. `weights`: the step's snapshot under the storage transport's `weights.url`
     (an RL run with `weights.type = "storage"`; the snapshot is in the wire dtype)."""
 
-    out: Path | None = None
-    """The directory to write; `<run>/export/step_N` when unset. An earlier export there is replaced."""
+    out: str | None = None
+    """The directory to write, or an fsspec URL (`s3://bucket/prefix/model`, with the store's
+    credentials in the environment as for `ckpt.url`); `<run>/export/step_N` when unset. An
+    earlier export there is replaced."""
 
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """The dtype of the exported weights; `auto` keeps the base model's (its config.json `dtype`,

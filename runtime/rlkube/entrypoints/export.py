@@ -8,7 +8,7 @@ of an RL or SFT run as a Hugging Face model directory (rlkube.trainer.export).
 import sys
 
 from rlkube.config import ConfigError, parse_cli, to_toml
-from rlkube.config.cli import EXIT_INVALID, write_termination_message
+from rlkube.config.cli import exit_invalid
 from rlkube.config.export import ExportConfig
 
 
@@ -17,15 +17,13 @@ def main(argv: list[str] | None = None) -> int:
     if dry_run:
         print(to_toml(config))
         return 0
+    from rlkube.manifest import Refused
     from rlkube.trainer.export import export
 
     try:
         out = export(config)
-    except ConfigError as e:
-        message = f"rlkube export: error: {e}"
-        print(message, file=sys.stderr)
-        write_termination_message(message)
-        return EXIT_INVALID
+    except (ConfigError, Refused) as e:  # a wrong field, or a checkpoint its trainer did not write
+        return exit_invalid("export", e)
     print(f"wrote {out}")
     return 0
 

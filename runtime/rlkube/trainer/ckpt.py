@@ -113,10 +113,9 @@ def save_part(root: str, step: int, process: str, state: dict[str, Any], files: 
 def load_part(root: str, step: int, process: str, state: dict[str, Any], names: tuple[str, ...], *,
               dcp_dir: str = "") -> dict[str, bytes]:
     """Collective: load `state` in place from a complete part; returns the files `names`."""
-    url = part_dir(root, step, process)
     if not is_complete(root, step, process):
-        raise FileNotFoundError(f"ckpt.resume_step: {url} is not a complete checkpoint")
-    verify_part(url, _place(step, process))  # before DCP unpickles its metadata
+        raise FileNotFoundError(f"ckpt.resume_step: {part_dir(root, step, process)} is not a complete checkpoint")
+    url = verified_part(root, step, process)
     dcp.load(state, storage_reader=FsspecReader(f"{url}/{dcp_dir}" if dcp_dir else url))
     fs, path = fsspec.core.url_to_fs(url)
     return {name: fs.cat_file(f"{path}/{name}") for name in names}
@@ -127,6 +126,14 @@ _UNLISTED = (MARKER, manifest.MANIFEST)
 
 def _place(step: int, process: str) -> str:
     return f"{process}/step_{step}"
+
+
+def verified_part(root: str, step: int, process: str) -> str:
+    """The URL of `process`'s part of step `step`, once `verify_part` passed: call it before DCP
+    unpickles the part's metadata (a load, an export)."""
+    url = part_dir(root, step, process)
+    verify_part(url, _place(step, process))
+    return url
 
 
 def verify_part(url: str, place: str) -> None:

@@ -13,10 +13,15 @@ in `trainer/step_N/dcp/` under `model.`, an SFT part in `trainer/step_N/` under 
 Or from a storage-transport snapshot (`source = "weights"`), read as inference reads it (a delta
 applied to its bases: rlkube.transport.weights_delta).
 
+A checkpoint part is checked against its signed manifest before DCP unpickles anything of it
+(rlkube.manifest, with the run's `RLKUBE_CHECKPOINT_KEY` when set): a planted or altered file is
+`manifest.Refused`, naming it, as it is for the trainer's resume.
+
 The directory is written as the trainer's snapshots are (rlkube.transport.weights_snapshot:
-safetensors shards, the base model's config and tokenizer files), into a `.tmp` sibling renamed
-into place. Every bad input is a `ConfigError` naming the field, which the command turns into
-exit code 2.
+safetensors shards, the base model's config and tokenizer files): locally into a `.tmp` sibling
+renamed into place, to an object store (`out = "s3://…"`, fsspec, the store's credentials from
+the environment) with its config written last. Every bad input is a `ConfigError` naming the
+field; the command exits 2 on it and on a refused checkpoint.
 """
 
 import json
@@ -35,6 +40,7 @@ from rlkube.config import ConfigError, SFTConfig, TrainerConfig, load_config
 from rlkube.config.export import ExportConfig
 from rlkube.models.hub import checkpoint_dir
 from rlkube.models.lora_math import PEFT_PREFIX, merge_adapters
+from rlkube.trainer.ckpt import verified_part
 from rlkube.trainer.experts import split_experts
 from rlkube.trainer.lora import adapter_config
 from rlkube.trainer.weights import fresh_tmp, replace_dir
@@ -43,19 +49,22 @@ from rlkube.transport.weights_snapshot import Snapshot, step_dir
 PROCESS = "trainer"
 RUN_CONFIGS = {"trainer.toml": TrainerConfig, "sft.toml": SFTConfig}
 """The config file each kind of run writes under `<output_dir>/configs/`, and its model."""
+MODEL_CONFIGS = ("config.json", "adapter_config.json")
+"""The files that make a directory a model (or adapter) directory."""
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def export(config: ExportConfig) -> Path:
-    """Write the step `config` names as a model directory; returns it."""
+def export(config: ExportConfig) -> str:
+    """Write the step `config` names as a model directory; returns its path or URL."""
     run = load_run_config(config)
     if run.lora is None and config.lora is not None:
         raise ConfigError(f"lora: {config.run} trained every weight (its config has no lora): there is no adapter to "
                           f"{'merge' if config.lora == 'merge' else 'export'}; leave `lora` unset")
     base_dir = checkpoint_dir(run.model.name)
     step, tensors = checkpoint_state(config, run) if config.source == "checkpoint" else snapshot_state(config, run)
-    out = config.out or config.run / "export" / f"step_{step}"
-    check_out(out, base_dir)
+    out = config.out or str(config.run / "export" / f"step_{step}")
+    fs, out_path = fsspec.core.url_to_fs(out)
+    check_out(fs, out_path, base_dir)
     model_config = json.loads((base_dir / "config.json").read_text())
     dtype_name = config.dtype if config.dtype != "auto" else model_config.get("dtype") or model_config.get("torch_dtype") or "float32"
     dtype = _DTYPES[dtype_name]
@@ -72,9 +81,24 @@ def export(config: ExportConfig) -> Path:
             if key in model_config or key == "dtype":
                 model_config[key] = dtype_name
         snapshot.model_files["config.json"] = json.dumps(model_config, indent=2).encode()
-    tmp = fresh_tmp(out)
-    snapshot.write_files(LocalFileSystem(), str(tmp))
-    return replace_dir(tmp, out)
+    if isinstance(fs, LocalFileSystem):
+        tmp = fresh_tmp(Path(out_path))
+        snapshot.write_files(fs, str(tmp))
+        return str(replace_dir(tmp, Path(out_path)))
+    write_to_store(snapshot, fs, out_path)
+    return out
+
+
+def write_to_store(snapshot: Snapshot, fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """An object store has no rename: the earlier export is removed, then every file written,
+    the config that makes the prefix a model directory (`config.json`, `adapter_config.json`)
+    last, so an export killed midway leaves nothing that loads as a model."""
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+    configs = {name: snapshot.model_files.pop(name) for name in MODEL_CONFIGS if name in snapshot.model_files}
+    snapshot.write_files(fs, path)
+    for name, data in configs.items():
+        fs.pipe_file(f"{path}/{name}", data)
 
 
 def load_run_config(config: ExportConfig) -> TrainerConfig | SFTConfig:
@@ -110,7 +134,7 @@ def checkpoint_state(config: ExportConfig, run: TrainerConfig | SFTConfig) -> tu
         fs, path = fsspec.core.url_to_fs(part_dir(root, step, PROCESS))
         why = f"has no {MARKER} marker: its save did not finish" if fs.exists(path) else "does not exist"
         raise ConfigError(f"step: {part_dir(root, step, PROCESS)} {why} (complete steps: {complete or 'none'})")
-    return step, checkpoint_tensors(part_dir(root, step, PROCESS))
+    return step, checkpoint_tensors(verified_part(root, step, PROCESS))
 
 
 def checkpoint_tensors(part: str) -> dict[str, torch.Tensor]:
@@ -161,14 +185,15 @@ def base_weights(base_dir: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def check_out(out: Path, base_dir: Path) -> None:
+def check_out(fs: fsspec.AbstractFileSystem, out: str, base_dir: Path) -> None:
     """`out` is replaced whole: only a new directory or an earlier model directory may be."""
-    if not out.exists():
+    fs.invalidate_cache()
+    if not fs.exists(out):
         return
-    if out.resolve() == base_dir.resolve():
+    if isinstance(fs, LocalFileSystem) and Path(out).resolve() == base_dir.resolve():
         raise ConfigError(f"out: {out} is the base model itself; name another directory")
-    if not any((out / name).is_file() for name in ("config.json", "adapter_config.json")):
-        raise ConfigError(f"out: {out} exists and is no model directory (an export replaces it whole); "
+    if not any(fs.isfile(f"{out}/{name}") for name in MODEL_CONFIGS):
+        raise ConfigError(f"out: {fs.unstrip_protocol(out)} exists and is no model directory (an export replaces it whole); "
                           "name a new directory")
 
 

@@ -43,6 +43,7 @@ MAPPED: dict[str, tuple[str, ...]] = {
     r"^kubectl( -n \S+)? (apply|get|describe|scale|logs|delete|rollout)\b": ("e2e/scenarios/test_reverse_text.py",),
     r"^torchrun --nproc-per-node 2 -m rlkube\.entrypoints\.sft\b": ("tests/integration/test_sft_reverse_text.py",),
     r"^rlkube plot\b": ("tests/test_plot.py",),
+    r"^bash examples/pool_reverse_text/run\.sh\b": ("tests/integration/test_pool.py",),
     r"^rlkube export\b": ("tests/trainer/test_export.py",),
 }
 

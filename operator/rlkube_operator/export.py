@@ -2,14 +2,19 @@
 outcome makes of the run's status (condition `Exported`, `status.export`).
 
 The Job runs `rlkube export` from the run's image on the newest checkpoint, with the run's own
-config (its ConfigMap). Its pod holds none of the run's credentials, mounts the run's claim
-read-only (the checkpoints, the base model) and, read-write, only `spec.export.path` of the
-target claim (`subPath`), where the model directory `model` is written through a `.tmp`
-sibling renamed into place (rlkube.trainer.export)."""
+config (its ConfigMap). Its pod mounts the run's claim read-only (the checkpoints, the base
+model) and holds, of the run's credentials, only the checkpoint key, with which the export
+checks the checkpoint's signed manifest before it unpickles anything (rlkube.manifest: a part
+another pod planted or altered is refused, exit 2, naming the file), and the object store's
+Secret where the run has a store (its checkpoints may be there). The model directory `model`
+goes either to `spec.export.path` of the target claim, the pod's only writable mount
+(`subPath`), through a `.tmp` sibling renamed into place, or to `spec.export.url` in the store,
+its config written last (rlkube.trainer.export)."""
 
 from rlkube.config.cli import EXIT_INVALID
 
 from rlkube_operator import observe
+from rlkube_operator.builders import checkpoint_key_env
 from rlkube_operator.names import CONFIG_MOUNT, RunRef
 from rlkube_operator.pods import container, pod_settings, pod_template
 from rlkube_operator.spec import RunSpecBase
@@ -26,24 +31,34 @@ def target_claim(run: RunRef, spec: RunSpecBase) -> str:
 
 
 def location(run: RunRef, spec: RunSpecBase) -> dict:
-    """`status.export`: the claim and the model directory's path in it."""
+    """`status.export`: the model directory's URL, or the claim and its path in it."""
+    if spec.export.url is not None:
+        return {"url": f"{spec.export.url.rstrip('/')}/{MODEL_DIR}"}
     return {"claimName": target_claim(run, spec), "path": f"{spec.export.path}/{MODEL_DIR}"}
+
+
+def described(where: dict) -> str:
+    """`status.export` in words, for the condition's message."""
+    return where["url"] if "url" in where else f"{where['path']} on claim {where['claimName']}"
 
 
 def build_export_job(run: RunRef, spec: RunSpecBase, config_file: str) -> dict:
     """The export Job: one pod, no retry of an invalid export (exit 2: a field is wrong), one
     retry of anything else."""
     export = spec.export
-    own_claim = target_claim(run, spec) == (spec.storage.pvc.claim_name or run.child("data"))
-    volume = "data" if own_claim else "export"
+    out = location(run, spec).get("url", f"{MOUNT}/{MODEL_DIR}")
     command = ["rlkube", "export", "--run", output_dir(run, spec), "--config", f"{CONFIG_MOUNT}/{config_file}",
-               "--out", f"{MOUNT}/{MODEL_DIR}", "--dtype", export.dtype, *(["--lora", export.lora] if export.lora else [])]
+               "--out", out, "--dtype", export.dtype, *(["--lora", export.lora] if export.lora else [])]
     settings = pod_settings(spec, "trainer")
-    main = container(spec, settings, COMPONENT, command, ports=[], res=spec.trainer.resources)
-    main["volumeMounts"].append({"name": volume, "mountPath": MOUNT, "subPath": export.path})
+    main = container(spec, settings, COMPONENT, command, ports=[], res=spec.trainer.resources,
+                     env=[checkpoint_key_env(run)])
     template = pod_template(run, spec, settings, COMPONENT, [main], [config_file], restartPolicy="Never")
-    if not own_claim:
-        template["spec"]["volumes"].append({"name": volume, "persistentVolumeClaim": {"claimName": target_claim(run, spec)}})
+    if export.path is not None:
+        own_claim = target_claim(run, spec) == (spec.storage.pvc.claim_name or run.child("data"))
+        volume = "data" if own_claim else "export"
+        main["volumeMounts"].append({"name": volume, "mountPath": MOUNT, "subPath": export.path})
+        if not own_claim:
+            template["spec"]["volumes"].append({"name": volume, "persistentVolumeClaim": {"claimName": target_claim(run, spec)}})
     job_spec = {
         "backoffLimit": 1,
         "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {

@@ -142,11 +142,12 @@ def container(
     return out
 
 
-STORE_WRITERS = ("trainer", "orchestrator")
+STORE_WRITERS = ("trainer", "orchestrator", "export")
 STORE_READERS = ("inference",)
-"""Who gets the object store's credentials: the trainer (weights, checkpoints, compile cache)
-and the orchestrator (its checkpoints) write; inference reads weight snapshots when they go
-through the store. Env workers (user environment code), the teacher and the judge get none."""
+"""Who gets the object store's credentials: the trainer (weights, checkpoints, compile cache),
+the orchestrator (its checkpoints) and the export Job (it reads the checkpoints and writes
+`spec.export.url`) write; inference reads weight snapshots when they go through the store. Env
+workers (user environment code), the teacher and the judge get none."""
 
 
 def store_secret(spec: RunSpecBase, component: str) -> str | None:

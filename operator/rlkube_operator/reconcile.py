@@ -622,7 +622,7 @@ class Reconciler:
         where = export.location(run, spec)
         if ok:
             status["export"] = where
-            message = f"exported to {where['path']} on claim {where['claimName']}"
+            message = f"exported to {export.described(where)}"
         reason = {True: "Exported", False: "ExportFailed", None: "Exporting"}[ok]
         if conditions.set("Exported", ok is True if ok is not None else None, reason, message) and ok is not None:
             events.append(("Normal" if ok else "Warning", reason, message))

@@ -24,7 +24,7 @@ from rlkube_operator.components import (
     TeacherSpec,
     TrainerSpec,
 )
-from rlkube_operator.credentials import url_credentials, urls_in
+from rlkube_operator.credentials import URL_CREDENTIALS_RE, url_credentials, urls_in
 from rlkube_operator.egress import NetworkSpec
 from rlkube_operator.podsecurity import PodSecurityContext
 from rlkube_operator.podsettings import SchedulingSpec
@@ -79,16 +79,31 @@ def _config_rule(rule: str, message: str, field: str) -> dict:
 
 class ExportSpec(K8sModel):
     """Export the final policy when the run Succeeds: a Job from the run's image runs `rlkube
-    export` on its newest checkpoint, the run's claim mounted read-only and only `path` of the
-    target claim writable, and writes a Hugging Face model directory (transformers and vLLM load
-    it) to `<path>/model`; `status.export` names it, condition `Exported` says how it went."""
+    export` on its newest checkpoint (checked against its signed manifest first), the run's claim
+    mounted read-only, and writes a Hugging Face model directory (transformers and vLLM load it)
+    to `<path>/model` of a claim (only `path` writable) or `<url>/model` in the run's object
+    store; `status.export` names it, condition `Exported` says how it went."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("has(self.path) != has(self.url)", ("spec.export needs exactly one of path (a claim's directory) "
+                                            "and url (an object-store URL)")),
+        ("!has(self.url) || !has(self.claimName)", "spec.export.claimName names a claim for path, not for url"),
+        (f"!has(self.url) || !self.url.matches('{URL_CREDENTIALS_RE}')",
+         "spec.export.url must not hold credentials: put them in the Secret named by storage.objectStore.secretName"),
+    ))
 
     claim_name: str | None = Field(default=None, max_length=253)
-    """The claim to write to (one the run owns or the admin allows: `guardrails.allowedClaims`);
-    the run's own storage claim when unset."""
+    """The claim to write to with `path` (one the run owns or the admin allows:
+    `guardrails.allowedClaims`); the run's own storage claim when unset."""
 
-    path: str = Field(max_length=512, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
+    path: str | None = Field(default=None, max_length=512,
+                             pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
     """The directory in that claim, relative (`exports/reverse-text`: no `..`, no leading `/`)."""
+
+    url: str | None = Field(default=None, max_length=1024, pattern=r"^[a-z][a-z0-9+.-]*://.+")
+    """Instead of `path`: an fsspec URL (`s3://bucket/exports/reverse-text`) reached with the
+    run's `storage.objectStore` (its `secretName` and `endpointUrl`, which the export pod gets);
+    refused for a run without one. No credentials in it."""
 
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """The exported weights' dtype (`rlkube export --dtype`); `auto` keeps the base model's."""
@@ -96,6 +111,18 @@ class ExportSpec(K8sModel):
     lora: Literal["merge", "adapter"] | None = None
     """A LoRA run's export: the adapters merged into the base model (`merge`, the default) or
     the PEFT adapter directory (`adapter`); refused for a run that trained every weight."""
+
+    @model_validator(mode="after")
+    def _one_target(self):
+        """A claim's directory or an object-store URL; the error does not echo the URL."""
+        if (self.path is None) == (self.url is None):
+            raise ValueError("spec.export needs exactly one of path (a claim's directory) and url (an object-store URL)")
+        if self.url is not None and self.claim_name is not None:
+            raise ValueError("spec.export.claimName names a claim for path, not for url")
+        if self.url is not None and (found := url_credentials(self.url)):
+            raise ValueError(f"spec.export.url holds a credential ({found}); put credentials in the Secret named by "
+                             "storage.objectStore.secretName, never in a URL")
+        return self
 
 
 class RunSpecBase(K8sModel):
@@ -183,6 +210,9 @@ class RunSpecBase(K8sModel):
         check_claim_reaches(self.storage.pvc, self.trainer.nodes, self._pods())
         if self.export is not None and self.storage.pvc is None:
             raise ValueError("spec.export reads the run's checkpoints from its claim: it needs spec.storage.pvc")
+        if self.export is not None and self.export.url is not None and self.storage.object_store is None:
+            raise ValueError("spec.export.url writes to the run's object store: it needs spec.storage.objectStore "
+                             "(its secretName and endpointUrl reach the URL), or export to a claim with spec.export.path")
         ckpt = getattr(self.config, "ckpt", None)
         if ckpt is not None and isinstance(ckpt.resume_step, int):
             raise ValueError(

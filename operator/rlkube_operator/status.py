@@ -55,13 +55,16 @@ class InferenceStatus(K8sModel):
 
 
 class ExportStatus(K8sModel):
-    """The exported model directory (`spec.export`)."""
+    """The exported model directory (`spec.export`): `claimName` and `path`, or `url`."""
 
-    claim_name: str
+    claim_name: str | None = None
     """The claim that holds it."""
 
-    path: str
+    path: str | None = None
     """The model directory's path in that claim (`<spec.export.path>/model`)."""
+
+    url: str | None = None
+    """The model directory's URL in the run's object store (`<spec.export.url>/model`)."""
 
 
 class RunStatus(K8sModel):

@@ -27,7 +27,8 @@ TINY = {
     "trainer_memory.py": (["--tiny", "--old-limit-gb", "0"], "new: step memory"),
     "trainer_packing.py": (["--seq-lens", "128", "--groups", "2", "--repeats", "1"], "vs first"),
     "trainer_throughput.py": (["--tiny", "--before", "--restart"], "restarted first step / cold"),
-    "tail_scheduling.py": (["--tails", "5", "--bounds", "0", "1", "--steps", "3", "--p50-s", "0.01", "--train-s", "0.05"],
+    "tail_scheduling.py": (["--tails", "5", "--bounds", "0", "1", "--steps", "3", "--p50-s", "0.01", "--train-s", "0.05",
+                            "--over-provision", "1", "2"],
                            "speedup vs sync"),
 }
 NOT_RUN = {

@@ -372,6 +372,19 @@ class OrchestratorSection(Config):
     """How many steps inference may run ahead of the trainer: 1 is one-step overlap,
     0 is synchronous (generate, then train, then generate)."""
 
+    over_provision: float = Field(default=2.0, ge=1.0)
+    """Over-provisioning within the staleness bound: how many rollouts may be in flight or
+    buffered, as a multiple of those the clock's batches need (`async_level + 1` batches
+    ahead of the trainer). Only stragglers use the excess (a group still running after a
+    batch's worth of rollouts launched after it finished): new groups start in their place,
+    batches are cut from the first to finish, and a straggler that ends past
+    `max_off_policy_steps` is dropped and counted (`off_policy/dropped_*`). 1 turns it off;
+    sync mode (`async_level = 0`) ignores it.
+    The default 2: at the tool service's default p99/p50 of 20, `async_level = 4` then steps
+    at 1.4x the trainer's own step instead of 3x (`benchmarks/tail_scheduling.py`,
+    docs/agentic.md); where nothing straggles (no tail) it changes nothing. Its cost is the
+    stragglers the bound drops: inference spent on rollouts never trained."""
+
     envs: list[EnvConfig] = Field(default=[EnvConfig()], min_length=1)
     """Training environments, mixed by `ratio` (at least one)."""
 

@@ -89,6 +89,7 @@ class Orchestrator:
             max_groups_in_flight=config.max_groups_in_flight,
             on_batch=self.on_batch,
             seed=config.seed,
+            over_provision=config.over_provision,
         )
         self.batches: dict[int, Batch] = {}
         self.batch_ready: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
@@ -121,6 +122,7 @@ class Orchestrator:
         metrics = self.store_batch(batch)
         metrics["rollouts/reissued"] = float(self.reissuer.reissued - self.reissued_logged)
         metrics["rollouts/in_flight"] = float(len(self.scheduler.in_flight) * self.config.group_size)
+        metrics["rollouts/stragglers"] = float(self.scheduler.straggler_rollouts())
         self.reissued_logged = self.reissuer.reissued
         metrics |= self.pool.metrics()
         if self.judge is not None:

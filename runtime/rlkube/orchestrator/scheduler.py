@@ -5,10 +5,20 @@ while the clock allows more rollouts than are in flight or buffered, wait for an
 finish, score it (advantages), buffer it, and cut batches from the buffer in step order. When
 the clock allows nothing and nothing is in flight, inference is idle waiting for the trainer:
 that time is reported as `time/wait_for_ckpt`.
+
+Over-provisioning (`over_provision`): a group still in flight after a batch's worth of
+rollouts launched after it have finished is a straggler. Stragglers keep running, but up to
+`(over_provision - 1)` times the clock's budget of them no longer hold that budget, so new
+groups start in their place and the next batches are cut from the first groups to finish. A
+straggler that finishes joins a later batch, or is dropped there by the staleness bound
+(`off_policy/dropped_*`). Sync mode (`async_level = 0`) has no over-provisioning: a
+straggler running on while the trainer trains would be the overlap itself.
 """
 
 import asyncio
+import itertools
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -53,6 +63,7 @@ class Scheduler:
         on_batch: Callable[[Batch], None],
         seed: int = 0,
         next_step: int = 1,
+        over_provision: float = 1.0,
     ):
         self.runners, self.ratios = runners, ratios
         self.run_group = run_group
@@ -63,8 +74,14 @@ class Scheduler:
         self.on_batch = on_batch
         self.rng = random.Random(seed)
         self.next_step = next_step
+        self.over_provision = over_provision if clock.async_level > 0 else 1.0
         self.in_flight: dict[asyncio.Task, tuple[object, str]] = {}
         """Each group in flight, with its (runner, example id)."""
+        self.launch_order = itertools.count()
+        self.launched: dict[asyncio.Task, int] = {}
+        """Each group in flight, with its place in the launch order."""
+        self.overtaken: dict[asyncio.Task, int] = {}
+        """Each group in flight, with the rollouts launched after it that have finished."""
         self.waited_s = 0.0
 
     def allowed_rollouts(self) -> int:
@@ -72,8 +89,16 @@ class Scheduler:
         newest = min(self.clock.newest_batch(), self.max_steps)
         return max(0, newest - (self.next_step - 1)) * self.buffer.batch_size
 
+    def straggler_rollouts(self) -> int:
+        """Rollouts in flight in groups that a batch's worth of later rollouts overtook."""
+        return self.group_size * sum(n >= self.buffer.batch_size for n in self.overtaken.values())
+
     def outstanding_rollouts(self) -> int:
-        return len(self.in_flight) * self.group_size + self.buffer.fresh_rollouts(self.next_step)
+        """Rollouts that hold the clock's budget: in flight or buffered, less the stragglers
+        that over-provisioning lets run beside it."""
+        free = math.floor((self.over_provision - 1) * self.allowed_rollouts())
+        held = len(self.in_flight) * self.group_size - min(self.straggler_rollouts(), free)
+        return held + self.buffer.fresh_rollouts(self.next_step)
 
     def _launch(self) -> None:
         while len(self.in_flight) < self.max_groups_in_flight and (
@@ -85,6 +110,15 @@ class Scheduler:
             example_id, task = runner.next_task()
             group = asyncio.ensure_future(self.run_group(runner, example_id, task, self.group_size))
             self.in_flight[group] = (runner, example_id)
+            self.launched[group], self.overtaken[group] = next(self.launch_order), 0
+
+    def _finished(self, group_task: asyncio.Task) -> None:
+        """Counts the finished group against every group in flight that was launched before it."""
+        order = self.launched.pop(group_task)
+        del self.overtaken[group_task]
+        for task, launched in self.launched.items():
+            if launched < order:
+                self.overtaken[task] += self.group_size
 
     @staticmethod
     def _record(runner, example_id: str, group: list[Rollout]) -> None:
@@ -113,6 +147,7 @@ class Scheduler:
                     self.waited_s += time.perf_counter() - idle_since
                 for task in done - {clock_changed}:
                     group = score_group(task.result(), self.advantage_fn)
+                    self._finished(task)
                     self._record(*self.in_flight.pop(task), group)
                     self.buffer.add_group(group)
                 self._cut_batches()
@@ -121,6 +156,8 @@ class Scheduler:
                 task.cancel()
             await asyncio.gather(*self.in_flight, return_exceptions=True)
             self.in_flight.clear()
+            self.launched.clear()
+            self.overtaken.clear()
 
     def state_dict(self) -> dict:
         rng_state = self.rng.getstate()

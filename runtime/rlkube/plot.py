@@ -50,7 +50,7 @@ PANELS = (
     # Agentic runs (docs/agentic.md): histograms as their p50/p99/max per step.
     Panel("rollout_latency", "rollout latency (s)", "orchestrator", r"rollout/latency_s/(p50|p99|max)"),
     Panel("tool_latency", "tool-call latency (s)", "orchestrator", r"tool/latency_s/(p50|p99|max)"),
-    Panel("tool_calls", "tool calls per batch", "orchestrator", r"tool/(calls|timeouts|errors)"),
+    Panel("tool_calls", "tool calls per batch", "orchestrator", r"tool/(calls|timeouts|errors|retries)"),
     Panel("policy_lag", "policy lag of trained tokens (versions)", "orchestrator", r"off_policy/token_lag/(mean|p99|max)"),
     Panel("rollouts", "rollouts in flight, dropped, re-issued", "orchestrator",
           r"rollouts/(in_flight|reissued)|off_policy/dropped_rollouts"),

@@ -4,9 +4,11 @@ rollouts that call the service (the timeout rule's reward, errored rollouts neve
 
 import asyncio
 import contextlib
+import json
 import re
 import threading
 import time
+import urllib.request
 
 import pytest
 from rlkube.config import ClientConfig, EnvConfig, SamplingConfig
@@ -86,8 +88,8 @@ def test_sft_rows_solve_the_chain_and_some_retry_a_timed_out_call():
 class ToolService:
     """`serve` on its own loop in a thread, as the separate process it is in a run."""
 
-    def __init__(self, **config):
-        self.config = ToolServiceConfig(port=free_port(), **config)
+    def __init__(self, port: int | None = None, **config):
+        self.config = ToolServiceConfig(port=port or free_port(), **config)
         self.url = f"http://127.0.0.1:{self.config.port}"
         self.loop = asyncio.new_event_loop()
 
@@ -132,6 +134,51 @@ def test_calls_wait_their_latency_in_wall_time_and_are_bounded():
         assert (result.content, result.outcome) == (ERROR_MESSAGE, "error")
     with pytest.raises(ToolUnreachable, match="tool service"):
         asyncio.run(calls(f"http://127.0.0.1:{free_port()}", 1, timeout_s=5.0, max_concurrent=1))
+
+
+class RestartedOnFirstCall:
+    """A tool service stopped while its first call is in flight (its connections closed, as a
+    deleted pod's are) and started again on the same port `down_s` later."""
+
+    def __init__(self, down_s: float, **config):
+        self.service, self.down_s = ToolService(**config), down_s
+        self.url, self.restarts = self.service.url, 0
+
+    def _watch(self):
+        while not self.done.is_set():
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.url}/stats", timeout=1) as stats:
+                if sum(json.load(stats).values()) and not self.restarts:
+                    time.sleep(0.05)  # the call is in its latency's sleep
+                    self.service.__exit__()
+                    time.sleep(self.down_s)
+                    self.service = ToolService(self.service.config.port, **self.service.config.model_dump(exclude={"port"})).__enter__()
+                    self.restarts += 1
+            time.sleep(0.02)
+
+    def __enter__(self):
+        self.service.__enter__()
+        self.done = threading.Event()
+        self.watcher = threading.Thread(target=self._watch, daemon=True)
+        self.watcher.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.watcher.join(10)
+        self.service.__exit__()
+
+
+def test_a_call_cut_by_a_restarting_service_is_retried_within_its_budget():
+    """A call in flight when its service goes away (the connection closed) and made while it is
+    down (refused) is tried again until the service answers: an `ok`, its retries counted."""
+    with RestartedOnFirstCall(down_s=0.4, p50_s=0.3, tail_ratio=1.0) as service:
+        result = asyncio.run(ToolClient(service.url, timeout_s=8.0, max_concurrent=1).call("lookup", {"key": "abcd"}))
+        assert service.restarts == 1
+    assert (result.content, result.outcome) == (next_key("abcd"), "ok")
+    assert result.retries >= 2, "cut once, refused at least once while down"
+    with RestartedOnFirstCall(down_s=3.0, p50_s=0.3, tail_ratio=1.0) as service, \
+            pytest.raises(ToolUnreachable, match=r"after [1-9]\d* retries"):  # past its budget, refused: unreachable
+        asyncio.run(ToolClient(service.url, timeout_s=1.0, max_concurrent=1).call("lookup", {"key": "abcd"}))
 
 
 class ChainModel:
@@ -204,6 +251,17 @@ def test_with_on_timeout_error_a_timed_out_call_fails_the_rollout_untrained(tiny
 def test_an_unreachable_service_fails_the_rollout_untrained(tiny_model):
     _, rollout = chain_rollout(tiny_model, f"http://127.0.0.1:{free_port()}")
     assert rollout.error is not None and "tool service" in rollout.error and not rollout.trainable
+
+
+def test_a_chain_rollout_survives_its_tool_service_restarting(tiny_model):
+    """No rollout lost to a tool pod that went away: the call in flight is retried, the chain
+    solved, the retries in the rollout's metrics."""
+    with RestartedOnFirstCall(down_s=0.4, p50_s=0.3, tail_ratio=1.0) as service:
+        key, rollout = chain_rollout(tiny_model, service.url, tool_timeout_s=8.0)
+        assert service.restarts == 1
+    assert rollout.error is None and rollout.reward == 1.0 and rollout.trainable
+    assert rollout.metrics["tool/calls"] == len(chain(key)) and rollout.metrics["tool/errors"] == 0
+    assert rollout.metrics["tool/retries"] >= 2
 
 
 def test_histogram_quantiles_and_merge():

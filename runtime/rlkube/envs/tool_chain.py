@@ -20,7 +20,7 @@ it, may call again within `max_turns`, and the episode is scored on its answer a
 (`on_timeout = "message"`, the default). With `on_timeout = "error"` a timed-out call fails
 the rollout instead: it is counted as errored and never trained on. A service that cannot be
 reached always fails the rollout. Each rollout's tool calls are recorded in its metrics
-(`tool/calls`, `tool/timeouts`, `tool/errors`, the `tool/latency_s` histogram).
+(`tool/calls`, `tool/timeouts`, `tool/errors`, `tool/retries`, the `tool/latency_s` histogram).
 
 The harness runs in-process (`IN_PROCESS`), so rollouts take rlkube's lean path.
 
@@ -199,6 +199,7 @@ def tool_call_metrics(calls: list[ToolCall]) -> dict[str, float]:
         "tool/calls": float(len(calls)),
         "tool/timeouts": float(sum(c.outcome == "timeout" for c in calls)),
         "tool/errors": float(sum(c.outcome == "error" for c in calls)),
+        "tool/retries": float(sum(c.retries for c in calls)),
         **latencies.counts(),
     }
 

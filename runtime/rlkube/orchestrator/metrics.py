@@ -19,7 +19,7 @@ def _means(prefix: str, rollouts: list[Rollout], value) -> dict[str, float]:
 
 ROLLOUT_HISTOGRAMS = ("rollout/latency_s", "tool/latency_s")
 """Histograms each rollout carries in its metrics (one rollout's counts), added up per batch."""
-ROLLOUT_COUNTS = ("tool/calls", "tool/timeouts", "tool/errors")
+ROLLOUT_COUNTS = ("tool/calls", "tool/timeouts", "tool/errors", "tool/retries")
 """Counts each rollout may carry, summed per batch."""
 
 

@@ -10,6 +10,14 @@ model reads and the call's outcome and latency. The rule for a call that does no
 - a service that cannot be reached at all raises `ToolUnreachable`: the rollout fails, is
   counted as errored, and is never trained on (a broken setup is not the policy's doing).
 
+A call that did not reach a tool (the connection refused, reset or closed before an answer,
+a connect that hangs, a gateway's 502/504: a tool pod that went away behind the Service) is
+made again, up to `MAX_RETRIES` times with doubling backoff, all within the call's
+`timeout_s`: another pod (or the restarted one) answers it, and `ToolCall.retries` counts the
+tries it took. Only when the retries or the budget run out is it the outcome above (refused:
+unreachable; reset: `error`; the budget: `timeout`). The service's own 503 (an injected error)
+is an answer, never retried.
+
 At most `max_concurrent` calls of one client are in flight; the others wait their turn (the
 wait is not the tool's latency and is not counted in it). Each call has its own connection:
 a tool call's latency dwarfs a loopback connect, and no session outlives the loop it ran on.
@@ -25,6 +33,14 @@ import aiohttp
 
 TIMEOUT_MESSAGE = "error: the tool timed out"
 ERROR_MESSAGE = "error: the tool failed"
+MAX_RETRIES = 8
+"""Tries of a call after its first that reached no tool: with `BACKOFF_S` doubling up to
+`MAX_BACKOFF_S`, ~4.5 s of waits, time for a Service to route around a deleted pod."""
+BACKOFF_S, MAX_BACKOFF_S = 0.05, 1.0
+CONNECT_TIMEOUT_S = 1.0
+"""A connect that has not completed by then is retried (a pod IP that went away drops packets)."""
+GATEWAY_STATUSES = frozenset({502, 504})
+"""Statuses a proxy answers for a backend that went away: retried, never the tool's answer."""
 
 
 class ToolUnreachable(RuntimeError):
@@ -36,6 +52,16 @@ class ToolCall:
     content: str
     outcome: Literal["ok", "timeout", "error"]
     latency_s: float
+    retries: int = 0
+    """Tries made again because the call reached no tool (a pod that went away)."""
+
+
+class _NoTool(Exception):
+    """One try reached no tool; `unreachable` when nothing accepted the connection."""
+
+    def __init__(self, reason: str, unreachable: bool):
+        super().__init__(reason)
+        self.unreachable = unreachable
 
 
 class ToolClient:
@@ -55,18 +81,45 @@ class ToolClient:
     async def call(self, name: str, arguments: object) -> ToolCall:
         async with self._limit():
             started = time.monotonic()
+            retries, missed = 0, None
             try:
-                async with (asyncio.timeout(self.timeout_s), aiohttp.ClientSession() as session,
-                            session.post(f"{self.url}/v1/tools/{name}", json=arguments) as response):
-                    body = await response.json(content_type=None) if response.status < 500 else None
-                    status = response.status
+                async with asyncio.timeout(self.timeout_s):
+                    while True:
+                        missed = None  # a budget that ends in this try: its timeout, not an earlier miss
+                        try:
+                            status, body = await self._post(name, arguments)
+                            break
+                        except _NoTool as e:
+                            missed = e
+                            if retries == MAX_RETRIES:
+                                break
+                            await asyncio.sleep(min(BACKOFF_S * 2**retries, MAX_BACKOFF_S))
+                            retries += 1
             except TimeoutError:
-                return ToolCall(TIMEOUT_MESSAGE, "timeout", time.monotonic() - started)
-            except aiohttp.ClientConnectorError as e:
-                raise ToolUnreachable(f"tool service {self.url}: {e}") from e
+                if missed is None or not missed.unreachable:
+                    return ToolCall(TIMEOUT_MESSAGE, "timeout", time.monotonic() - started, retries)
             except aiohttp.ClientError:
-                return ToolCall(ERROR_MESSAGE, "error", time.monotonic() - started)
+                return ToolCall(ERROR_MESSAGE, "error", time.monotonic() - started, retries)
             latency = time.monotonic() - started
+        if missed is not None:  # the retries or the budget ran out without reaching a tool
+            if missed.unreachable:
+                raise ToolUnreachable(f"tool service {self.url}: {missed} (after {retries} retries)") from missed
+            return ToolCall(ERROR_MESSAGE, "error", latency, retries)
         if status >= 400 or not isinstance(body, dict) or not isinstance(body.get("content"), str):
-            return ToolCall(ERROR_MESSAGE if status != 404 else f"error: no tool {name!r}", "error", latency)
-        return ToolCall(body["content"], "ok", latency)
+            return ToolCall(ERROR_MESSAGE if status != 404 else f"error: no tool {name!r}", "error", latency, retries)
+        return ToolCall(body["content"], "ok", latency, retries)
+
+    async def _post(self, name: str, arguments: object) -> tuple[int, object]:
+        """One try: the status and JSON body, or `_NoTool` when it reached no tool."""
+        try:
+            async with (aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S)) as session,
+                        session.post(f"{self.url}/v1/tools/{name}", json=arguments) as response):
+                if response.status in GATEWAY_STATUSES:
+                    raise _NoTool(f"HTTP {response.status}", unreachable=False)
+                return response.status, await response.json(content_type=None) if response.status < 500 else None
+        except aiohttp.ServerTimeoutError as e:  # a TimeoutError too: caught before the budget's
+            raise _NoTool(f"connect timed out: {e}", unreachable=True) from e
+        except aiohttp.ClientConnectorError as e:
+            raise _NoTool(str(e), unreachable=True) from e
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as e:
+            raise _NoTool(f"connection lost: {e!r}", unreachable=False) from e

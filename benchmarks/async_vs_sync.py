@@ -28,15 +28,21 @@ def step_times(metrics_file: Path) -> dict[int, float]:
     return times
 
 
+def run_rl(out: Path, args: list[str]) -> tuple[float, float]:
+    """`rlkube rl` with `args` into a clean `out`, no checkpoints: (unix start time, wall s).
+    Exits naming the run's logs when it fails."""
+    cmd = [sys.executable, "-m", "rlkube.entrypoints.rl", *args, "--output-dir", str(out),
+           "--clean-output-dir", "--no-ckpt"]
+    started, start = time.time(), time.perf_counter()
+    code = subprocess.call(cmd)
+    if code != 0:
+        sys.exit(f"{out.name}: rlkube rl failed ({code}); see {out / 'logs'}")
+    return started, time.perf_counter() - start
+
+
 def run(async_level: int, args: list[str]) -> dict:
     out = OUT / f"async_level_{async_level}"
-    cmd = [sys.executable, "-m", "rlkube.entrypoints.rl", *args, "--output-dir", str(out),
-           "--clean-output-dir", "--orchestrator.async-level", str(async_level), "--no-ckpt"]
-    start = time.perf_counter()
-    code = subprocess.call(cmd)
-    wall = time.perf_counter() - start
-    if code != 0:
-        sys.exit(f"async_level={async_level}: rlkube rl failed ({code}); see {out / 'logs'}")
+    _, wall = run_rl(out, [*args, "--orchestrator.async-level", str(async_level)])
     times = step_times(out / "metrics" / "trainer.jsonl")
     steady = [t for step, t in sorted(times.items()) if step > 1]
     if not steady:

@@ -34,6 +34,8 @@ TINY = {
 NOT_RUN = {
     "fake_engine.py": "a stand-in vLLM server, not a benchmark: orchestrator.py runs it",
     "async_vs_sync.py": "two whole `rlkube rl` runs with vLLM engines (minutes each): beyond a CI run's budget",
+    "agentic_tail.py": "an SFT warm-up and four whole `rlkube rl` runs with vLLM engines per tail: beyond a CI "
+                       "run's budget",
     "weights.py": "starts a vLLM engine (~45 s) for its reloads: beyond a CI run's budget",
     "multinode.py": "needs root (network namespaces) and runs two two-rank trainer worlds: 4-6 min on the "
                     "2-core VM under load, beyond a test's 300 s; e2e/scenarios/test_multinode.py runs two trainer pods",

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from async_vs_sync import run_rl, step_times
 from rlkube.histogram import Histogram
+from rlkube.ports import free_port
 
 EXAMPLE = Path("examples/agentic_tail")
 OUT = Path("outputs/bench/agentic_tail")
@@ -105,6 +106,12 @@ def time_to(evals: list[tuple[float, float]], target: float) -> float | None:
     return next((t for t, reward in evals if reward >= target), None)
 
 
+def served_on_free_ports() -> list[str]:
+    """The run's own servers on ports no one holds (another run may hold the defaults)."""
+    return [arg for flag in ("--inference.port", "--orchestrator.http-port", "--rollouts.port")
+            for arg in (flag, str(free_port()))]
+
+
 def run_tail(tail: float, model: Path, args, extra: list[str]) -> dict[str, list[dict]]:
     """Every mode at one p99/p50, each for every seed: mode -> the runs' figures."""
     runs: dict[str, list[dict]] = {}
@@ -116,7 +123,7 @@ def run_tail(tail: float, model: Path, args, extra: list[str]) -> dict[str, list
                 started, wall = run_rl(out, [
                     "@", str(EXAMPLE / "rl.toml"), "--model.name", str(model), "--max-steps", str(args.steps),
                     "--seed", str(seed), "--orchestrator.async-level", str(bound),
-                    "--orchestrator.max-off-policy-steps", str(max(bound, 1)), *extra])
+                    "--orchestrator.max-off-policy-steps", str(max(bound, 1)), *served_on_free_ports(), *extra])
                 runs.setdefault(mode, []).append(summarize(out, started) | {"wall_s": wall})
     return runs
 

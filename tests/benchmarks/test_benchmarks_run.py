@@ -36,6 +36,8 @@ NOT_RUN = {
     "async_vs_sync.py": "two whole `rlkube rl` runs with vLLM engines (minutes each): beyond a CI run's budget",
     "agentic_tail.py": "an SFT warm-up and four whole `rlkube rl` runs with vLLM engines per tail: beyond a CI "
                        "run's budget",
+    "pool.py": "three solo `rlkube rl` runs per seed and one `rlkube pool` run, each with a vLLM engine: beyond a "
+               "CI run's budget; tests/integration/test_pool.py runs `rlkube pool` on the real engine",
     "weights.py": "starts a vLLM engine (~45 s) for its reloads: beyond a CI run's budget",
     "multinode.py": "needs root (network namespaces) and runs two two-rank trainer worlds: 4-6 min on the "
                     "2-core VM under load, beyond a test's 300 s; e2e/scenarios/test_multinode.py runs two trainer pods",

@@ -39,6 +39,12 @@ class Attachment:
     share: float
 
 
+def ended(status: dict) -> bool:
+    """Whether a run with `status` finished (Succeeded or Failed): a member that ended holds no
+    place on its pool, and is never attached again."""
+    return bool(status.get("completionTime")) and status.get("phase") in ("Succeeded", "Failed")
+
+
 def pool_ref(run: RunRef, spec: RLRunSpec) -> tuple[str, str]:
     """(namespace, name) of the run's pool."""
     return spec.pool_ref.namespace or run.namespace, spec.pool_ref.name
@@ -53,10 +59,10 @@ class Pools:
         """Where runs may be (the operator's watched namespaces); None: every namespace."""
 
     def decisions(self, pool: dict, spec: RLPoolSpec) -> tuple[dict[str, Decision], list[Candidate]]:
-        """Each run naming `pool` (a stored RLPool) and its decision, by uid."""
+        """Each run naming `pool` (a stored RLPool) and not ended, and its decision, by uid."""
         meta = pool["metadata"]
         runs = [candidate(r) for r in self.kube.list_rlkube("rlruns", self.namespaces)
-                if _names(r, meta["namespace"], meta["name"])]
+                if _names(r, meta["namespace"], meta["name"]) and not ended(r.get("status") or {})]
         labels = {}
         if spec.allowed_runs.namespaces.from_ == "Selector":
             labels = {ns: self.kube.namespace_labels(ns) for ns in {r.namespace for r in runs}}

@@ -508,6 +508,7 @@ class Reconciler:
         attachment = None
         if getattr(spec, "member", False):
             workload = MEMBER
+        if workload is MEMBER and not pools.ended(status):  # an ended member is never attached again
             found = self.pools.attachment(run, spec, body)
             if isinstance(found, pools.Attachment):
                 attachment = found
@@ -526,6 +527,12 @@ class Reconciler:
         pods = self.kube.list("Pod", run.namespace, run.pod_labels())
         trainer_pods = [p for p in pods if _component(p) == "trainer" and observe.pod_attempt(p) == attempt]
         outcome, why = observe.trainer_outcome(job, trainer_pods)
+        # A member has no trainer of its own: its orchestrator says it finished (exit 0, the
+        # step in its termination message), and the pool trainer let it go at its max_steps.
+        finishers = trainer_pods if attachment is None else [p for p in pods if _component(p) == "orchestrator"]
+        if attachment is not None and (done := observe.finished_step(finishers)) is not None:
+            outcome, why = "succeeded", (f"finished at step {done} on RLPool "
+                                         f"{attachment.pool.namespace}/{attachment.pool.name}")
         queued = self._queue(run, workload, spec)
         spec, hold, held_outside = _held(spec, queued, job)
         if outcome in ("failed", "disrupted") and spec.suspend:
@@ -563,9 +570,12 @@ class Reconciler:
 
         status.update(restarts=restarts, attempt=attempt)
         if terminal == "Succeeded" and status.get("phase") != "Succeeded":
-            self._read_final_progress(run, workload, spec, trainer_pods, status, conditions)  # before teardown
+            self._read_final_progress(run, workload, spec, finishers, status, conditions)  # before teardown
         if terminal:
             self.teardown(run, workload, spec)
+            if workload is MEMBER:
+                conditions.set("Accepted", False, "Finished", f"the run ended ({terminal}): it holds no place on "
+                               "its pool")
             if queued is not None:
                 self.kueue.finish(queued.workload, terminal, why, now)
             if terminal == "Succeeded" and spec.export is not None:

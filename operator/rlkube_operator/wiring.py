@@ -214,7 +214,8 @@ def pool_inference_urls(pool: RunRef, spec: RLPoolSpec) -> list[str]:
 
 def pool_files(pool: RunRef, spec: RLPoolSpec) -> dict[str, str]:
     """`pool.toml` (the pool trainer: the base model, the adapters' slot of rank `maxLoraRank`,
-    `maxRuns` members, its Attach service on every interface) and `inference.toml` (vLLM with
+    `maxRuns` members, its Attach service on every interface, the inference replicas it unloads
+    a departed member's adapter from) and `inference.toml` (vLLM with
     LoRA: `maxRuns` adapters at once, of rank `maxLoraRank`, serving from the start), wired as a
     run's are."""
     data = _shared(pool, spec, _user_set(spec))
@@ -223,7 +224,8 @@ def pool_files(pool: RunRef, spec: RLPoolSpec) -> dict[str, str]:
     trainer = PoolTrainerConfig.model_validate({
         "output_dir": data["output_dir"], "trainer": data["trainer"],
         **{key: data[key] for key in ("model", "log") if key in data},
-        "pool": {"name": pool.name, "max_runs": spec.max_runs, "host": ANY_ADDRESS, "port": POOL_PORT}})
+        "pool": {"name": pool.name, "max_runs": spec.max_runs, "host": ANY_ADDRESS, "port": POOL_PORT,
+                 "inference_urls": pool_inference_urls(pool, spec)}})
     configs = RLConfig.model_validate(data).process_configs(exclude_unset=True)
     # Not started paused: no member may resume the shared server, and none pauses it (each loads
     # its own adapter in place); a member's first requests wait for its step-0 adapter instead.

@@ -75,6 +75,11 @@ def test_a_members_admin_credential_loads_only_its_own_adapter_and_never_pauses(
     assert call(guard, "/rlkube/load_lora_adapter", a_admin, query="location=/w&step=1") == 401
     assert call(guard, "/rlkube/load_lora_adapter", a_generate, query="location=/w&step=1&name=ns.a") == 401
     assert call(guard, "/pause", a_admin, query="name=ns.a") == 401
+    # unloading its own adapter (it leaves the pool): its admin credential, its own name alone
+    assert call(guard, "/rlkube/unload_lora_adapter", a_admin, query="name=ns.a") == 200
+    assert call(guard, "/rlkube/unload_lora_adapter", a_admin, query="name=ns.b") == 401
+    assert call(guard, "/rlkube/unload_lora_adapter", a_admin) == 401
+    assert call(guard, "/rlkube/unload_lora_adapter", a_generate, query="name=ns.a") == 401
     # reading the step of its own adapter (its sync's version): with either credential, its own alone
     for credential in (a_admin, a_generate):
         assert call(guard, "/rlkube/load_lora_adapter", credential, query="name=ns.a", method="GET") == 200
@@ -82,3 +87,4 @@ def test_a_members_admin_credential_loads_only_its_own_adapter_and_never_pauses(
     assert call(guard, "/collective_rpc", a_admin, {"model": "ns.a"}) == 401
     # the pool's own admin credential does all of it
     assert call(guard, "/pause", scoped(POOL_TOKEN, ADMIN)) == 200
+    assert call(guard, "/rlkube/unload_lora_adapter", scoped(POOL_TOKEN, ADMIN), query="name=ns.b") == 200

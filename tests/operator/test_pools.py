@@ -18,7 +18,7 @@ from rlkube_operator.poolspec import RLPoolSpec
 from rlkube_operator.runtoken import run_token
 
 from e2e.localcluster.apiserver import now
-from tests.operator.cluster import NS
+from tests.operator.cluster import NS, pod_succeeded
 from tests.operator.embedded import TOKEN_KEY, running_operator
 from tests.operator.test_operator_kmock import condition, rlrun
 
@@ -80,6 +80,10 @@ async def test_a_pool_runs_a_pool_trainer_and_lora_inference_and_admits_its_memb
     assert (trainer_config.pool.name, trainer_config.pool.max_runs, trainer_config.pool.host) == ("pool", 2, "0.0.0.0")
     assert trainer_config.trainer.lora.rank == 16 and trainer_config.model.name == POOL_MODEL
     assert str(trainer_config.output_dir) == "/data/pool"
+    # every inference replica by its pod's stable name: where it unloads a departed member's adapter
+    replicas = cluster.get("StatefulSet", "pool-inference")["spec"]["replicas"]
+    assert trainer_config.pool.inference_urls == [
+        f"http://pool-inference-{i}.pool-inference.{NS}.svc:{inference.port}" for i in range(replicas)]
     ports = {p["name"]: p["port"] for p in cluster.get("Service", "pool-trainer-master")["spec"]["ports"]}
     assert ports["pool"] == trainer_config.pool.port
 
@@ -135,6 +139,34 @@ async def test_a_member_gets_its_orchestrator_only_with_credentials_from_the_poo
     status = await cluster.until(lambda: cluster.status("RLPool", "pool").get("memberCount") == 2
                                  and cluster.status("RLPool", "pool"), what="two members")
     assert sorted((m["member"], m["share"]) for m in status["members"]) == [(f"{NS}.ma", 0.5), (f"{NS}.mb", 0.5)]
+
+
+async def test_a_member_whose_orchestrator_finished_succeeds_and_frees_its_place(cluster):
+    """No trainer Job of its own says a member finished: its orchestrator's exit 0 with its last
+    step as termination message does. The run Succeeds, its pods go as a solo run's, and the
+    pool drops it: the run waiting for a place attaches."""
+    await cluster.create(rlpool())
+    for name in ("ma", "mb"):
+        await cluster.create(member(name))
+    deployment = await cluster.until(lambda: cluster.get("Deployment", "ma-orchestrator"), what="ma's orchestrator")
+    await cluster.until(lambda: cluster.get("Deployment", "mb-orchestrator"), what="mb's orchestrator")
+    await cluster.create(member("mc"))
+    await cluster.until(lambda: accepted(cluster, "mc") and accepted(cluster, "mc")["reason"] == "PoolFull",
+                        what="mc waiting: the pool is full")
+    await cluster.run_pods(deployment, 1, **pod_succeeded(finished_step=5))
+    status = await cluster.until(lambda: cluster.status("RLRun", "ma").get("phase") == "Succeeded"
+                                 and cluster.status("RLRun", "ma"), what="ma Succeeded")
+    assert status["step"] == 5 and status["completionTime"]
+    assert status["message"] == f"finished at step 5 on RLPool {NS}/pool"
+    assert accepted(cluster, "ma")["reason"] == "Finished"
+    await cluster.until(lambda: not {"ma-orchestrator", "ma-env-worker"} & cluster.names("Deployment"),
+                        what="ma's orchestrator and env workers gone")
+    pool = await cluster.until(lambda: f"{NS}.mc" in {m["member"] for m in cluster.status("RLPool", "pool")
+                                                       .get("members", [])} and cluster.status("RLPool", "pool"),
+                               what="mc attached in ma's place")
+    assert sorted(m["member"] for m in pool["members"]) == [f"{NS}.mb", f"{NS}.mc"]
+    await cluster.until(lambda: accepted(cluster, "mc")["reason"] == "Attached", what="mc Attached")
+    assert cluster.status("RLRun", "ma")["phase"] == "Succeeded", "an ended member is never attached again"
 
 
 POOLS_NS = "pools"

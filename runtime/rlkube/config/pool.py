@@ -58,6 +58,10 @@ class PoolSection(Config):
     port: int = Field(default=50070, ge=0, le=65535)
     """Port of the Attach/Detach service; 0 picks a free one (logged)."""
 
+    inference_urls: list[str] = []
+    """The pool's inference replicas: rank 0 unloads the adapter of a member that failed,
+    detached or was evicted from each (freeing its `max_loras` slot). Empty: none unloaded."""
+
 
 class PoolTrainerConfig(Config):
     """`rlkube pool-trainer @ pool.toml` (under `torchrun` for several ranks): the pool's
@@ -109,7 +113,9 @@ class PoolConfig(PoolTrainerConfig):
 
     def trainer_config(self) -> PoolTrainerConfig:
         """What `rlkube pool-trainer` reads (`configs/pool.toml`)."""
-        return PoolTrainerConfig.model_validate(self.model_dump(include=set(PoolTrainerConfig.model_fields)))
+        config = PoolTrainerConfig.model_validate(self.model_dump(include=set(PoolTrainerConfig.model_fields)))
+        config.pool.inference_urls = self.inference_urls()
+        return config
 
     def inference_config(self) -> InferenceConfig:
         """One config for every replica (each is given its port). Unpaused from the start: no

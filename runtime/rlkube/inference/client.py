@@ -20,6 +20,8 @@ PauseMode = Literal["keep", "wait", "abort"]
 NCCL_VERSION_POLL_S = 0.2
 ADAPTER_ROUTE = "/rlkube/load_lora_adapter"
 """rlkube's route that loads a LoRA adapter in place (`rlkube.inference.lora_serving`)."""
+UNLOAD_ROUTE = "/rlkube/unload_lora_adapter"
+"""rlkube's route that removes a LoRA adapter from the engine, freeing its slot."""
 
 
 class InferenceError(RuntimeError):
@@ -161,6 +163,13 @@ async def adapter_step(base_url: str, name: str, timeout: float = 10) -> int | N
     loaded), read with either credential a pool member holds (rlkube.inference.member_auth)."""
     headers = auth.http_headers(ADMIN) or auth.http_headers(GENERATE)
     return (await _get(base_url, ADAPTER_ROUTE, timeout, headers=headers, params={"name": name}))["step"]
+
+
+async def unload_adapter(base_url: str, name: str, timeout: float = 30) -> str:
+    """Remove the LoRA adapter named `name` from the server (a pool member that left): its
+    `max_loras` slot is free, and requests naming it are refused. Loaded or not, it is gone
+    after; returns the server's summary line."""
+    return (await post(base_url, UNLOAD_ROUTE, timeout, params={"name": name})).json()["result"]
 
 
 def _is_at_least(version: str | None, step: int) -> bool:

@@ -12,9 +12,13 @@ this middleware. `POST /rlkube/load_lora_adapter?location=...&step=N&timeout=S[&
    on. Each name has its own adapter id (a pool's members, one each, `inference.max_loras` at
    most): loading one member's adapter leaves the others' as they are, and a batch that mixes
    them decodes each row with its own (tests/inference/test_pool_adapters.py).
-`GET /rlkube/load_lora_adapter?name=M` answers `{"name": M, "step": N}`: the step of the adapter
-loaded under `M` (null before any): a pool member's own version, as the server's weight version
-is none of theirs. Only the adapter moves: megabytes per update, whatever the size of the base model, which the
+`GET /rlkube/load_lora_adapter?name=M` answers `{"name": M, "step": N, "in_engine": bool}`: the
+step of the adapter loaded under `M` (null before any or after its unload): a pool member's own
+version, as the server's weight version is none of theirs; `in_engine`: whether the engine holds
+its weights in one of its `max_loras` slots now.
+`POST /rlkube/unload_lora_adapter?name=M` removes the adapter named `M` from the engine and from
+the served models (a pool member that left: its slot is free for another, and requests naming
+`M` are refused from then on). Only the adapter moves: megabytes per update, whatever the size of the base model, which the
 engine keeps as it is.
 
 Why not vLLM's `/v1/load_lora_adapter` with `load_inplace`: in vLLM 0.32 the request it stores
@@ -37,6 +41,7 @@ from urllib.parse import parse_qs
 
 from rlkube.config.inference import POLICY_ADAPTER
 from rlkube.inference.client import ADAPTER_ROUTE as ROUTE
+from rlkube.inference.client import UNLOAD_ROUTE
 from rlkube.inference.worker import GRPC_SCHEME
 from rlkube.scopes import MEMBER_NAME
 from rlkube.transport.weights_grpc import fetch_snapshot
@@ -73,7 +78,8 @@ def stage_adapter(location: str, step: int, timeout: float, staging: Path) -> Pa
 
 
 class LoadLoraAdapter:
-    """Answers `POST /rlkube/load_lora_adapter`; passes everything else on to vLLM's app."""
+    """Answers `/rlkube/load_lora_adapter` and `/rlkube/unload_lora_adapter`; passes everything
+    else on to vLLM's app."""
 
     def __init__(self, app):
         self.app = app
@@ -84,13 +90,19 @@ class LoadLoraAdapter:
         """The step of the adapter loaded under each name."""
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] not in ("GET", "POST") or scope["path"] != ROUTE:
+        if scope["type"] != "http" or scope["method"] not in ("GET", "POST") or scope["path"] not in (ROUTE, UNLOAD_ROUTE):
             await self.app(scope, receive, send)
             return
         query = {key: values[0] for key, values in parse_qs(scope["query_string"].decode()).items()}
+        if scope["path"] == UNLOAD_ROUTE:
+            await self.answer_unload(scope, send, query.get("name", POLICY_ADAPTER))
+            return
         if scope["method"] == "GET":
             name = query.get("name", POLICY_ADAPTER)
-            await _answer(send, 200, {"name": name, "step": self.steps.get(name)})
+            state = scope["app"].state
+            known = state.openai_serving_models.lora_requests.get(name)
+            in_engine = known is not None and known.lora_int_id in await state.engine_client.list_loras()
+            await _answer(send, 200, {"name": name, "step": self.steps.get(name), "in_engine": in_engine})
             return
         try:
             location, step, timeout = query["location"], int(query.get("step", "-1")), float(query.get("timeout", "600"))
@@ -108,6 +120,20 @@ class LoadLoraAdapter:
             await _answer(send, 500, {"error": f"loading the LoRA adapter of step {step} from {location}: {e}"})
             return
         await _answer(send, 200, {"result": summary})
+
+    async def answer_unload(self, scope, send, name: str) -> None:
+        if scope["method"] != "POST":
+            await _answer(send, 405, {"error": f"{UNLOAD_ROUTE} is POST"})
+            return
+        async with self.lock:
+            models = scope["app"].state.openai_serving_models
+            known = models.lora_requests.pop(name, None)
+            if known is not None:
+                await scope["app"].state.engine_client.remove_lora(known.lora_int_id)
+            self.steps.pop(name, None)
+            shutil.rmtree(self.staging / name, ignore_errors=True)
+        logger.info("unloaded the LoRA adapter %s%s", name, "" if known else " (none was loaded)")
+        await _answer(send, 200, {"result": f"adapter {name} unloaded" if known else f"no adapter {name} was loaded"})
 
     async def load(self, state, location: str, step: int, timeout: float, name: str) -> str:
         from vllm.lora.request import LoRARequest

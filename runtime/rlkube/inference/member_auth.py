@@ -6,7 +6,9 @@ may generate (and tokenize) with the model `m`, its own adapter, and nothing els
 admin credential it may also load its adapter (`POST /rlkube/load_lora_adapter?name=m`; with either,
 `GET` reads the step of the one loaded) and reset the
 prefix cache after it (`/reset_prefix_cache?name=m`: its cached prefixes were computed with its
-previous adapter, which an in-place load keeps the id of; the reset drops every member's). Pausing the shared server, loading full weights or another member's
+previous adapter, which an in-place load keeps the id of; the reset drops every member's), and
+unload it (`POST /rlkube/unload_lora_adapter?name=m`; the pool trainer unloads a member that
+left with the pool's own admin credential). Pausing the shared server, loading full weights or another member's
 adapter, and listing the models take the pool's own admin credential. The server derives the
 members' credentials from the pool's token (`RLKUBE_TOKEN` of the inference process).
 """
@@ -14,7 +16,7 @@ members' credentials from the pool's token (`RLKUBE_TOKEN` of the inference proc
 import json
 from urllib.parse import parse_qs
 
-from rlkube.inference.client import ADAPTER_ROUTE
+from rlkube.inference.client import ADAPTER_ROUTE, UNLOAD_ROUTE
 from rlkube.scopes import ADMIN, GENERATE, MEMBER_NAME, member_scoped
 
 MODEL_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/inference/v1/generate", "/tokenize",
@@ -29,7 +31,7 @@ async def member_request(scope, receive, presented: str | None, pool_token: str,
     the credential of the member it names for a scope its route grants; else None.
     `authorized(presented, credential)`: rlkube.auth.is_authorized."""
     path = scope["path"]
-    if path == ADAPTER_ROUTE or path == "/reset_prefix_cache":
+    if path in (ADAPTER_ROUTE, UNLOAD_ROUTE, "/reset_prefix_cache"):
         query = {k: v[0] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
         member = query.get("name")
         scopes = (GENERATE, ADMIN) if path == ADAPTER_ROUTE and scope.get("method") == "GET" else (ADMIN,)

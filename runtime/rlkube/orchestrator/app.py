@@ -11,6 +11,7 @@ import logging
 
 from rlkube.checkpoints import checkpoint_root, unmark_after
 from rlkube.config import OrchestratorConfig
+from rlkube.config.cli import write_finished_step
 from rlkube.orchestrator import checkpoint
 from rlkube.orchestrator.inference import InferencePool
 from rlkube.orchestrator.judge import JudgeEndpoint
@@ -113,6 +114,8 @@ async def serve_once(config: OrchestratorConfig, membership: Membership | None =
                     orchestrator.policy_location = policy0
                 await membership.while_member(orchestrator.run(resume_step))
         logger.info("finished: policy %d loaded, %d steps done", orchestrator.clock.policy_step, config.max_steps)
+        if orchestrator.phase == "finished":  # the operator ends a pool member's run on it (no trainer of its own)
+            write_finished_step(orchestrator.trained_step)
         # Stay reachable briefly so the trainer (waiting for its last policy to be loaded) and
         # the operator read the final status instead of a refused connection.
         await asyncio.sleep(FINISHED_LINGER_S)

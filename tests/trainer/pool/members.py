@@ -5,6 +5,7 @@ import asyncio
 import threading
 import time
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 from rlkube.config import TrainerConfig
@@ -64,6 +65,33 @@ def pool_config(tiny_model, tmp_path, **pool) -> PoolTrainerConfig:
 def member_server(source):
     with Server(source, free_port()) as server:
         yield f"127.0.0.1:{server.port}", server
+
+
+@contextmanager
+def recording_inference():
+    """A stand-in for the pool's inference: yields (its URL, the list of (path?query,
+    Authorization) of every POST it got), answering each as rlkube's unload route does."""
+    calls = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            calls.append((self.path, self.headers.get("Authorization")))
+            body = b'{"result": "unloaded"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", calls
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 class RunningPool:

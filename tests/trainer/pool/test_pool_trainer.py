@@ -4,7 +4,9 @@ service, their batches come from real Rollouts servers; the tiny model on the CP
 - fair share: members with batches of 1 and 4 rows get equal trained tokens (+-15 %) over 30 steps;
 - a member whose batch is never ready does not stall another; once its orchestrator is gone
   for `member_grace_s` it is evicted;
-- a NaN loss and an empty batch fail only their member; the other trains on;
+- a NaN loss and an empty batch fail only their member; the other trains on; the adapters of
+  the failed and the evicted are unloaded from the pool's inference, with the pool's admin
+  credential, the others' not;
 - Attach refuses another member's credential, a misfit (naming the field) and a full pool.
 """
 
@@ -13,7 +15,9 @@ import time
 
 import pytest
 import torch
-from rlkube.scopes import ROLLOUTS, member_scoped, scoped
+from rlkube import auth
+from rlkube.inference.client import UNLOAD_ROUTE
+from rlkube.scopes import ADMIN, ROLLOUTS, member_scoped, scoped
 from rlkube.trainer.rl.multi_run import _local
 from rlkube.transport.pool import attach, detach, status
 from safetensors.torch import load_file
@@ -24,6 +28,7 @@ from tests.trainer.pool.members import (
     member_config,
     member_server,
     pool_config,
+    recording_inference,
 )
 
 
@@ -42,6 +47,13 @@ def running(tiny_model, tmp_path, world_of_one):
 
 def members_in(status):
     return status["members"]
+
+
+def unloaded(calls) -> list[str]:
+    """The members whose adapter the pool trainer unloaded, each call with the pool's admin credential."""
+    assert all(path.startswith(UNLOAD_ROUTE + "?name=") for path, _ in calls), calls
+    assert all(credential == auth.http_headers(ADMIN)["Authorization"] for _, credential in calls), calls
+    return [path.removeprefix(UNLOAD_ROUTE + "?name=") for path, _ in calls]
 
 
 @pytest.mark.slow
@@ -64,7 +76,12 @@ def test_fair_share_of_trained_tokens_with_batches_1_to_4(running, tiny_model, t
 
 @pytest.mark.slow
 def test_a_member_never_ready_does_not_stall_and_a_gone_one_is_evicted(running, tiny_model):
-    pool = running(member_grace_s=2.0)
+    with recording_inference() as (inference, calls):
+        evicting_a_gone_member(running(member_grace_s=2.0, inference_urls=[inference]), tiny_model)
+    assert unloaded(calls) == ["stuck"]
+
+
+def evicting_a_gone_member(pool, tiny_model):
     ready, stuck = MemberSource(1, rows=1), MemberSource(2, rows=1, ready_step=0)
     with member_server(ready) as (ready_at, _), member_server(stuck) as (stuck_at, stuck_server):
         attach(pool.address, "ready", ready_at, member_config(tiny_model, 1))
@@ -106,7 +123,12 @@ def test_a_member_killed_while_ready_does_not_hold_the_others_steps(running, tin
 
 @pytest.mark.slow
 def test_nan_loss_and_empty_batch_fail_only_their_member(running, tiny_model, tmp_path):
-    pool = running()
+    with recording_inference() as (inference, calls):
+        failing_two_of_three(running(inference_urls=[inference]), tiny_model, tmp_path)
+    assert sorted(unloaded(calls)) == ["empty", "nan"]
+
+
+def failing_two_of_three(pool, tiny_model, tmp_path):
     good = MemberSource(1, rows=1)
     nan, empty = MemberSource(2, rows=1, poison={3: "nan"}), MemberSource(3, rows=1, poison={2: "empty"})
     with member_server(good) as (good_at, _), member_server(nan) as (nan_at, _), member_server(empty) as (empty_at, _):

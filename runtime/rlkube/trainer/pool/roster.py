@@ -14,6 +14,7 @@ from rlkube.config.pool import PoolTrainerConfig
 from rlkube.scopes import MEMBER_NAME
 from rlkube.trainer.pool.fair_share import Candidate, pick, shares
 from rlkube.trainer.pool.prober import Prober
+from rlkube.trainer.pool.unload import AdapterUnloader
 from rlkube.transport.publishers import storage_root
 from rlkube.transport.weights_storage import snapshot_location
 
@@ -59,6 +60,9 @@ class Roster:
         self.left: dict[str, str] = {}
         """Why each member that is no longer one left: finished, detached, evicted, failed."""
         self.stopping = False
+        urls = config.pool.inference_urls
+        self.unloader = AdapterUnloader(urls, self.is_member) if urls else None
+        """Unloads the adapters of members that left for good from the pool's inference."""
 
     # --- from the gRPC service's threads -----------------------------------------------
 
@@ -147,15 +151,24 @@ class Roster:
         with self.lock:
             if name in self.entries:
                 self.entries.pop(name).prober.close()
-            self.left[name] = reason
+            self._left(name, reason)
 
     def _leave(self, name: str, reason: str) -> None:
         entry = self.entries.pop(name)
         entry.prober.close()
         if entry.joined:
             self.leaving.append((name, reason))
-        self.left[name] = reason
+        self._left(name, reason)
         logger.info("member %s leaves: %s", name, reason)
+
+    def _left(self, name: str, reason: str) -> None:
+        self.left[name] = reason
+        if self.unloader:
+            self.unloader.left(name, reason)
+
+    def is_member(self, name: str) -> bool:
+        with self.lock:
+            return name in self.entries
 
     def _least_credit(self, weight: float) -> int:
         """The least weighted virtual time of the members, in `weight`'s tokens (0 alone)."""
@@ -182,3 +195,5 @@ class Roster:
             for entry in self.entries.values():
                 entry.prober.close()
             self.entries.clear()
+        if self.unloader:
+            self.unloader.close()

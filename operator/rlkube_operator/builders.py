@@ -61,8 +61,9 @@ def build_token_secret(run: RunRef, key: bytes) -> dict:
     """`<run>-token`: the run's credentials (`rlkube.auth`), one key per scope, which the servers
     of the run require and each pod gets those of its component (`pods.credentials_env`),
     derived from the run's uid and the operator's `key` (`runtoken`): the same for every pass
-    and every operator, so the operator only ever creates it (`Kube.create`) and never reads it
-    back. Immutable: nothing rotates it under running pods. It also holds the run's checkpoint
+    and every operator, so the operator only creates it (`Kube.create`), and reads one it finds
+    only for the keys an older operator left out (`upgraded_token_secret`). Immutable: nothing
+    rotates it under running pods. It also holds the run's checkpoint
     key (`CHECKPOINT_KEY`), which only the trainer's pods get."""
     return _token_secret(run, run_credentials(key, run.uid) | {CHECKPOINT_KEY: checkpoint_key(key, run.uid)})
 
@@ -80,6 +81,20 @@ def build_member_token_secret(run: RunRef, key: bytes, pool_uid: str, member: st
     from the pool's token and its member name only, under the same keys as a run's, so its pods
     read them as a solo run's do."""
     return _token_secret(run, member_credentials(key, pool_uid, member))
+
+
+def upgraded_token_secret(existing: dict, built: dict) -> dict | None:
+    """The token Secret to replace `existing` with, when an older operator made it without keys
+    this operator's pods read (its one `token`, before scopes; a scope added since): `built`'s
+    keys, each with the value `existing` holds when it has one (a rotated key changes nothing
+    under running pods) and else `built`'s. The checkpoint key is never added: the run's
+    checkpoints so far are unsigned, and with a key its trainer would refuse them. None when
+    nothing is missing (the Secret stays as it is)."""
+    have = existing.get("data") or {}
+    wanted = [name for name in built["data"] if name in have or name != CHECKPOINT_KEY]
+    if all(name in have for name in wanted):
+        return None
+    return built | {"data": {name: have.get(name, built["data"][name]) for name in wanted}}
 
 
 def _token_secret(run: RunRef, values: dict[str, str]) -> dict:

@@ -3,7 +3,8 @@
 `ensure` is idempotent: create, and when the object already exists, merge-patch it to the
 desired state, only where it differs (or leave it, for objects whose spec is immutable once
 made, like Jobs and PVCs). `create` only creates, and never reads: for the runs' token Secrets,
-whose content the operator derives (`runtoken`), so that it needs no `get` on Secrets.
+whose content the operator derives (`runtoken`); one found there is read only for its keys
+(`Reconciler._make_token_secret`).
 It touches only objects controlled by the same owner as the desired one: anything else under
 that name (a recreated run's predecessor awaiting garbage collection, someone else's object)
 raises `ForeignChild`, and is neither patched nor read further.

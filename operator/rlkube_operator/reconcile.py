@@ -377,7 +377,7 @@ class Reconciler:
             k.ensure(pvc)
         # The token Secret before any pod: they read it at start.
         if self._token_made.get(run.uid) != (made := (attempt, spec.suspend or held)):
-            k.create(self._token_secret(run, attachment))
+            self._make_token_secret(run, attachment)
             self._token_made[run.uid] = made
         tomls = (member_files(run, spec, attachment.pool, attachment.spec, attachment.member) if attachment
                  else workload.tomls(run, spec))
@@ -420,6 +420,25 @@ class Reconciler:
         existing = k.ensure(queueing.place(pooled(job), queued))  # a suspended Job's template takes it
         if (patch := queueing.suspend_patch(existing, spec.suspend)) is not None:
             k.patch("Job", run.namespace, job["metadata"]["name"], patch)
+
+    def _make_token_secret(self, run: RunRef, attachment: pools.Attachment | None) -> None:
+        """Create the run's token Secret. One already there (AlreadyExists) is read once for its
+        keys: made by an older operator without some this one's pods read (the single `token`
+        before scopes, a scope added since), it is replaced, immutable as it is, by one with its
+        own values kept and the missing ones added (`builders.upgraded_token_secret`), so the
+        pods this operator starts find every key they name."""
+        secret = self._token_secret(run, attachment)
+        if self.kube.create(secret):
+            return
+        existing = self.kube.get("Secret", run.namespace, run.child("token"))
+        if existing is None or not run.owns(existing):
+            return
+        if (upgraded := builders.upgraded_token_secret(existing, secret)) is None:
+            return
+        log.info("%s %s/%s: its token Secret lacks %s (made by an older operator): replaced", run.kind, run.namespace,
+                 run.name, ", ".join(sorted(set(upgraded["data"]) - set(existing.get("data") or {}))))
+        self.kube.delete("Secret", run.namespace, run.child("token"), uid=existing["metadata"]["uid"])
+        self.kube.create(upgraded)
 
     def _token_secret(self, run: RunRef, attachment: pools.Attachment | None) -> dict:
         """The run's token Secret: a pool's holds its token too, a member's only its own credentials."""

@@ -1,9 +1,10 @@
 """Each run's token, derived from a key only the operator holds: an HMAC of the run's uid; and
 the run's credentials, one per scope, derived from the token (`rlkube.scopes`).
 
-The operator writes a run's token Secret and never reads one: the same run always gets the same
-token, so creating the Secret again (a restarted operator, a retried pass) needs no look at what
-is there (its `get` on Secrets serves only the type check of the Secrets a run names). Whoever
+The operator writes a run's token Secret and never needs its values: the same run always gets
+the same token, so creating the Secret again (a restarted operator, a retried pass) needs no look
+at them; a Secret it finds there is read only for its keys, to add those an older operator left
+out (`builders.upgraded_token_secret`). Whoever
 lacks the key cannot compute a run's token from its uid, which every reader of the run sees.
 """
 

@@ -51,16 +51,16 @@ VLLM_ROUTES = {
         "/collective_rpc",
 }
 SERVES = {
-    ("orchestrator", "grpc"): ("`Rollouts` (batches, policy reports), `EnvWorkers` (rollout work)",
-                               ("Rollouts", "EnvWorkers")),
-    ("orchestrator", "http"): ("`/status`, `/healthz`, `/metrics` (read-only)", ()),
-    ("trainer", "torchrun"): ("torchrun's rendezvous store (joins the gang)", ()),
-    ("trainer", "weights"): ("`Weights.Fetch`: the model's bytes, NIXL's descriptors", ("Weights",)),
-    ("trainer", "nccl"): ("the NCCL weight transfer's store (vLLM unpickles its values)", ()),
-    ("trainer", "metrics"): ("rank 0's `/metrics` (read-only)", ()),
-    ("trainer", "http"): ("pod 0's `/status` (read-only)", ()),
+    ("orchestrator", "grpc"): (("`Rollouts` (batches, policy reports)", ("Rollouts",)),
+                               ("`EnvWorkers` (rollout work)", ("EnvWorkers",))),
+    ("orchestrator", "http"): (("`/status`, `/healthz`, `/metrics` (read-only)", ()),),
+    ("trainer", "torchrun"): (("torchrun's rendezvous store (joins the gang)", ()),),
+    ("trainer", "weights"): (("`Weights.Fetch`: the model's bytes, NIXL's descriptors", ("Weights",)),),
+    ("trainer", "nccl"): (("the NCCL weight transfer's store (vLLM unpickles its values)", ()),),
+    ("trainer", "metrics"): (("rank 0's `/metrics` (read-only)", ()),),
+    ("trainer", "http"): (("pod 0's `/status` (read-only)", ()),),
 }
-"""What each named port of the builders serves, and the gRPC services on it (their scopes:
+"""What each named port of the builders serves, a row per gRPC service on it (its scope:
 `auth.SERVICE_SCOPES`). vLLM's `http` port (inference, teacher, judge) is split by route."""
 VLLM_SOCKETS = "the sockets vLLM opens between its own processes"
 DATA = {"trainer": "gloo, NCCL's bootstrap and data, UCX (ports they pick)",
@@ -200,11 +200,11 @@ def rows() -> list[tuple[str, ...]]:
                 continue
             if (component, name) not in SERVES:
                 raise KeyError(f"{component}'s port {name!r} ({number}) has no entry in threatmodel.SERVES: say what it serves")
-            serves, services = SERVES[component, name]
-            scopes = sorted({auth.SERVICE_SCOPES[s] for s in services})
-            add((where, serves, reach, _accepts(scopes) if services else "none"), variant)
-            for s in scopes:
-                grants[s].append(f"{component}'s {', '.join(f'`{x}`' for x in services)}")
+            for serves, services in SERVES[component, name]:
+                scopes = sorted({auth.SERVICE_SCOPES[s] for s in services})
+                add((where, serves, reach, _accepts(scopes) if services else "none"), variant)
+                for s in scopes:
+                    grants[s].append(f"{component}'s {', '.join(f'`{x}`' for x in services)}")
         for component, serves in DATA.items():
             if component in pods:
                 add((f"{component}, any other port", serves, _reached_by(policies, pods, component, DATA_PORT),

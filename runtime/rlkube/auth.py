@@ -4,15 +4,15 @@ A run's processes control each other: the orchestrator swaps the policy in vLLM 
 `/collective_rpc`, env workers hand back rewards, the trainer streams the model from
 `Weights.Fetch`. Any process that reaches those ports could do the same, so each server
 refuses a caller that does not present a credential of the run, and of the scope the route
-needs (`rlkube.scopes`: generate, admin, weights, rollouts):
+needs (`rlkube.scopes`: generate, admin, weights, rollouts, work):
 - vLLM (`rlkube inference`): `RequireToken`, an ASGI middleware in front of every route:
   `GENERATION_ROUTES` take generate (or admin), `WEIGHT_UPDATE_ROUTES` admin or weights,
   every other route (vLLM's admin routes, rlkube's `/rlkube/*`) admin alone; only `/health` (the probes) and
   `/metrics` (numbers for a scraper) are open. A server accepts only the scopes it holds: the
   teacher's and the judge's hold generate alone, so nothing reaches their other routes;
 - gRPC: `server_interceptors`, which answers UNAUTHENTICATED before any handler runs: the
-  orchestrator's Rollouts and EnvWorkers services take rollouts, the trainer's Weights takes
-  weights (`SERVICE_SCOPES`).
+  orchestrator's Rollouts service takes rollouts, its EnvWorkers work, the trainer's Weights
+  weights (`SERVICE_SCOPES`), each call checked against its own service's scope.
 Clients send the credential a route needs with `route_headers()` / `http_headers(scope)` /
 `grpc_metadata(scope)`; verifiers' clients get `http_headers(GENERATE)` as their configured
 headers. Weights are fetched with the weights credential only from the run's own weight
@@ -43,6 +43,7 @@ from rlkube.scopes import (
     SCOPES,
     WEIGHTS,
     WEIGHTS_PEERS_ENV,
+    WORK,
     scope_env,
     scoped,
 )
@@ -67,9 +68,11 @@ WEIGHT_UPDATE_ROUTES = frozenset({"/pause", "/resume", "/is_paused", "/get_world
 trainer (weights, `rlkube.transport.weights_nccl`)."""
 
 
-SERVICE_SCOPES = {"Rollouts": ROLLOUTS, "EnvWorkers": ROLLOUTS, "Weights": WEIGHTS}
+SERVICE_SCOPES = {"Rollouts": ROLLOUTS, "EnvWorkers": WORK, "Weights": WEIGHTS}
 """The scope each gRPC service of a run accepts (`server_interceptors`): the orchestrator's
-batches and rollout work take rollouts, the trainer's weight stream weights."""
+batches take rollouts, its rollout work work, the trainer's weight stream weights."""
+GRPC_PACKAGE = "rlkube.v1"
+"""rlkube.proto's package: a call's method is `/rlkube.v1.<Service>/<Method>`."""
 
 
 def run_token() -> str | None:
@@ -203,50 +206,63 @@ def _refusing_handler(abort):
     return grpc.stream_stream_rpc_method_handler(abort)
 
 
-class TokenInterceptor(grpc.ServerInterceptor):
-    """For a thread-pool `grpc.server`: calls without `scope`'s credential end UNAUTHENTICATED."""
+def _service(method: str) -> str:
+    """The service of a call's method (`/rlkube.v1.EnvWorkers/Work` -> `EnvWorkers`)."""
+    return method.lstrip("/").split("/", 1)[0].removeprefix(GRPC_PACKAGE + ".")
 
-    def __init__(self, scope: str, token: str):
-        self.scope, self.token = scope, token
+
+class _ServiceScopes:
+    """Each call is checked against its own service's scope: `credentials` is service ->
+    (scope, the credential it takes); a service without one is refused."""
+
+    def __init__(self, credentials: dict[str, tuple[str, str | None]]):
+        self.credentials = credentials
+
+    def refusal(self, details: grpc.HandlerCallDetails) -> str | None:
+        """Why the call is refused, None if it presents its service's credential."""
+        scope, token = self.credentials.get(_service(details.method), (None, None))
+        if token is not None and is_authorized(_presented(details), token):
+            return None
+        return _refusal(details.method, (scope,)) if scope else f"{details.method}: this server takes no credential for it"
+
+
+class TokenInterceptor(_ServiceScopes, grpc.ServerInterceptor):
+    """For a thread-pool `grpc.server`: calls without their service's credential end UNAUTHENTICATED."""
 
     def intercept_service(self, continuation, details):
         handler = continuation(details)
-        if handler is None or is_authorized(_presented(details), self.token):
+        if handler is None or (refused := self.refusal(details)) is None:
             return handler
 
         def abort(requests, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, _refusal(details.method, (self.scope,)))
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
 
         return _refusing_handler(abort)
 
 
-class AioTokenInterceptor(grpc.aio.ServerInterceptor):
-    """For a `grpc.aio.server`: calls without `scope`'s credential end UNAUTHENTICATED."""
-
-    def __init__(self, scope: str, token: str):
-        self.scope, self.token = scope, token
+class AioTokenInterceptor(_ServiceScopes, grpc.aio.ServerInterceptor):
+    """For a `grpc.aio.server`: calls without their service's credential end UNAUTHENTICATED."""
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
-        if handler is None or is_authorized(_presented(details), self.token):
+        if handler is None or (refused := self.refusal(details)) is None:
             return handler
 
         async def abort(requests, context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _refusal(details.method, (self.scope,)))
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
 
         return _refusing_handler(abort)
 
 
 def server_interceptors(server: str, services: tuple[str, ...], aio: bool) -> list:
-    """The interceptors a gRPC server named `server` that serves `services` needs: calls
-    without the one scope they accept (`SERVICE_SCOPES`) are refused; none when this process
-    does not hold that scope (`serve_open`)."""
-    (scope,) = {SERVICE_SCOPES[service] for service in services}
-    token = credential(scope)
-    if token is None:
+    """The interceptors a gRPC server named `server` that serves `services` needs: a call
+    without the scope its service accepts (`SERVICE_SCOPES`) is refused; none when this process
+    holds none of those scopes (`serve_open`)."""
+    credentials = {service: (SERVICE_SCOPES[service], credential(SERVICE_SCOPES[service])) for service in services}
+    if all(token is None for _, token in credentials.values()):
         serve_open(server)
         return []
-    return [AioTokenInterceptor(scope, token) if aio else TokenInterceptor(scope, token)]
+    return [AioTokenInterceptor(credentials) if aio else TokenInterceptor(credentials)]
 
 
 # --- HTTP (vLLM's ASGI app) ---------------------------------------------------------------

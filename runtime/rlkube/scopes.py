@@ -13,7 +13,11 @@ another scope's credential.
   the orchestrator alone;
 - `weights`: the trainer's weight server (`Weights.Fetch`), and with NCCL the weight-update
   routes of the policy's vLLM (`rlkube.auth.WEIGHT_UPDATE_ROUTES`): the trainer and inference;
-- `rollouts`: the orchestrator's gRPC (batches to the trainer, work to env workers).
+- `rollouts`: the orchestrator's `Rollouts` gRPC (batches to the trainer, its policy reports):
+  the trainer;
+- `work`: the orchestrator's `EnvWorkers` gRPC (groups to run, rollouts back): the env workers,
+  which run environments' code and so must not reach `Rollouts` (a forged `ReportPolicy` would
+  name the weights inference loads; `GetBatch` would take the trainer's batches).
 
 This module imports nothing beyond the standard library: the operator derives the credentials
 it writes into the run's Secret with it.
@@ -26,15 +30,15 @@ import os
 import re
 import sys
 
-GENERATE, ADMIN, WEIGHTS, ROLLOUTS = "generate", "admin", "weights", "rollouts"
-SCOPES = (GENERATE, ADMIN, WEIGHTS, ROLLOUTS)
+GENERATE, ADMIN, WEIGHTS, ROLLOUTS, WORK = "generate", "admin", "weights", "rollouts", "work"
+SCOPES = (GENERATE, ADMIN, WEIGHTS, ROLLOUTS, WORK)
 
 HELD = {
     "inference": (GENERATE, ADMIN, WEIGHTS),  # serves generate and admin; fetches and accepts weights
     "teacher": (GENERATE,),
     "judge": (GENERATE,),
-    "orchestrator": (GENERATE, ADMIN, ROLLOUTS),
-    "env-worker": (GENERATE, ROLLOUTS),
+    "orchestrator": (GENERATE, ADMIN, ROLLOUTS, WORK),  # serves rollouts and work
+    "env-worker": (GENERATE, WORK),
     "trainer": (ROLLOUTS, WEIGHTS),
     "export": (),  # the operator's export Job (`spec.export`) reads checkpoints and calls no one
 }
@@ -60,9 +64,10 @@ MEMBER_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
 """A pool member's name: its directory under the pool's `members/`, its adapter's model name on
 the pool's inference (lower-case DNS-1123 characters: `<namespace>.<run>` on a cluster)."""
 
-MEMBER_SCOPES = (GENERATE, ADMIN, ROLLOUTS)
+MEMBER_SCOPES = (GENERATE, ADMIN, ROLLOUTS, WORK)
 """The scopes of a pool's member run: generation with its own adapter and loading it (the
-pool's inference), its batches (its orchestrator's gRPC, which the pool's trainer pulls)."""
+pool's inference), its batches (its orchestrator's gRPC, which the pool's trainer pulls), its
+env workers' work (its orchestrator's too)."""
 
 
 def member_scoped(pool_token: str, member: str, scope: str) -> str:

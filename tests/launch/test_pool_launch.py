@@ -8,7 +8,7 @@ from rlkube.config import ConfigError, load_config
 from rlkube.config.pool import PoolConfig
 from rlkube.entrypoints.pool import main
 from rlkube.launch.pool import child_stages, members, split_runs, write_configs
-from rlkube.scopes import ADMIN, GENERATE, ROLLOUTS, member_scoped, scope_env
+from rlkube.scopes import ADMIN, GENERATE, ROLLOUTS, WORK, member_scoped, scope_env
 from rlkube.withheld import TOKEN_ENV
 
 from tests.fixtures.hub import hub_offline
@@ -77,7 +77,8 @@ def test_children_carry_the_pools_token_or_the_members_credentials_alone(files, 
     assert [c.name for c in second] == ["a/orchestrator", "a/env-worker-0", "b/orchestrator"]
     orchestrator = second[0]
     assert orchestrator.must_finish and orchestrator.member == "a" and TOKEN_ENV not in orchestrator.env
-    assert orchestrator.env == {scope_env(s): member_scoped("pool-token", "a", s) for s in (GENERATE, ADMIN, ROLLOUTS)}
+    assert orchestrator.env == {scope_env(s): member_scoped("pool-token", "a", s) for s in (GENERATE, ADMIN, ROLLOUTS, WORK)}
+    assert second[1].env == {scope_env(s): member_scoped("pool-token", "a", s) for s in (GENERATE, WORK)}
     assert second[1].member == "a" and not second[1].must_finish
 
 

@@ -10,7 +10,7 @@ from rlkube.auth import TOKEN_ENV
 from rlkube.config import RLConfig
 from rlkube.launch.local import child_stages, write_process_configs
 from rlkube.launch.supervisor import Supervisor
-from rlkube.scopes import HELD, scope_env, scoped
+from rlkube.scopes import HELD, SCOPES, scope_env, scoped
 
 REPORT_CREDENTIALS = ("import json, os, pathlib, sys; pathlib.Path(sys.argv[1]).write_text(json.dumps("
                       "{k: v for k, v in os.environ.items() if k.startswith('RLKUBE_TOKEN')}))")
@@ -45,7 +45,7 @@ def test_each_child_gets_its_components_credentials_from_a_fresh_token(tmp_path,
         for name, value in credentials.items():
             by_scope.setdefault(name, set()).add(value)
     assert all(len(values) == 1 for values in by_scope.values()), "a scope's credential differs between children"
-    assert len({v for values in by_scope.values() for v in values}) == len(by_scope) == 4
+    assert len({v for values in by_scope.values() for v in values}) == len(by_scope) == len(SCOPES)
     second = credentials_children_see(config, tmp_path, "second")
     assert {v for c in second.values() for v in c.values()}.isdisjoint(
         {v for c in first.values() for v in c.values()}), "a new run reused the last run's credentials"

@@ -19,7 +19,12 @@ from rlkube_operator.guardrails import Guardrails
 
 from tests.operator.cluster import AGENT, pod_creating, pod_failed
 from tests.operator.embedded import VERBS, operator_calls
-from tests.operator.test_operator_kmock import TEACHER, rlrun, start_everything
+from tests.operator.test_operator_kmock import (
+    TEACHER,
+    plant_old_token_secret,
+    rlrun,
+    start_everything,
+)
 from tests.operator.test_pools import member, rlpool
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "rlkube"
@@ -153,13 +158,14 @@ def test_rbac_scope_follows_the_watch_mode():
 
 @pytest.mark.parametrize("name", sorted(VALUES))
 def test_the_operator_may_create_secrets_and_get_but_never_list_one(name):
-    """Every run's token is derived from the operator's key (`runtoken`), never read back; the
-    operator gets only the Secrets a run names, for their type (`namedobjects`): its RBAC, in any
-    mode, has no list/watch on Secrets."""
+    """Every run's token is derived from the operator's key (`runtoken`); the operator gets the
+    Secrets a run names, for their type (`namedobjects`), and a run's token Secret it finds
+    there, for its keys, which it replaces (delete, create) when an older operator left some out:
+    its RBAC, in any mode, has no list/watch on Secrets."""
     rules = [rule for o in render(VALUES[name]) if o["kind"] in ("Role", "ClusterRole") for rule in o["rules"]]
     on_secrets = {verb for rule in rules if "" in rule["apiGroups"] and {"secrets", "*"} & set(rule["resources"])
                   for verb in rule["verbs"]}
-    assert on_secrets == {"get", "create"}
+    assert on_secrets == {"get", "create", "delete"}
 
 
 @pytest.mark.parametrize("existing", ["", "our-token-key"])
@@ -346,6 +352,7 @@ async def test_rbac_grants_exactly_the_verbs_the_operator_uses(cluster, values):
     await cluster.patch("RLRun", "rt", drop)
     await cluster.until(lambda: not {"rt-judge"} & (cluster.names("StatefulSet") | cluster.names("Service")
                                                   | cluster.names("PodDisruptionBudget")), what="judge dropped")
+    await plant_old_token_secret(cluster, "rt")  # an older operator's: replaced on resume
     await cluster.patch("RLRun", "rt", {"spec": {"suspend": False}})
     job = await cluster.until(lambda: cluster.get("Job", "rt-trainer-1"), what="resume")
     await cluster.run_pods(job, 1, **pod_failed())

@@ -345,8 +345,82 @@ async def test_a_runs_token_is_made_once_owned_by_it_and_reaches_every_pod(clust
     assert {k: base64.b64decode(v).decode() for k, v in cluster.get("Secret", "rt-token")["data"].items()} == {
         s: scoped(run_token(NEW_KEY, uid), s) for s in (*SCOPES, "checkpoint")}
     requests = operator_requests(kmock)
-    assert {verb for verb, path in requests if path == "secrets"} == {"create", "delete"}, requests  # delete: the test's
+    # get: each restarted operator reads the Secret it finds, for its keys; delete: the test's
+    assert {verb for verb, path in requests if path == "secrets"} == {"create", "get", "delete"}, requests
     assert requests["create", "secrets"] >= 5  # one by each operator, whether the Secret was there or not
+
+
+def secret_values(secret: dict) -> dict[str, str]:
+    return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+
+
+async def plant_old_token_secret(cluster, name: str, data: dict[str, str] | None = None) -> dict:
+    """Replace run `name`'s token Secret with one an older operator made: `data` (default: the
+    single `token` of the operator before scoped credentials), owned by the run. Returns it."""
+    old = cluster.get("Secret", f"{name}-token")
+    await cluster.delete("Secret", f"{name}-token")
+    uid = cluster.get("RLRun", name)["metadata"]["uid"]
+    data = data if data is not None else {"token": run_token(TOKEN_KEY, uid)}
+    return await cluster.create({"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": True,
+                                 "metadata": {"name": f"{name}-token", "ownerReferences": old["metadata"]["ownerReferences"]},
+                                 "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
+
+
+def secret_refs(template: dict) -> set[tuple[str, str]]:
+    """(Secret, key) of every required secretKeyRef of a pod template's containers."""
+    return {(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+            for c in template["spec"].get("initContainers", []) + template["spec"]["containers"]
+            for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})
+            and not e["valueFrom"]["secretKeyRef"].get("optional")}
+
+
+async def test_a_token_secret_from_an_older_operator_is_replaced_with_the_keys_its_new_pods_read(
+        cluster, kmock, orchestrator_status):
+    """Upgrade: a run made by an older operator keeps its `<run>-token`, and the new operator's
+    pods name keys it lacks (every scope, where the Secret holds the single token from before
+    scoped credentials; `work`, added since). The new operator, finding it there, replaces it:
+    the keys it had keep their values (a key rotated meanwhile changes nothing under running
+    pods), the missing ones are added, and no `token` or checkpoint key (the run's checkpoints
+    so far are unsigned) appears; every pod the operator then starts finds each key it names.
+    One that lacks nothing is left as it is."""
+    run = await cluster.create(rlrun(envWorkers={"replicas": 1}))
+    uid = run["metadata"]["uid"]
+    await start_everything(cluster)
+    await cluster.stop_operator()
+    kube = Kube(api_client(str(kmock.url).rstrip("/")))
+
+    def upgraded_operator(key=TOKEN_KEY):
+        return Reconciler(kube, Settings(status_url_template=orchestrator_status.url, token_key=key,
+                                         guardrails=PERMISSIVE))
+
+    def pass_of(reconciler, when: str):
+        return asyncio.to_thread(reconciler.reconcile, "RLRun", cluster.get("RLRun", "rt"), when)
+
+    token = run_token(TOKEN_KEY, uid)
+    await plant_old_token_secret(cluster, "rt")  # the operator before scoped credentials
+    assert (await pass_of(upgraded_operator(), "2026-01-01T00:00:00Z")).error is None
+    replaced = cluster.get("Secret", "rt-token")
+    assert secret_values(replaced) == {s: scoped(token, s) for s in SCOPES}, "not every scope, or a token left"
+    assert replaced["immutable"] is True and run_owned(replaced, uid)
+    templates = [cluster.get(kind, n)["spec"]["template"] for kind in ("Deployment", "StatefulSet", "Job")
+                 for n in cluster.names(kind)]
+    assert {"rt-orchestrator", "rt-env-worker"} <= cluster.names("Deployment")
+    for template in templates:
+        assert {key for secret, key in secret_refs(template) if secret == "rt-token"} <= set(replaced["data"])
+
+    # A Secret of the scoped operator before `work`, under a key rotated since: kept, `work` added.
+    previous = {s: scoped(token, s) for s in SCOPES if s != "work"} | {"checkpoint": scoped(token, "checkpoint")}
+    await plant_old_token_secret(cluster, "rt", previous)
+    assert (await pass_of(upgraded_operator(NEW_KEY), "2026-01-01T00:00:01Z")).error is None
+    assert secret_values(cluster.get("Secret", "rt-token")) == previous | {"work": scoped(run_token(NEW_KEY, uid), "work")}
+    # Nothing missing: the Secret is left (same object), whatever the key.
+    kept = cluster.get("Secret", "rt-token")
+    assert (await pass_of(upgraded_operator(), "2026-01-01T00:00:02Z")).error is None
+    assert cluster.get("Secret", "rt-token")["metadata"]["uid"] == kept["metadata"]["uid"]
+
+
+def run_owned(obj: dict, uid: str) -> bool:
+    return [(r["uid"], r.get("controller")) for r in obj["metadata"]["ownerReferences"]] == [(uid, True)]
 
 
 async def start_everything(cluster, name: str = "rt", attempt: int = 0) -> None:

@@ -26,7 +26,7 @@ from rlkube.orchestrator.orchestrator import Orchestrator
 from rlkube.orchestrator.rollouts import EnvRunner, run_group
 from rlkube.orchestrator.workers import WorkerHub
 from rlkube.rollout_types import Rollout, Sample
-from rlkube.scopes import ROLLOUTS
+from rlkube.scopes import WORK
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
 from rlkube.transport.env_workers import work
@@ -91,14 +91,14 @@ def test_a_lost_workers_groups_are_reissued_once_and_its_late_answers_discarded(
         groups = [asyncio.ensure_future(hub.run_group(FakeRunner(), str(i), i)) for i in range(3)]
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                lost = pb_grpc.EnvWorkersStub(channel).Work(metadata=auth.grpc_metadata(ROLLOUTS))
+                lost = pb_grpc.EnvWorkersStub(channel).Work(metadata=auth.grpc_metadata(WORK))
                 await lost.write(hello("lost", max_groups=2))
                 first = [await lost.read() for _ in range(2)]
                 lost.cancel()  # the worker dies holding two groups
                 await eventually(lambda: hub.reissued == 2 and not hub.sessions, what="the session to end")
 
                 clock.advance(1)
-                survivor = pb_grpc.EnvWorkersStub(channel).Work(metadata=auth.grpc_metadata(ROLLOUTS))
+                survivor = pb_grpc.EnvWorkersStub(channel).Work(metadata=auth.grpc_metadata(WORK))
                 await survivor.write(hello("survivor", max_groups=4))
                 tasks = [await survivor.read() for _ in range(3)]
                 assert [t.example_id for t in tasks] == ["0", "1", "2"], "re-issued ahead of the newer group"
@@ -130,7 +130,7 @@ def test_a_worker_whose_pod_vanished_loses_its_groups_to_keepalive(short_keepali
         group = asyncio.ensure_future(hub.run_group(FakeRunner(), "0", 0))
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{proxy.port}") as channel:
-                call = pb_grpc.EnvWorkersStub(channel).Work(metadata=auth.grpc_metadata(ROLLOUTS))
+                call = pb_grpc.EnvWorkersStub(channel).Work(metadata=auth.grpc_metadata(WORK))
                 await call.write(hello("vanishing", max_groups=1))
                 await call.read()
                 proxy.vanish_and_point_to(server.port)
@@ -152,7 +152,7 @@ def test_a_worker_without_the_envs_is_refused():
         server = await start_server(None, "127.0.0.1", 0, workers=hub)
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                call = pb_grpc.EnvWorkersStub(channel).Work(metadata=auth.grpc_metadata(ROLLOUTS))
+                call = pb_grpc.EnvWorkersStub(channel).Work(metadata=auth.grpc_metadata(WORK))
                 await call.write(hello("stale", max_groups=2, envs=["other"]))
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     await call.read()

@@ -8,6 +8,7 @@ the trainer's weight stream, the orchestrator's batches. Each case starts the re
 trainer's gRPC servers) with the credentials its component is given, and sends the real
 request over the socket."""
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -16,7 +17,10 @@ import grpc
 import httpx
 import pytest
 import uvicorn
+from rlkube import auth
 from rlkube.auth import TOKEN_ENV, RequireToken
+from rlkube.orchestrator.clock import PolicyClock
+from rlkube.orchestrator.workers import WorkerHub
 from rlkube.scopes import (
     ADMIN,
     GENERATE,
@@ -24,12 +28,15 @@ from rlkube.scopes import (
     ROLLOUTS,
     SCOPES,
     WEIGHTS,
+    WORK,
     component_env,
     scope_env,
     scoped,
 )
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
+from rlkube.transport.env_workers import work
+from rlkube.transport.server import start_server, stop_server
 from rlkube.transport.weights_grpc import WeightsServicer, serve_weights
 
 from tests.fixtures.inference import free_port
@@ -134,13 +141,13 @@ def bearer(scope: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {CREDENTIAL[scope]}"),)
 
 
-def test_the_orchestrators_grpc_refuses_every_scope_but_rollouts(monkeypatch):
-    """The orchestrator holds generate and admin too; neither opens its batches or its work."""
+def test_the_orchestrators_rollouts_refuse_every_scope_but_rollouts(monkeypatch):
+    """The orchestrator holds generate, admin and work too; none opens its batches or its policy reports."""
     as_component(monkeypatch, "orchestrator")
     source, port = FakeSource(), free_port()
     with ServerThread(source, port), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.RolloutsStub(channel)
-        for scope in (GENERATE, ADMIN, WEIGHTS):
+        for scope in (GENERATE, ADMIN, WEIGHTS, WORK):
             with pytest.raises(grpc.RpcError) as refused:
                 stub.ReportPolicy(pb.PolicyReport(step=1, location="grpc://evil:1"), timeout=10, metadata=bearer(scope))
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED and "rollouts" in refused.value.details()
@@ -150,6 +157,50 @@ def test_the_orchestrators_grpc_refuses_every_scope_but_rollouts(monkeypatch):
         assert source.reports == [] and source.requests == []
         assert stub.ReportPolicy(pb.PolicyReport(step=1, location="/ok"), timeout=10,
                                  metadata=bearer(ROLLOUTS)).accepted_step == 1
+
+
+def test_an_env_workers_credentials_reach_its_work_and_not_the_trainers_batches(monkeypatch):
+    """The exploit: an environment's program in an env-worker pod (or the worker itself) calls
+    the orchestrator's `Rollouts` with what the pod holds: `ReportPolicy` naming weights of its
+    choosing, which inference would load, or `GetBatch`, taking the trainer's batches. The real
+    orchestrator server (both services, the orchestrator's credentials) refuses every credential
+    an env worker is given on `Rollouts`, while the real worker client's session on `EnvWorkers`
+    joins with them."""
+    as_component(monkeypatch, "orchestrator")
+    source, hub = FakeSource(), WorkerHub(PolicyClock(async_level=1), group_size=2, envs=["fake"], timeout_s=60)
+
+    async def scenario():
+        server = await start_server(source, "127.0.0.1", 0, workers=hub)
+        as_component(monkeypatch, "env-worker")
+        address = f"127.0.0.1:{server.port}"
+        try:
+            async with grpc.aio.insecure_channel(address) as channel:
+                stub = pb_grpc.RolloutsStub(channel)
+                for scope in HELD["env-worker"]:
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await stub.ReportPolicy(pb.PolicyReport(step=1, location="grpc://evil:1"), timeout=10,
+                                                metadata=auth.grpc_metadata(scope))
+                    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, scope
+                    assert "rollouts" in refused.value.details()
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        async for _ in stub.GetBatch(pb.GetBatchRequest(step=1, rank=0, world_size=2), timeout=10,
+                                                     metadata=auth.grpc_metadata(scope)):
+                            pass
+                    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, scope
+            hello = pb.WorkerHello(worker_id="w", max_groups=1, envs=["fake"])
+            session = asyncio.ensure_future(work(address, hello, lambda task: asyncio.sleep(0, [])))
+            deadline = time.monotonic() + 10
+            while not hub.sessions:
+                assert not session.done(), session.exception()
+                assert time.monotonic() < deadline, "the env worker never joined"
+                await asyncio.sleep(0.02)
+            session.cancel()
+        finally:
+            await stop_server(server, grace_s=0)
+
+    asyncio.run(scenario())
+    assert source.reports == [] and source.requests == []
+    assert WORK in HELD["env-worker"] and ROLLOUTS not in HELD["env-worker"]
 
 
 @contextlib.contextmanager
@@ -169,7 +220,7 @@ def trainer_weight_server(monkeypatch):
 
 def test_the_weight_server_refuses_every_scope_but_weights(monkeypatch):
     with trainer_weight_server(monkeypatch) as fetch:
-        for scope in (GENERATE, ADMIN, ROLLOUTS):
+        for scope in (GENERATE, ADMIN, ROLLOUTS, WORK):
             with pytest.raises(grpc.RpcError) as refused:
                 list(fetch(pb.WeightsRequest(step=3), timeout=10, metadata=bearer(scope)))
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED and "weights" in refused.value.details()
@@ -179,11 +230,12 @@ def test_the_weight_server_refuses_every_scope_but_weights(monkeypatch):
 def test_each_component_is_given_only_its_scopes():
     """Who holds what (`HELD`): admin is the orchestrator's and the policy server's alone, and
     neither the judge nor the teacher nor an env worker holds anything beyond generate and,
-    for env workers, rollouts."""
+    for env workers, work (never the trainer's rollouts)."""
     holders = {scope: {c for c, held in HELD.items() if scope in held} for scope in SCOPES}
     assert holders[ADMIN] == {"orchestrator", "inference"}
     assert holders[WEIGHTS] == {"trainer", "inference"}
-    assert holders[ROLLOUTS] == {"orchestrator", "env-worker", "trainer"}
+    assert holders[ROLLOUTS] == {"orchestrator", "trainer"}
+    assert holders[WORK] == {"orchestrator", "env-worker"}
     assert HELD["judge"] == HELD["teacher"] == (GENERATE,)
     assert len(set(CREDENTIAL.values()) | {TOKEN}) == len(SCOPES) + 1, "no credential is the token or another's"
 

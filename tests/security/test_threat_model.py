@@ -123,8 +123,9 @@ def test_the_vllm_rows_are_what_the_servers_middleware_answers(component, monkey
         assert set(answered.values()) <= {200, 401}
 
 
-def row(where: str) -> tuple[str, str]:
-    (value,) = [v for (w, _), v in rows_by_port().items() if w == where]
+def row(where: str, serves: str = "") -> tuple[str, str]:
+    """The row of port `where` (of the service `serves` starts with, where it serves several)."""
+    (value,) = [v for (w, s), v in rows_by_port().items() if w == where and s.startswith(serves)]
     return value
 
 
@@ -143,7 +144,7 @@ def test_the_grpc_rows_are_what_the_real_servers_accept(monkeypatch):
                 served.add(scope)
             except grpc.RpcError as refused:
                 assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert served == {s for s in SCOPES if f"`{s}`" in row("orchestrator `grpc` [50051]")[1]} == {ROLLOUTS}
+    assert served == {s for s in SCOPES if f"`{s}`" in row("orchestrator `grpc` [50051]", "`Rollouts`")[1]} == {ROLLOUTS}
 
     served = set()
     with trainer_weight_server(monkeypatch) as fetch:

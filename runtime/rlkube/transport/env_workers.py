@@ -22,7 +22,7 @@ import grpc
 
 from rlkube import auth
 from rlkube.rollout_types import Rollout
-from rlkube.scopes import ROLLOUTS
+from rlkube.scopes import WORK
 from rlkube.transport import keepalive
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
@@ -106,7 +106,7 @@ async def work(address: str, hello: pb.WorkerHello, run_group: RunGroup) -> None
 
 async def _session(address: str, hello: pb.WorkerHello, run_group: RunGroup) -> None:
     async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS + keepalive.CLIENT) as channel:
-        call = pb_grpc.EnvWorkersStub(channel).Work(metadata=auth.grpc_metadata(ROLLOUTS))
+        call = pb_grpc.EnvWorkersStub(channel).Work(metadata=auth.grpc_metadata(WORK))
         writing = asyncio.Lock()  # one message at a time on the stream
         running: set[asyncio.Task] = set()
 

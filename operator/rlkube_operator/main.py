@@ -3,6 +3,7 @@
     rlkube-operator [--namespace NS ... | --all-namespaces [--allow-system-namespace NS ...]]
                     [--interval 60] [--progress-interval 60]
                     [--metrics-port 8080] --token-key-file /etc/rlkube/token-key/key
+                    [--previous-token-key-file /etc/rlkube/previous-token-key/key]
                     [--network-policy-peer '{"namespaceSelector": …, "podSelector": …}']
                     [--egress-policy '{"allowed": [{"cidr": …, "ports": […]}]}']
 
@@ -29,7 +30,7 @@ from rlkube_operator.kube import Kube, api_client
 from rlkube_operator.names import RUN_UID_LABEL
 from rlkube_operator.reconcile import Reconciler, Settings, operator_peer
 from rlkube_operator.runloop import Pacing, RunLoops
-from rlkube_operator.runtoken import KEY_SETTING, read_key
+from rlkube_operator.runtoken import KEY_SETTING, PREVIOUS_KEY_SETTING, read_key
 
 PLURALS = {"RLRun": "rlruns", "SFTRun": "sftruns", "RLPool": "rlpools"}
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
@@ -204,6 +205,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a file holding the key (at least 32 bytes) each run's token is derived from, so the operator "
         "creates runs' token Secrets without ever reading one (the chart mounts it from a Secret); required",
     )
+    parser.add_argument(
+        PREVIOUS_KEY_SETTING,
+        help="during a rotation, a file holding the key before it: the applied specs it signed are still "
+        "trusted, and signed again with the new key (docs/security.md, rotating the key)",
+    )
     parser.add_argument("--log-level", default="INFO")
     election = parser.add_argument_group("leader election (several replicas, one reconciling)")
     election.add_argument("--leader-elect", action="store_true",
@@ -256,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         token_key = read_key(args.token_key_file)
+        previous = read_key(args.previous_token_key_file, PREVIOUS_KEY_SETTING) if args.previous_token_key_file else None
         peer = network_policy_peer(args)
     except ValueError as e:
         print(f"rlkube-operator: {e}", file=sys.stderr)
@@ -268,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                         metrics_scraper_peer=args.metrics_scraper_peer, egress=args.egress_policy,
                         guardrails=args.guardrails,
                         namespaces=None if args.all_namespaces else tuple(args.namespace),
-                        token_key=token_key)
+                        token_key=token_key, previous_token_key=previous)
     reconciler = Reconciler(Kube(api_client()), settings)
     operator = functools.partial(
         kopf.operator,

@@ -157,6 +157,11 @@ class Settings:
     """The key each run's token is derived from (`runtoken`), read from `--token-key-file`;
     needed to create a run's children."""
 
+    previous_token_key: bytes | None = None
+    """The key before a rotation (`--previous-token-key-file`): an applied spec it signed is
+    trusted as this operator's own, and the next pass signs it with `token_key`, so a rotation
+    stops no started run. None: only `token_key`'s signatures are."""
+
     def key(self) -> bytes:
         if self.token_key is None:
             raise ValueError(f"the operator has no token key ({KEY_SETTING}): it cannot create a run's token")
@@ -303,14 +308,16 @@ class Reconciler:
         )
 
     def _trusted_copy(self, run: RunRef, workload: Workload, cm: dict) -> str:
-        """The applied spec in the run's ConfigMap, if this operator signed it or it passes the
-        guardrails (a copy written by an operator before signatures, or changed by whoever may
-        patch ConfigMaps): the spec that runs is a spec that was checked. UntrustedSpec if not."""
+        """The applied spec in the run's ConfigMap, if this operator signed it (with its key, or
+        the one before a rotation: `previous_token_key`; `apply` signs it again with the key) or it
+        passes the guardrails (a copy written by an operator before signatures, or changed by
+        whoever may patch ConfigMaps): the spec that runs is a spec that was checked.
+        UntrustedSpec if not."""
         data = cm["data"]
         text = data[builders.APPLIED_SPEC_KEY]
-        key = self.settings.token_key
-        if key is not None and hmac.compare_digest(data.get(builders.APPLIED_SPEC_SIGNATURE_KEY, ""),
-                                                   builders.applied_spec_signature(key, run, text)):
+        signature = data.get(builders.APPLIED_SPEC_SIGNATURE_KEY, "")
+        keys = [k for k in (self.settings.token_key, self.settings.previous_token_key) if k is not None]
+        if any(hmac.compare_digest(signature, builders.applied_spec_signature(k, run, text)) for k in keys):
             return text
         try:
             refused, _ = self.guardrail_refusals(run, workload.spec_model.model_validate(json.loads(text)))

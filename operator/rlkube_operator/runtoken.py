@@ -18,6 +18,9 @@ from rlkube.scopes import MEMBER_SCOPES, SCOPES, member_scoped, scoped
 MIN_KEY_BYTES = 32
 KEY_SETTING = "--token-key-file"
 """The operator's setting naming the key's file (the chart mounts it from a Secret: `tokenKey`)."""
+PREVIOUS_KEY_SETTING = "--previous-token-key-file"
+"""The key before a rotation (`tokenKey.previousSecret`): signatures it made are still trusted,
+and signed again with the new key."""
 
 
 def run_token(key: bytes, uid: str) -> str:
@@ -48,16 +51,16 @@ def checkpoint_key(key: bytes, uid: str) -> str:
     return scoped(run_token(key, uid), "checkpoint")
 
 
-def read_key(path: str | None) -> bytes:
+def read_key(path: str | None, setting: str = KEY_SETTING) -> bytes:
     """The key from its file, surrounding whitespace stripped; ValueError naming the setting when
     it is not given, unreadable or shorter than `MIN_KEY_BYTES`."""
     if not path:
-        raise ValueError(f"{KEY_SETTING} is required: the key each run's token is derived from (the Helm "
+        raise ValueError(f"{setting} is required: the key each run's token is derived from (the Helm "
                          "chart mounts one from its Secret, `tokenKey` in its values)")
     try:
         key = Path(path).read_bytes().strip()
     except OSError as e:
-        raise ValueError(f"{KEY_SETTING}: cannot read {path}: {e.strerror}") from None
+        raise ValueError(f"{setting}: cannot read {path}: {e.strerror}") from None
     if len(key) < MIN_KEY_BYTES:
-        raise ValueError(f"{KEY_SETTING}: the key in {path} has {len(key)} bytes; at least {MIN_KEY_BYTES} are needed")
+        raise ValueError(f"{setting}: the key in {path} has {len(key)} bytes; at least {MIN_KEY_BYTES} are needed")
     return key

@@ -72,6 +72,11 @@ MAPPED: dict[str, tuple[str, ...]] = {
     r"^kubectl get rlrun doomed -o jsonpath=": (
         "e2e/scenarios/test_give_up.py::test_a_missing_model_fails_the_run_at_once_with_the_runtimes_error",),
     r"^kubectl get rlpools -A$": ("tests/operator/test_pools.py::test_rlpool_printer_columns",),
+    # The key rotation (docs/security.md): the operator under a new key and the previous one.
+    r"^kubectl -n rlkube (get secret rlkube-rlkube-operator-token-key|create secret generic rlkube-(previous-)?token-key"
+    r"|delete secret rlkube-previous-token-key)\b": (
+        "tests/security/test_fence.py::test_a_key_rotation_leaves_a_run_started_before_a_tightening_going_on",
+        "tests/operator/test_helm.py::test_a_rotations_previous_key_is_mounted_for_the_operator_and_named_by_no_run"),
     r"^torchrun --nproc-per-node 2 -m rlkube\.entrypoints\.sft\b": ("tests/integration/test_sft_reverse_text.py",),
     r"^rlkube plot\b": ("tests/test_plot.py",),
     r"^bash examples/pool_reverse_text/run\.sh\b": ("tests/integration/test_pool.py",),

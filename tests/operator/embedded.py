@@ -114,8 +114,9 @@ async def running_operator(server: ApiServer, status_url: str, *, settings: dict
     stop = asyncio.Event()
 
     async def operate():
-        reconciler = Reconciler(Kube(api_client(url)), Settings(status_url_template=status_url, token_key=TOKEN_KEY,
-                                                                  **({"guardrails": PERMISSIVE} | (settings or {}))))
+        reconciler = Reconciler(Kube(api_client(url)), Settings(status_url_template=status_url,
+                                                                  **({"token_key": TOKEN_KEY, "guardrails": PERMISSIVE}
+                                                                     | (settings or {}))))
         registry = build_registry(reconciler, login=login, **registry_options)
         await kopf.operator(registry=registry, settings=kopf_settings, standalone=True, namespaces=list(namespaces),
                             stop_flag=stop, ready_flag=ready, liveness_endpoint=liveness)

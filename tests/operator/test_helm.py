@@ -196,6 +196,22 @@ def test_the_operator_gets_its_token_key_from_a_secret_mounted_for_it(existing, 
     assert again["data"] != secret["data"], "not random: every install would share one key"
 
 
+def test_a_rotations_previous_key_is_mounted_for_the_operator_and_named_by_no_run():
+    """`tokenKey.previousSecret` (docs/security.md, rotating the key): mounted read-only where
+    `--previous-token-key-file` points, and among the Secrets no run may name; absent, neither."""
+    from rlkube_operator.main import parse_args
+
+    values = {"tokenKey": {"existingSecret": "new-key", "previousSecret": "old-key"}}
+    pod = next(o for o in render(values) if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == "old-key"]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    args = parse_args(operator_args(values))
+    assert mount["readOnly"] is True
+    assert args.previous_token_key_file == f"{mount['mountPath']}/{volume['secret']['items'][0]['path']}"
+    assert {"new-key", "old-key"} <= set(args.guardrails.protected_secrets)
+    assert parse_args(operator_args({})).previous_token_key_file is None
+
+
 def test_operator_pod_is_non_root_with_a_read_only_root_filesystem():
     deploy = next(o for o in render({}) if o["kind"] == "Deployment")
     pod = deploy["spec"]["template"]["spec"]

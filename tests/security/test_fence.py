@@ -13,12 +13,12 @@ import time
 import jsonschema
 import pytest
 from rlkube_operator import crd, guardrails
-from rlkube_operator.builders import APPLIED_SPEC_KEY
+from rlkube_operator.builders import APPLIED_SPEC_KEY, APPLIED_SPEC_SIGNATURE_KEY
 from rlkube_operator.guardrails import POD_REFERENCES, RUN_REFERENCES, Guardrails
 
 from e2e.localcluster import admission
 from tests.operator.conftest import crd_rules_off  # noqa: F401
-from tests.operator.embedded import PERMISSIVE, running_operator
+from tests.operator.embedded import PERMISSIVE, TOKEN_KEY, running_operator
 from tests.operator.test_guardrails import EXAMPLES, SCHEMAS, operator_refusals, run
 from tests.operator.test_guardrails import Policy as RenderedPolicy
 from tests.operator.test_helm import render
@@ -360,6 +360,45 @@ async def test_a_run_started_before_the_admin_tightened_a_rule_is_told_the_rule_
         assert toleration in cluster.get("Job", "rt-trainer-0")["spec"]["template"]["spec"]["tolerations"]
         told = [e for e in cluster.events() if e["reason"] == "InvalidSpec"]
         assert len(told) == 1 and told[0]["type"] == "Warning" and "team-b/gpu" in told[0]["message"]
+
+
+ROTATED_KEY = b"the operator's key after a rotation, in the fence tests"
+
+
+async def test_a_key_rotation_leaves_a_run_started_before_a_tightening_going_on(kmock, orchestrator_status):
+    """The admin rotates the operator's key (docs/security.md, rotating the key) after tightening
+    a rule that a running run breaks. Under the new key with the old one given as the previous
+    key, the run's applied spec is still the operator's own: it goes on, told the rule
+    (`InvalidSpec`, as without the rotation), and its ConfigMap is signed again with the new key,
+    so it goes on when the previous key is taken away. Without the previous key, the old
+    signature is no signature: the spec breaks the rule and the run fails (`UntrustedSpec`)."""
+    toleration = {"key": "team-b/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    pacing = {"interval": 0.3, "progress_interval": 0.0}
+    tightened = PERMISSIVE.model_copy(update={"allowed_tolerations": []})
+
+    def spec_accepted(cluster):
+        status = cluster.status("RLRun", "rt")
+        return next((c for c in status.get("conditions", []) if c["type"] == "SpecAccepted"), {})
+
+    async with running_operator(kmock, orchestrator_status.url, **pacing) as cluster:
+        await cluster.create(rlrun(trainer={"pod": {"tolerations": [toleration]}}))
+        await start_everything(cluster)
+    signed_before = cluster.get("ConfigMap", "rt-config")["data"][APPLIED_SPEC_SIGNATURE_KEY]
+    rotating = {"guardrails": tightened, "token_key": ROTATED_KEY, "previous_token_key": TOKEN_KEY}
+    async with running_operator(kmock, orchestrator_status.url, settings=rotating, **pacing) as cluster:
+        await cluster.until(lambda: spec_accepted(cluster).get("reason") == "InvalidSpec"
+                            and cluster.get("ConfigMap", "rt-config")["data"][APPLIED_SPEC_SIGNATURE_KEY]
+                            != signed_before, timeout=30, what="told the rule, and signed again")
+    rotated = {"guardrails": tightened, "token_key": ROTATED_KEY}
+    async with running_operator(kmock, orchestrator_status.url, settings=rotated, **pacing) as cluster:
+        await asyncio.sleep(1)  # passes under the new key alone
+        assert spec_accepted(cluster)["reason"] == "InvalidSpec", spec_accepted(cluster)
+        assert cluster.status("RLRun", "rt")["phase"] == "Running"
+        assert toleration in cluster.get("Job", "rt-trainer-0")["spec"]["template"]["spec"]["tolerations"]
+    never_given = {"guardrails": tightened, "token_key": b"a third key, the previous one never given, in tests"}
+    async with running_operator(kmock, orchestrator_status.url, settings=never_given, **pacing) as cluster:
+        await cluster.until(lambda: spec_accepted(cluster).get("reason") == "UntrustedSpec", timeout=30,
+                            what="an applied spec signed by no key it has")
 
 
 async def test_guardrails_in_warn_mode_post_one_warning_and_the_run_goes_on_checked_once(kmock, orchestrator_status,

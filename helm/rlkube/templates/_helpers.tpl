@@ -35,7 +35,9 @@ true
 {{- $g := omit .Values.guardrails "enabled" }}
 {{- $registries := prepend $g.allowedImageRegistries (printf "%s/" .Values.image.registry) | uniq }}
 {{- $key := .Values.tokenKey.existingSecret | default (printf "%s-token-key" (include "rlkube.fullname" .)) }}
-{{- $_ := set $g "protectedSecrets" (append ($g.protectedSecrets | default list) $key | uniq) }}
+{{- $protected := append ($g.protectedSecrets | default list) $key }}
+{{- if .Values.tokenKey.previousSecret }}{{ $protected = append $protected .Values.tokenKey.previousSecret }}{{ end }}
+{{- $_ := set $g "protectedSecrets" ($protected | uniq) }}
 {{- set $g "allowedImageRegistries" $registries | toJson }}
 {{- end -}}
 

@@ -225,7 +225,7 @@ def _tcp_ports_except(*closed: int) -> list[dict]:
 
 def build_network_policies(run: RunRef, operator_peer: dict, status_port: int, scraper_peer: dict | None,
                            metrics_ports: list[int], serving_ports: list[int] | None,
-                           admitted: dict[str, list[dict]] | None = None) -> list[dict]:
+                           admitted: dict[str, list[dict]] | None = None, tool_port: int | None = None) -> list[dict]:
     """Only the run's own pods reach its pods; the operator reaches `status_port` (`GET
     /status`), and a metrics scraper (`scraper_peer`, a namespace) the ports that serve
     `/metrics` (`metrics_ports`). Nothing else, unless another NetworkPolicy allows it
@@ -239,6 +239,8 @@ def build_network_policies(run: RunRef, operator_peer: dict, status_port: int, s
       every port (NCCL's and NIXL's data, and the sockets vLLM opens between its own processes,
       none authenticated). The orchestrator and the env workers, which run environments'
       programs, reach none of them.
+    - the tool service's pods (`tool_port`, a run with `spec.toolService`): the orchestrator and
+      the env workers, whose environments call it, on its port (a fourth policy).
     So three policies for an RLRun, one for an SFTRun (`serving_ports` None: no other pods). A
     NetworkPolicy cannot say "the same run as the target", so each run gets its own, selecting
     its uid's pods. `admitted`: further ingress rules by policy (`network-policy`,
@@ -267,6 +269,10 @@ def build_network_policies(run: RunRef, operator_peer: dict, status_port: int, s
         policies.insert(0, ("network-policy", pods("NotIn", ["trainer"]), served + outside))
         policies.insert(1, ("servers-network-policy", pods("In", servers),
                             [{"from": [peer("In", ["trainer", *servers])]}]))
+    if tool_port is not None:
+        policies.append(("tool-service-network-policy", pods("In", ["tool-service"]),
+                         [{"from": [peer("In", ["orchestrator", "env-worker"])],
+                           "ports": [{"protocol": "TCP", "port": tool_port}]}]))
     return [{
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -342,6 +348,42 @@ def build_env_worker_deployment(run: RunRef, spec: RLRunSpec, replicas: int) -> 
             "replicas": replicas,
             "selector": {"matchLabels": run.selector("env-worker")},
             "template": template,
+        },
+    }
+
+
+TOOL_REPLICAS_ANNOTATION = "rlkube.dev/tool-service-replicas"
+"""The `spec.toolService.replicas` last applied to the tool service Deployment."""
+
+
+def build_tool_service_service(run: RunRef, spec: RLRunSpec) -> dict:
+    """A ClusterIP Service: each call is a new connection, spread over the ready pods."""
+    return _service(run, "tool-service", [_tcp("http", spec.tool_service.port)], headless=False)
+
+
+def build_tool_service_deployment(run: RunRef, spec: RLRunSpec, existing: dict | None) -> dict:
+    """`<run>-tool-service`: `rlkube tool-service` pods on the run's image. Its replicas are the
+    spec's when `existing` is absent or was last given other ones (`TOOL_REPLICAS_ANNOTATION`),
+    else `existing`'s: a `kubectl scale` holds until `spec.toolService.replicas` changes."""
+    tools = spec.tool_service
+    settings = pod_settings(spec, "tool-service")
+    command = ["rlkube", "tool-service", "--host", "0.0.0.0", "--port", str(tools.port), *tools.args]
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 2, "failureThreshold": 2}
+    main = container(spec, settings, "tool-service", command, ports=[{"name": "http", "containerPort": tools.port}],
+                     res=tools.resources, probes={"readinessProbe": probe})
+    replicas = tools.replicas
+    if existing is not None and existing["metadata"].get("annotations", {}).get(TOOL_REPLICAS_ANNOTATION) == str(replicas):
+        replicas = existing["spec"].get("replicas", replicas)
+    metadata = run.metadata("tool-service")
+    metadata["annotations"] = {TOOL_REPLICAS_ANNOTATION: str(tools.replicas)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": run.selector("tool-service")},
+            "template": pod_template(run, spec, settings, "tool-service", [main], []),
         },
     }
 

@@ -111,6 +111,33 @@ class EnvWorkersSpec(K8sModel):
     tolerations, which are the GPU nodes')."""
 
 
+class ToolServiceSpec(K8sModel):
+    """The run's tool service (`rlkube tool-service`): a Deployment `<run>-tool-service` behind a
+    Service of that name, which only the run's orchestrator and env workers reach (on `port`).
+    Its address becomes the `tool_url` of every `tool_chain` env that sets none. CPU only.
+
+    `replicas` is applied when the Deployment is created and whenever it changes in the spec;
+    in between the Deployment's own count is left alone, so `kubectl scale` holds until the
+    spec's `replicas` next changes."""
+
+    replicas: int = Field(default=1, ge=0, le=256)
+    """Tool service pods (a Service spreads the calls over them)."""
+
+    port: int = Field(default=8790, ge=1024, le=65535)
+    """The port the service listens on."""
+
+    args: list[str] = Field(default_factory=list, max_length=64)
+    """Further `rlkube tool-service` flags: its latency and failures (`--p50-s`, `--tail-ratio`,
+    `--timeout-rate`, `--error-rate`, `--seed`)."""
+
+    resources: Resources = Resources()
+    """CPU and memory of each tool service pod."""
+
+    pod: PodSettings = PodSettings()
+    """Scheduling, env, volumes, labels and annotations of each tool service pod, over the
+    run-level defaults (not the GPU nodes' nodeSelector and tolerations)."""
+
+
 class TrainerSpec(K8sModel):
     """The trainer: an indexed Job of `nodes` pods running `torchrun`, with a headless Service."""
 

@@ -159,7 +159,7 @@ DERIVED = [
 ]
 """Variables that come from the run, not from the values."""
 
-COMPONENTS = ("inference", "orchestrator", "trainer", "envWorkers", "teacher", "judge")
+COMPONENTS = ("inference", "orchestrator", "trainer", "envWorkers", "toolService", "teacher", "judge")
 
 POD_REFERENCES = [
     ("env", "valueFrom.secretKeyRef.name", "Secret"),

@@ -10,7 +10,7 @@ from rlkube_operator.wiring import EMPTYDIR_OUTPUT
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_COMPONENTS = ("inference", "teacher", "judge", "trainer")
-SPEC_SECTION = {"env-worker": "env_workers"}
+SPEC_SECTION = {"env-worker": "env_workers", "tool-service": "tool_service"}
 """A component's section of the spec, where it is not named as the component."""
 
 

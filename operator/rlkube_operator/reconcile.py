@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ValidationError
+from pydantic.alias_generators import to_snake
 from rlkube.config.cli import format_validation_error
 
 from rlkube_operator import (
@@ -70,11 +71,13 @@ SUSPENDED_FIELDS = {
     "inference": ("replicas", "gpusPerReplica", "resources"),
     "orchestrator": ("resources",),
     "envWorkers": ("replicas", "resources"),
+    "toolService": ("replicas", "resources"),
 }
-ELASTIC_FIELDS = {"inference": ("replicas",)}
+ELASTIC_FIELDS = {"inference": ("replicas",), "toolService": ("replicas",)}
 """Applied to a running run too (`kubectl scale rlrun`, or an apply): inference replicas keep
 no state, and the orchestrator brings a new one to the current policy before it routes a request
-to it (`client.base_urls_file`). Not over NCCL (the trainer's broadcast group is sized at its
+to it (`client.base_urls_file`); the tool service keeps nothing (a call that reached a pod that
+went away is retried on another). Not over NCCL (the trainer's broadcast group is sized at its
 start) nor in a Kueue queue (its Workload's pod counts were admitted): there a change waits
 for a suspension (`SUSPENDED_FIELDS`)."""
 SUSPENDED_BLOCKS = SERVED_MODELS
@@ -297,9 +300,12 @@ class Reconciler:
         applied = workload.spec_model.model_validate(_frozen(old, False) | live)
         if live_components:  # the elastic fields apply all the same
             for component, names in ELASTIC_FIELDS.items():
-                requested = {name: getattr(getattr(desired, component), name) for name in names}
-                section = getattr(applied, component).model_copy(update=requested)
-                applied = applied.model_copy(update={component: section})
+                field = to_snake(component)
+                wanted, section = getattr(desired, field), getattr(applied, field)
+                if wanted is None or section is None:  # an optional component (toolService) absent
+                    continue
+                requested = {to_snake(name): getattr(wanted, to_snake(name)) for name in names}
+                applied = applied.model_copy(update={field: section.model_copy(update=requested)})
         shown = ", ".join(changed[:5]) + (" …" if len(changed) > 5 else "")
         return applied, (
             f"changes to {shown} cannot apply to a started run; only {', '.join(_live(live_components, run.kind))} do, and "
@@ -375,7 +381,7 @@ class Reconciler:
             for policy in builders.build_network_policies(
                     run, self.settings.network_policy_peer, _status_port(workload, spec),
                     self.settings.metrics_scraper_peer, _metrics_ports(workload, spec), _serving_ports(workload, spec),
-                    admitted):
+                    admitted, tool_port=tools.port if (tools := getattr(spec, "tool_service", None)) else None):
                 k.ensure(policy)
         if self.settings.egress is not None:
             peers = pools.pool_egress(run) if pool else pools.member_egress(attachment) if attachment else []
@@ -414,6 +420,8 @@ class Reconciler:
             if spec.env_workers.replicas:
                 k.ensure(queueing.place(member(builders.build_env_worker_deployment(
                     run, spec, replicas * spec.env_workers.replicas)), queued))
+            if getattr(spec, "tool_service", None) is not None and replicas:
+                self.apply_tool_service(run, spec)
         if "trainer" not in workload.components:
             return
         k.ensure(builders.build_trainer_master_service(run, spec, workload.trainer_status_port, attempt=attempt,
@@ -455,6 +463,18 @@ class Reconciler:
             return builders.build_pool_token_secret(run, self.settings.key())
         return builders.build_token_secret(run, self.settings.key())
 
+    def apply_tool_service(self, run: RunRef, spec: RLRunSpec) -> None:
+        """The tool service's Service and Deployment; the Deployment's replicas are the spec's
+        only when they changed there (`builders.build_tool_service_deployment`), and the
+        annotation that marks them applied is patched after."""
+        k, name = self.kube, run.child("tool-service")
+        k.ensure(builders.build_tool_service_service(run, spec))
+        deployment = builders.build_tool_service_deployment(run, spec, k.get("Deployment", run.namespace, name))
+        applied = k.ensure(deployment)
+        marks = deployment["metadata"]["annotations"]
+        if (applied["metadata"].get("annotations") or {}).get(builders.TOOL_REPLICAS_ANNOTATION) != marks[builders.TOOL_REPLICAS_ANNOTATION]:
+            k.patch("Deployment", run.namespace, name, {"metadata": {"annotations": marks}})
+
     def drop_served(self, run: RunRef, name: str) -> None:
         """The run's teacher or judge was removed (while it was suspended): its servers, Service
         and disruption budget go, then `<name>.toml`, which marks a run that has them (so a run
@@ -473,6 +493,7 @@ class Reconciler:
         if "orchestrator" in workload.components:
             self.kube.delete_owned("Deployment", run.namespace, run.child("orchestrator"), run.uid)
             self.kube.delete_owned("Deployment", run.namespace, run.child("env-worker"), run.uid)
+            self.kube.delete_owned("Deployment", run.namespace, run.child("tool-service"), run.uid)
 
     # --- the loop ---------------------------------------------------------------------
     def reconcile(self, kind: str, body: dict, now: str) -> Result:

@@ -22,6 +22,7 @@ from rlkube_operator.components import (
     OrchestratorSpec,
     ServedModelSpec,
     TeacherSpec,
+    ToolServiceSpec,
     TrainerSpec,
 )
 from rlkube_operator.credentials import URL_CREDENTIALS_RE, url_credentials, urls_in
@@ -324,6 +325,10 @@ class RLRunSpec(RunSpecBase):
 
     env_workers: EnvWorkersSpec = EnvWorkersSpec()
     """Env workers that run the rollouts beside the orchestrator; none by default."""
+
+    tool_service: ToolServiceSpec | None = None
+    """The tool service of `tool_chain` envs as the run's own Deployment (their `tool_url`);
+    none by default. `kubectl scale` of its Deployment holds until `replicas` changes here."""
 
     teacher: TeacherSpec | None = None
     """A teacher for on-policy distillation; none by default. A suspended run may add, change or

@@ -134,6 +134,8 @@ def rl_config(run: RunRef, spec: RLRunSpec) -> RLConfig:
             client["served_by_run"] = False
     _section(data, "rollouts")["host"] = run.service_host("orchestrator")
     _section(data, "orchestrator")["env_workers"] = spec.env_workers.replicas  # the env-worker Deployment's
+    if spec.tool_service is not None:
+        _wire_tool_service(data, run, spec.tool_service.port)
     weights, transfer = _section(data, "weights"), spec.config.weights.type
     if transfer == "storage" and weights.get("url") is None:
         weights["url"] = _object_store_url(run, spec, "weights")
@@ -238,6 +240,18 @@ def pool_files(pool: RunRef, spec: RLPoolSpec) -> dict[str, str]:
 MEMBER_TRAINER_FILE = "trainer.toml"
 """A member's own trainer config in its ConfigMap, which its orchestrator sends the pool trainer
 with Attach (`orchestrator.pool.trainer_config`)."""
+
+
+TOOL_ENVS = ("tool_chain",)
+"""Envs that call the tool service at their `tool_url` arg."""
+
+
+def _wire_tool_service(data: dict, run: RunRef, port: int) -> None:
+    """The run's tool service as the `tool_url` of each tool env that names none."""
+    url = f"http://{run.service_host('tool-service')}:{port}"
+    for env in _section(data, "orchestrator").get("envs") or []:
+        if env.get("id") in TOOL_ENVS:
+            env.setdefault("args", {}).setdefault("tool_url", url)
 
 
 def member_files(run: RunRef, spec: RLRunSpec, pool: RunRef, pool_spec: RLPoolSpec, member: str) -> dict[str, str]:

@@ -40,6 +40,7 @@ HELD = {
     "orchestrator": (GENERATE, ADMIN, ROLLOUTS, WORK),  # serves rollouts and work
     "env-worker": (GENERATE, WORK),
     "trainer": (ROLLOUTS, WEIGHTS),
+    "tool-service": (),  # the run's tool service (`spec.toolService`) answers its envs' calls, holds nothing
     "export": (),  # the operator's export Job (`spec.export`) reads checkpoints and calls no one
 }
 """The scopes each component's processes hold: a server accepts only the scopes it holds."""

@@ -92,6 +92,11 @@ TUNED_SFTRUN = example("sftrun.yaml")["spec"] | {"trainer": TUNED_PODS["trainer"
 RUN = RunRef("RLRun", "big", "ml", "1234-uid")
 OPERATOR_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlkube"}},
                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlkube-operator"}}}
+TOOLS_RLRUN = GPU_RLRUN | {
+    "envWorkers": {"replicas": 2},
+    "toolService": {"replicas": 3, "args": ["--p50-s", "0.2", "--tail-ratio", "20"], "resources": {"requests": {"cpu": "250m"}}},
+    "config": GPU_RLRUN["config"] | {"orchestrator": {"envs": [{"id": "tool_chain"}, {"id": "reverse_text"}]}},
+}
 SCRAPER_PEER = {"namespaceSelector": {"matchExpressions": [
     {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]}}
 
@@ -120,10 +125,13 @@ def manifests(kind: str, spec, attempt: int = 0, suspend: bool = False) -> list[
             ]
         if spec.env_workers.replicas:
             out.append(builders.build_env_worker_deployment(run, spec, spec.env_workers.replicas))
+        if spec.tool_service is not None:
+            out += [builders.build_tool_service_service(run, spec), builders.build_tool_service_deployment(run, spec, None)]
     out += [
         builders.build_trainer_master_service(run, spec, workload.trainer_status_port, attempt=attempt),
         *builders.build_network_policies(run, OPERATOR_PEER, _status_port(workload, spec), SCRAPER_PEER,
-                                         _metrics_ports(workload, spec), _serving_ports(workload, spec)),
+                                         _metrics_ports(workload, spec), _serving_ports(workload, spec),
+                                         tool_port=spec.tool_service.port if getattr(spec, "tool_service", None) else None),
         builders.build_trainer_job(run, spec, module=workload.module, config_file=workload.config_file,
                                    attempt=attempt, restarts=attempt, suspend=suspend,
                                    status_port=workload.trainer_status_port),
@@ -140,6 +148,7 @@ SPECS = {
     "workers-rlrun": ("RLRun", RLRunSpec.model_validate(GPU_RLRUN | {"envWorkers": ENV_WORKERS})),
     "teacher-rlrun": ("RLRun", RLRunSpec.model_validate(OPD_RLRUN)),
     "judge-rlrun": ("RLRun", RLRunSpec.model_validate(JUDGE_RLRUN | {"envWorkers": ENV_WORKERS})),
+    "tools-rlrun": ("RLRun", RLRunSpec.model_validate(TOOLS_RLRUN)),
 }
 
 
@@ -294,12 +303,13 @@ def pod_templates(kind: str, spec) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", ["example-rlrun", "example-sftrun", "gpu-rlrun", "tuned-rlrun", "workers-rlrun",
-                                  "teacher-rlrun"])
+                                  "teacher-rlrun", "tools-rlrun"])
 def test_every_pod_meets_the_restricted_standard_by_default(name):
     kind, spec = SPECS[name]
     unset = spec.model_copy(update={"security_context": type(spec).model_fields["security_context"].default})
     pods = pod_templates(kind, unset)
-    assert len(pods) == (3 + bool(spec.env_workers.replicas) + bool(spec.teacher) if kind == "RLRun" else 1)
+    assert len(pods) == (3 + bool(spec.env_workers.replicas) + bool(spec.teacher) + bool(spec.tool_service)
+                         if kind == "RLRun" else 1)
     for pod in pods:
         assert restricted_violations(pod) == []
         assert pod["automountServiceAccountToken"] is False
@@ -863,3 +873,47 @@ def test_the_stores_and_the_runs_ports_admit_only_whom_they_serve():
     assert not admitted(policies, ("monitoring", {}), trainer, 29500)
     assert not admitted(policies, ("monitoring", {}), orchestrator, grpc)
 
+
+
+def test_the_tool_service_is_a_deployment_its_envs_dial_and_only_they_reach(tmp_path):
+    """`toolService`: `rlkube tool-service` pods on the run's image behind a ClusterIP Service,
+    the `tool_url` of the run's `tool_chain` envs (the orchestrator's and the workers' config),
+    reachable only from the orchestrator and env-worker pods, on its port."""
+    kind, spec = SPECS["tools-rlrun"]
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in manifests(kind, spec)}
+    deployment = objects[("Deployment", "big-tool-service")]
+    main = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert main["image"] == spec.image and deployment["spec"]["replicas"] == 3
+    assert main["command"][:6] == ["rlkube", "tool-service", "--host", "0.0.0.0", "--port", "8790"]
+    assert main["command"][6:] == ["--p50-s", "0.2", "--tail-ratio", "20"]
+    assert "nodeSelector" not in deployment["spec"]["template"]["spec"], "CPU pods: not the GPU nodes' selector"
+    service = objects[("Service", "big-tool-service")]
+    assert service["spec"]["ports"][0]["port"] == 8790 and "clusterIP" not in service["spec"]
+    config = tomllib.loads(objects[("ConfigMap", "big-config")]["data"]["orchestrator.toml"])
+    tool_chain, reverse = config["envs"]
+    assert tool_chain["args"]["tool_url"] == "http://big-tool-service.ml.svc:8790"
+    assert "tool_url" not in reverse.get("args", {}), "only the envs that call it"
+    policy = objects[("NetworkPolicy", "big-tool-service-network-policy")]["spec"]
+    assert policy["podSelector"]["matchExpressions"][0]["values"] == ["tool-service"]
+    (rule,) = policy["ingress"]
+    assert rule["from"][0]["podSelector"]["matchExpressions"][0]["values"] == ["orchestrator", "env-worker"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8790}]
+    own = RLRunSpec.model_validate(TOOLS_RLRUN | {"config": TOOLS_RLRUN["config"] | {"orchestrator": {
+        "envs": [{"id": "tool_chain", "args": {"tool_url": "http://tools.elsewhere:80"}}]}}})
+    own_config = tomllib.loads(manifests(kind, own)[0]["data"]["orchestrator.toml"])
+    assert own_config["envs"][0]["args"]["tool_url"] == "http://tools.elsewhere:80", "a user's URL stays"
+
+
+def test_a_scaled_tool_service_keeps_its_replicas_until_the_spec_changes_them():
+    """The operator does not fight `kubectl scale`: the spec's replicas are applied on creation
+    and when they change in the spec, else the Deployment's own count stays."""
+    run = RunRef("RLRun", RUN.name, RUN.namespace, RUN.uid)
+    _, spec = SPECS["tools-rlrun"]
+    created = builders.build_tool_service_deployment(run, spec, None)
+    assert created["spec"]["replicas"] == 3
+    scaled = created | {"spec": created["spec"] | {"replicas": 5}}
+    assert builders.build_tool_service_deployment(run, spec, scaled)["spec"]["replicas"] == 5
+    changed = spec.model_copy(update={"tool_service": spec.tool_service.model_copy(update={"replicas": 2})})
+    again = builders.build_tool_service_deployment(run, changed, scaled)
+    assert again["spec"]["replicas"] == 2
+    assert again["metadata"]["annotations"][builders.TOOL_REPLICAS_ANNOTATION] == "2"

@@ -1174,6 +1174,28 @@ async def test_progress_an_operator_outside_the_cluster_cannot_read_is_a_conditi
         assert cluster.status("RLRun", "rt")["phase"] == "Running" and "step" not in cluster.status("RLRun", "rt")
 
 
+async def test_the_tool_service_deployment_is_left_to_kubectl_scale_until_its_spec_replicas_change(cluster):
+    """`toolService.replicas: 2`: a Deployment owned by the run, created with 2 pods; a `kubectl
+    scale` of the Deployment to 4 holds through the operator's passes (it does not fight it);
+    a change of `spec.toolService.replicas` on the running run (3) is applied, and stays."""
+    await cluster.create(rlrun(toolService={"replicas": 2}))
+    tools = await cluster.until(lambda: cluster.get("Deployment", "rt-tool-service"), what="tool service")
+    assert tools["spec"]["replicas"] == 2 and cluster.get("Service", "rt-tool-service") is not None
+    await start_everything(cluster)
+    await cluster.patch("Deployment", "rt-tool-service", {"spec": {"replicas": 4}})  # kubectl scale
+    await cluster.patch("RLRun", "rt", {"spec": {"ttlSecondsAfterFinished": 600}})  # a live change: a pass
+    await cluster.until(lambda: cluster.status("RLRun", "rt").get("observedGeneration") == 2, what="the pass")
+    await asyncio.sleep(1.0)
+    assert cluster.get("Deployment", "rt-tool-service")["spec"]["replicas"] == 4, "the scale holds"
+
+    await cluster.patch("RLRun", "rt", {"spec": {"toolService": {"replicas": 3}}})
+    await cluster.until(lambda: cluster.get("Deployment", "rt-tool-service")["spec"]["replicas"] == 3,
+                        what="the spec's new replicas")
+    await asyncio.sleep(1.0)
+    assert cluster.get("Deployment", "rt-tool-service")["spec"]["replicas"] == 3
+    assert condition(cluster.status("RLRun", "rt"), "SpecAccepted")["status"] == "True"
+
+
 async def test_inference_replicas_change_live_without_touching_the_trainer_or_orchestrator(cluster):
     """`kubectl scale rlrun` (or an apply) of `spec.inference.replicas` on a running run resizes
     the StatefulSet and the replica list the orchestrator reads again (`inference_urls`), and

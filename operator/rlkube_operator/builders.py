@@ -64,7 +64,7 @@ def build_token_secret(run: RunRef, key: bytes) -> dict:
     and every operator, so the operator only creates it (`Kube.create`), and reads one it finds
     only for the keys an older operator left out (`upgraded_token_secret`). Immutable: nothing
     rotates it under running pods. It also holds the run's checkpoint
-    key (`CHECKPOINT_KEY`), which only the trainer's pods get."""
+    key (`CHECKPOINT_KEY`), which only the trainer's pods and the export Job's pod get."""
     return _token_secret(run, run_credentials(key, run.uid) | {CHECKPOINT_KEY: checkpoint_key(key, run.uid)})
 
 
@@ -414,9 +414,10 @@ def build_trainer_master_service(run: RunRef, spec: RunSpecBase, status_port: in
 
 
 def checkpoint_key_env(run: RunRef) -> dict:
-    """The run's checkpoint key (`rlkube.manifest`), in the trainer's pods only: what signs and
-    checks its checkpoints and compile cache, so no other pod can forge them. Optional: the
-    Secret of a run created before the key existed has none (its trainer writes unsigned)."""
+    """The run's checkpoint key (`rlkube.manifest`), in the trainer's pods and the export Job's
+    only: what signs and checks its checkpoints and compile cache, so no other pod can forge
+    them. Optional: the Secret of a run created before the key existed has none (its trainer
+    writes unsigned)."""
     ref = {"name": run.child("token"), "key": CHECKPOINT_KEY, "optional": True}
     return {"name": CHECKPOINT_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}
 

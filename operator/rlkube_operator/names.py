@@ -32,7 +32,7 @@ RUN_CREDENTIAL_ENVS = (TOKEN_ENV, *CREDENTIAL_ENVS, WEIGHTS_PEERS_ENV, CHECKPOIN
 """The run's token and credentials (`rlkube.withheld`), the weight servers inference sends its
 credential to (`rlkube.scopes.WEIGHTS_PEERS_ENV`), and the trainer's checkpoint key (`rlkube.manifest`)."""
 CHECKPOINT_KEY = "checkpoint"
-"""The checkpoint key's key in `<run>-token`; only the trainer's pods get it."""
+"""The checkpoint key's key in `<run>-token`; only the trainer's pods and the export Job's get it."""
 OPERATOR_ENV = ("PYTHONUNBUFFERED", "HOME", "AWS_ENDPOINT_URL", "NODE_RANK", "MASTER_ADDR", *RUN_CREDENTIAL_ENVS)
 OPERATOR_VOLUMES = ("config", "data", "dshm", "tmp")
 # Set by the Job controller on each pod of an Indexed Job (Kubernetes >= 1.28).

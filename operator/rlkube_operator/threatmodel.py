@@ -1,7 +1,8 @@
 """docs/security.md's threat model: one row for each port a run listens on and each credential
 it hands out, saying who reaches the port (the NetworkPolicies), with what credential, and
 what that grants. Derived, not written: the operator's reconcile builds a run (every
-component, under each weight transport) into a recording client, the NetworkPolicies it wrote
+component, under each weight transport; the export Job as `export` builds it once a run
+Succeeded) into a recording client, the NetworkPolicies it wrote
 are evaluated for every pod that could connect, and each server's scopes come from the servers
 (`rlkube.auth.route_scopes` for vLLM's routes, cut to the scopes the component holds, as
 `RequireToken` does; `rlkube.auth.SERVICE_SCOPES` for the gRPC servers). `python -m
@@ -14,9 +15,9 @@ from pathlib import Path
 from rlkube import auth
 from rlkube.orchestrator.judge import ROUTES as JUDGE_ENDPOINT_ROUTES
 from rlkube.scopes import HELD, SCOPES, scope_env
-from rlkube.withheld import TOKEN_ENV
+from rlkube.withheld import CHECKPOINT_KEY_ENV, TOKEN_ENV
 
-from rlkube_operator import reconcile
+from rlkube_operator import export, reconcile
 from rlkube_operator.names import RunRef
 from rlkube_operator.spec import RLRunSpec, SFTRunSpec
 
@@ -31,16 +32,21 @@ OPERATOR_PEER = reconcile.operator_peer(OPERATOR_NAMESPACE)
 SCRAPER_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": SCRAPER_NAMESPACE}}}
 """Helm `networkPolicy.metricsScraper.namespaces: [monitoring]`."""
 SERVED = {"model": {"name": "Qwen/Qwen3-8B"}}
-BASE = {"image": "ghcr.io/rlkube/rlkube-runtime-cpu:0.1.0", "envWorkers": {"replicas": 1},
-        "teacher": SERVED, "judge": SERVED}
+STORE = {"pvc": {"size": "10Gi"}, "objectStore": {"url": "s3://bucket/runs", "secretName": "store",
+                                                 "readOnlySecretName": "store-read"}}
+BASE = {"image": "ghcr.io/rlkube/rlkube-runtime-cpu:0.1.0", "envWorkers": {"replicas": 1}, "toolService": {},
+        "teacher": SERVED, "judge": SERVED, "storage": STORE, "export": {"url": "s3://bucket/exports"}}
 VARIANTS = {
     "": ("RLRun", BASE | {"config": {"weights": {"type": "grpc"}}}),
     "`weights.type: nccl`": ("RLRun", BASE | {"config": {"weights": {"type": "nccl"}}}),
+    "`weights.type: storage`": ("RLRun", BASE | {"config": {"weights": {"type": "storage",
+                                                                       "url": "s3://bucket/runs/weights"}}}),
     "SFTRun": ("SFTRun", {"image": BASE["image"]}),
 }
-"""The runs the table is built from: an RLRun with every component, under gRPC and NCCL weights,
-and an SFTRun. A port only some of them open says which."""
-COMPONENTS = ("trainer", "inference", "orchestrator", "env-worker", "teacher", "judge")
+"""The runs the table is built from: an RLRun with every component (a tool service, an object
+store, an export to it), under gRPC, NCCL and store weights, and an SFTRun. A port only some of
+them open says which."""
+COMPONENTS = ("trainer", "inference", "orchestrator", "env-worker", "teacher", "judge", "tool-service", "export")
 DATA_PORT = 40000
 """A port no builder names: stands for the ports NCCL, gloo, UCX and NIXL pick."""
 
@@ -59,9 +65,21 @@ SERVES = {
     ("trainer", "nccl"): (("the NCCL weight transfer's store (vLLM unpickles its values)", ()),),
     ("trainer", "metrics"): (("rank 0's `/metrics` (read-only)", ()),),
     ("trainer", "http"): (("pod 0's `/status` (read-only)", ()),),
+    ("tool-service", "http"): (("`POST /v1/tools/<name>` (the envs' tool calls), `/health`, `/stats`", ()),),
 }
 """What each named port of the builders serves, a row per gRPC service on it (its scope:
 `auth.SERVICE_SCOPES`). vLLM's `http` port (inference, teacher, judge) is split by route."""
+OTHER_CREDENTIALS = {
+    CHECKPOINT_KEY_ENV: (f"`{CHECKPOINT_KEY_ENV}`", "the run's Secret `<run>-token` (`<run>-sft-token`), key `checkpoint`",
+                         "signing the checkpoints and compile cache the trainer and the export load"),
+    STORE["objectStore"]["secretName"]: ("`storage.objectStore.secretName`", "the user's Secret, whole (`envFrom`)",
+                                         "the run's object store: checkpoints, weights, compile cache, the export"),
+    STORE["objectStore"]["readOnlySecretName"]: (
+        "`storage.objectStore.readOnlySecretName`", "the user's Secret, whole (`envFrom`); else `secretName`",
+        "reading the weight snapshots in the store (`weights.type: storage`)"),
+}
+"""The credentials besides the scopes, by the env variable or Secret (`STORE`'s) a pod gets them
+as: (shown as, comes from, grants); who holds each comes from the pods."""
 VLLM_SOCKETS = "the sockets vLLM opens between its own processes"
 DATA = {"trainer": "gloo, NCCL's bootstrap and data, UCX (ports they pick)",
         "inference": f"NCCL's and NIXL's data connections, {VLLM_SOCKETS} (ports they pick)",
@@ -120,16 +138,22 @@ class _Recorder:
     def list(self, *args) -> list:
         return []
 
+    def get(self, *args) -> None:
+        return None
+
 
 def build_run(kind: str, spec: dict, operator_peer: dict = OPERATOR_PEER) -> list[dict]:
-    """What the operator's reconcile creates for a run of `spec`, with the chart's default peers."""
+    """What the operator's reconcile creates for a run of `spec`, with the chart's default peers,
+    and its export Job where the spec has one."""
     run = RunRef(kind, "run", NAMESPACE, "uid-1")
     settings = reconcile.Settings(network_policy_peer=operator_peer, metrics_scraper_peer=SCRAPER_PEER,
                                   token_key=b"k" * 32)
     model = (RLRunSpec if kind == "RLRun" else SFTRunSpec).model_validate(spec)
     kube = _Recorder()
-    reconcile.Reconciler(kube, settings).apply(run, reconcile.WORKLOADS[kind], model, attempt=0, restarts=0,
-                                               seconds_left=None)
+    workload = reconcile.WORKLOADS[kind]
+    reconcile.Reconciler(kube, settings).apply(run, workload, model, attempt=0, restarts=0, seconds_left=None)
+    if model.export is not None:
+        kube.objects.append(export.build_export_job(run, model, workload.config_file))
     return kube.objects
 
 
@@ -150,10 +174,12 @@ def _ports(objects: list[dict], pods: dict[str, dict]) -> list[tuple[str, str, i
 
 def _credentials(pod: dict) -> set[str]:
     """The scopes whose credential `pod`'s containers get; RLKUBE_TOKEN (the run's token,
-    from which every scope derives) as itself."""
-    names = {e["name"] for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", [])
-             for e in c.get("env", [])}
-    return {scope for scope in SCOPES if scope_env(scope) in names} | ({TOKEN_ENV} & names)
+    from which every scope derives) and the checkpoint key as themselves; the Secrets its
+    containers take whole (`envFrom`: the object store's) by name."""
+    containers = pod["spec"]["containers"] + pod["spec"].get("initContainers", [])
+    names = {e["name"] for c in containers for e in c.get("env", [])}
+    secrets = {f["secretRef"]["name"] for c in containers for f in c.get("envFrom", []) if "secretRef" in f}
+    return {scope for scope in SCOPES if scope_env(scope) in names} | ({TOKEN_ENV, CHECKPOINT_KEY_ENV} & names) | secrets
 
 
 def _reached_by(policies: list[dict], pods: dict[str, dict], component: str, port: int) -> str:
@@ -225,6 +251,8 @@ def rows() -> list[tuple[str, ...]]:
         granted = "; ".join(dict.fromkeys(grants.get(scope, []))) or "every scope (each derives from it)"
         table.append((f"credential `{env}`", "the run's Secret `<run>-token` (`<run>-sft-token`), key `" + scope + "`"
                       if scope in SCOPES else "derived by the operator from its key; in no Secret", holders, granted))
+    for credential, (shown, where, granted) in OTHER_CREDENTIALS.items():
+        table.append((f"credential {shown}", where, ", ".join(held_by.get(credential, [])) or "no pod", granted))
     return table
 
 

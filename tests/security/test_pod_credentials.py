@@ -6,8 +6,8 @@ environments (orchestrator, env workers) see none of them.
 The exploit: a pod given more than its part (the run's token, another scope's key, the whole
 Secret through `envFrom` or a volume) hands it to whatever takes that pod over, an env worker's
 program first among them. Every pod kind of a run is built by the operator's real reconcile
-(`threatmodel.build_run`: an RLRun with every component under gRPC and NCCL weights, an
-SFTRun), and the env programs' view is that of a real `rlkube orchestrator` started with the
+(`threatmodel.build_run`: an RLRun with every component, its tool service and export Job
+included, under gRPC, NCCL and store weights; an SFTRun), and the env programs' view is that of a real `rlkube orchestrator` started with the
 pod's environment, its credentials' values read from the Secret the operator builds."""
 
 import base64
@@ -48,7 +48,7 @@ def test_a_pod_holds_exactly_its_components_credentials(name, objects, component
         from_secret = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env
                        if e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == secret["metadata"]["name"]}
         expected = {scope_env(s): {"name": secret["metadata"]["name"], "key": s} for s in HELD[component]}
-        if component == "trainer":  # the trainer alone signs and checks its checkpoints (rlkube.manifest)
+        if component in ("trainer", "export"):  # the trainer signs and checks its checkpoints, the export checks them
             expected[CHECKPOINT_KEY_ENV] = {"name": secret["metadata"]["name"], "key": CHECKPOINT_KEY, "optional": True}
         assert from_secret == expected
         assert not [e for e in container.get("envFrom", []) if e.get("secretRef", {}).get("name") == secret[

@@ -8,10 +8,10 @@ import grpc
 import httpx
 import pytest
 from rlkube import auth
-from rlkube.scopes import ROLLOUTS, SCOPES, WEIGHTS, scoped
+from rlkube.scopes import ADMIN, ROLLOUTS, SCOPES, WEIGHTS, scope_env, scoped
 from rlkube.transport import rlkube_pb2 as pb
 from rlkube.transport import rlkube_pb2_grpc as pb_grpc
-from rlkube_operator import builders, threatmodel
+from rlkube_operator import builders, export, threatmodel
 
 from tests.fixtures.inference import free_port
 from tests.security.test_scopes import TOKEN, as_component, bearer, trainer_weight_server
@@ -56,6 +56,40 @@ def test_a_widened_network_policy_peer_changes_the_table(monkeypatch):
     after = rows_by_port()
     torchrun = next(v for k, v in after.items() if k[0] == "trainer `torchrun` [29500]")
     assert "orchestrator" in torchrun[0] and "env-worker" in torchrun[0] and "judge" in torchrun[0]
+    assert threatmodel.page(threatmodel.PAGE.read_text()) != threatmodel.PAGE.read_text()
+
+
+def test_the_tool_service_row_is_its_network_policy(monkeypatch):
+    """The tool service (`spec.toolService`) takes no credential, so its policy is its fence:
+    the orchestrator and env workers alone reach its port. Without its policy the table says
+    otherwise, and the page is stale."""
+    assert row("tool-service `http` [8790]") == ("orchestrator, env-worker", "none")
+    build = builders.build_network_policies
+    monkeypatch.setattr(builders, "build_network_policies", lambda *args, **kwargs: [
+        p for p in build(*args, **kwargs) if not p["metadata"]["name"].endswith("-tool-service-network-policy")])
+    assert row("tool-service `http` [8790]") != ("orchestrator, env-worker", "none")
+    assert threatmodel.page(threatmodel.PAGE.read_text()) != threatmodel.PAGE.read_text()
+
+
+def test_the_export_pods_credentials_are_the_ones_its_builder_gives():
+    """The export Job's pod (`spec.export`) holds the checkpoint key and the store's Secret,
+    no scope; a scope added to its pod shows on that credential's row."""
+    assert row("credential `RLKUBE_CHECKPOINT_KEY`")[0] == "trainer, export"
+    assert "export" in row("credential `storage.objectStore.secretName`")[0].split(", ")
+    assert not any("export" in held.split(", ") for (where, _), (held, _) in rows_by_port().items()
+                   if where.startswith("credential `RLKUBE_TOKEN"))
+
+
+def test_a_credential_added_to_the_export_pod_changes_the_table(monkeypatch):
+    build = export.build_export_job
+
+    def with_admin(*args):
+        job = build(*args)
+        job["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": scope_env(ADMIN), "value": "x"})
+        return job
+
+    monkeypatch.setattr(export, "build_export_job", with_admin)
+    assert row(f"credential `{scope_env(ADMIN)}`")[0] == "inference, orchestrator, export"
     assert threatmodel.page(threatmodel.PAGE.read_text()) != threatmodel.PAGE.read_text()
 
 

@@ -11,8 +11,10 @@ import yaml
 from pydantic import ValidationError
 from rlkube.config import RLConfig, SFTConfig, load_config
 from rlkube.config.cli import format_validation_error
+from rlkube.scopes import SCOPES
 from rlkube_operator import builders, crd, threatmodel
 from rlkube_operator.names import (
+    CHECKPOINT_KEY,
     OPERATOR_ENV,
     OPERATOR_VOLUMES,
     TRAINER_METRICS_PORT,
@@ -768,7 +770,7 @@ def test_no_manifest_carries_a_secret_value():
         for obj in manifests(kind, spec):
             if obj["kind"] == "Secret":
                 assert obj["metadata"]["name"] == f"{RUN.name}-{'sft-' if kind == 'SFTRun' else ''}token"
-                assert set(obj["data"]) == {"generate", "admin", "weights", "rollouts", "checkpoint"}
+                assert set(obj["data"]) == {*SCOPES, CHECKPOINT_KEY}
                 continue
             text = yaml.safe_dump(obj).lower()
             for word in (r"aws_secret_access_key", r"password", r"(?<![a-z])token:"):

@@ -9,7 +9,7 @@ import copy
 import pytest
 from rlkube.config import InferenceConfig, OrchestratorConfig, TrainerConfig
 from rlkube.config.pool import PoolSection, PoolTrainerConfig
-from rlkube.scopes import member_scoped, scope_env, scoped
+from rlkube.scopes import MEMBER_SCOPES, member_scoped, scope_env, scoped
 from rlkube_operator.admission import Candidate, decide
 from rlkube_operator.crd import build_crd
 from rlkube_operator.egress import Egress
@@ -110,7 +110,7 @@ async def test_a_member_gets_its_orchestrator_only_with_credentials_from_the_poo
         member_name = f"{NS}.{name}"
         secret = cluster.get("Secret", f"{name}-token")["data"]
         values = {k: base64.b64decode(v).decode() for k, v in secret.items()}
-        assert values == {s: member_scoped(token, member_name, s) for s in ("generate", "admin", "rollouts")}
+        assert values == {s: member_scoped(token, member_name, s) for s in MEMBER_SCOPES}
         creds[name] = values
         assert scoped(run_token(TOKEN_KEY, runs[name]["metadata"]["uid"]), "generate") not in values.values()
         for component in ("orchestrator", "env-worker"):
